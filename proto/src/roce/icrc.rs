@@ -1,0 +1,207 @@
+//! The RoCEv2 Invariant CRC (IBTA Annex A17.3.3).
+//!
+//! The ICRC is a CRC-32 over a pseudo packet: 8 bytes of ones standing in for the LRH, then
+//! the real IP header with its variant fields set to ones (IPv4: TOS, TTL, header checksum;
+//! IPv6: traffic class, flow label, hop limit), the UDP header with its checksum set to
+//! ones, the BTH with its reserved byte 4 (FECN/BECN) set to ones, and the rest of the
+//! packet up to the ICRC. It is carried little-endian in the last 4 bytes.
+//!
+//! The IPv4 Identification is covered: rxe puts a running counter there, so the caller
+//! passes the IP header exactly as it was (or will be) on the wire.
+
+use super::{bth, ICRC_LEN};
+use crate::{Error, Result};
+use core::fmt;
+
+/// The IP header that carried (or will carry) the packet, as on the wire.
+#[derive(Debug, Clone, Copy)]
+pub enum IpHeader<'a> {
+    /// An IPv4 header including options (IHL × 4 bytes).
+    V4(&'a [u8]),
+    /// The fixed 40-byte IPv6 header.
+    V6(&'a [u8]),
+}
+
+/// Result of checking one packet's ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcrcCheck {
+    /// The ICRC carried by the packet.
+    pub carried: u32,
+    /// The ICRC computed over it.
+    pub computed: u32,
+}
+
+impl IcrcCheck {
+    /// True when they agree.
+    pub fn is_ok(&self) -> bool {
+        self.carried == self.computed
+    }
+}
+
+impl fmt::Display for IcrcCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_ok() {
+            f.write_str("ok")
+        } else {
+            write!(
+                f,
+                "BAD(carried 0x{:08x}, computed 0x{:08x})",
+                self.carried, self.computed
+            )
+        }
+    }
+}
+
+const UDP_HEADER_LEN: usize = 8;
+
+fn masked_ip<'b>(ip: IpHeader<'_>, scratch: &'b mut [u8; 60]) -> Result<&'b [u8]> {
+    match ip {
+        IpHeader::V4(h) => {
+            Error::check_len(20, h.len())?;
+            let ihl = usize::from(h[0] & 0x0f) * 4;
+            if h[0] >> 4 != 4 || ihl < 20 {
+                return Err(Error::BadValue("not an IPv4 header"));
+            }
+            Error::check_len(ihl, h.len())?;
+            let m = &mut scratch[..ihl];
+            m.copy_from_slice(&h[..ihl]);
+            m[1] = 0xff; // TOS (DSCP + ECN)
+            m[8] = 0xff; // TTL
+            m[10] = 0xff; // header checksum
+            m[11] = 0xff;
+            Ok(m)
+        }
+        IpHeader::V6(h) => {
+            Error::check_len(40, h.len())?;
+            if h[0] >> 4 != 6 {
+                return Err(Error::BadValue("not an IPv6 header"));
+            }
+            let m = &mut scratch[..40];
+            m.copy_from_slice(&h[..40]);
+            m[0] |= 0x0f; // traffic class, high nibble
+            m[1] = 0xff; // traffic class low nibble + flow label
+            m[2] = 0xff;
+            m[3] = 0xff;
+            m[7] = 0xff; // hop limit
+            Ok(m)
+        }
+    }
+}
+
+/// Computes the ICRC of `packet` (BTH through ICRC; the last 4 bytes are not covered).
+pub fn compute(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<u32> {
+    Error::check_len(UDP_HEADER_LEN, udp_header.len())?;
+    Error::check_len(bth::LEN + ICRC_LEN, packet.len())?;
+    let mut scratch = [0u8; 60];
+    let ip = masked_ip(ip, &mut scratch)?;
+    let mut udp = [0u8; UDP_HEADER_LEN];
+    udp.copy_from_slice(&udp_header[..UDP_HEADER_LEN]);
+    udp[6] = 0xff;
+    udp[7] = 0xff;
+    let mut bth_masked = [0u8; bth::LEN];
+    bth_masked.copy_from_slice(&packet[..bth::LEN]);
+    bth_masked[bth::RESV8A_OFFSET] = 0xff;
+
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xff; 8]);
+    h.update(ip);
+    h.update(&udp);
+    h.update(&bth_masked);
+    h.update(&packet[bth::LEN..packet.len() - ICRC_LEN]);
+    Ok(h.finalize())
+}
+
+/// The ICRC a packet carries in its last 4 bytes.
+pub fn carried(packet: &[u8]) -> Result<u32> {
+    Error::check_len(ICRC_LEN, packet.len())?;
+    let t = &packet[packet.len() - ICRC_LEN..];
+    Ok(u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+}
+
+/// Computes and compares, returning both values.
+pub fn check(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<IcrcCheck> {
+    Ok(IcrcCheck {
+        carried: carried(packet)?,
+        computed: compute(ip, udp_header, packet)?,
+    })
+}
+
+/// Verifies the ICRC. Under `cfg(fuzzing)` every ICRC passes, so that a fuzzer reaches
+/// the parsers behind it.
+pub fn verify(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<()> {
+    let c = check(ip, udp_header, packet)?;
+    if c.is_ok() || cfg!(fuzzing) {
+        Ok(())
+    } else {
+        Err(Error::BadChecksum {
+            carried: c.carried,
+            computed: c.computed,
+        })
+    }
+}
+
+/// Computes the ICRC and writes it into the last 4 bytes of `packet`.
+pub fn fill(ip: IpHeader<'_>, udp_header: &[u8], packet: &mut [u8]) -> Result<()> {
+    let crc = compute(ip, udp_header, packet)?;
+    let n = packet.len();
+    packet[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // rxe-head.pcap frame 5: an RC ACKNOWLEDGE from 10.77.0.2 to 10.77.0.3 (62 bytes).
+    const IP: [u8; 20] = [
+        0x45, 0x00, 0x00, 0x30, 0x9e, 0x1b, 0x40, 0x00, 0x40, 0x11, 0x87, 0x4d, 0x0a, 0x4d, 0x00,
+        0x02, 0x0a, 0x4d, 0x00, 0x03,
+    ];
+
+    #[test]
+    fn masking_ignores_variant_fields_only() {
+        let udp = [0xc0, 0x00, 0x12, 0xb7, 0x00, 0x1c, 0x00, 0x00];
+        let pkt = [
+            0x11, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0x31, 0xa9, 0xf1, 0x1f, 0, 0, 1, 0, 0, 0, 0,
+        ];
+        let base = compute(IpHeader::V4(&IP), &udp, &pkt).unwrap();
+        let mut ip2 = IP;
+        ip2[1] = 0x02; // ECN CE
+        ip2[8] = 0x3f; // TTL decremented by a router
+        ip2[10] = 0x12;
+        let mut udp2 = udp;
+        udp2[7] = 0x99;
+        let mut pkt2 = pkt;
+        pkt2[4] = 0x80; // FECN
+        assert_eq!(compute(IpHeader::V4(&ip2), &udp2, &pkt2).unwrap(), base);
+        let mut ip3 = IP;
+        ip3[5] ^= 1; // Identification is covered
+        assert_ne!(compute(IpHeader::V4(&ip3), &udp, &pkt).unwrap(), base);
+    }
+
+    #[test]
+    fn fill_then_verify() {
+        let udp = [0xc0, 0x00, 0x12, 0xb7, 0x00, 0x1c, 0x00, 0x00];
+        let mut pkt = [0u8; 20];
+        pkt[0] = 0x11;
+        fill(IpHeader::V4(&IP), &udp, &mut pkt).unwrap();
+        assert!(verify(IpHeader::V4(&IP), &udp, &pkt).is_ok());
+        pkt[13] ^= 0x10;
+        assert!(matches!(
+            verify(IpHeader::V4(&IP), &udp, &pkt),
+            Err(Error::BadChecksum { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_ip_headers_are_errors() {
+        let udp = [0u8; 8];
+        let pkt = [0u8; 16];
+        assert!(compute(IpHeader::V4(&IP[..19]), &udp, &pkt).is_err());
+        assert!(compute(IpHeader::V6(&IP), &udp, &pkt).is_err());
+        let mut v4_as_v6 = [0u8; 40];
+        v4_as_v6[0] = 0x45;
+        assert!(compute(IpHeader::V6(&v4_as_v6), &udp, &pkt).is_err());
+        assert!(compute(IpHeader::V4(&IP), &udp, &pkt[..15]).is_err());
+    }
+}
