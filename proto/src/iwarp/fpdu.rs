@@ -206,14 +206,8 @@ pub fn insert_markers(stream_offset: u64, fpdu: &[u8], out: &mut [u8]) -> Result
 }
 
 /// Removes markers from the wire bytes of one FPDU that starts at `stream_offset`,
-/// checking each FPDUPTR; feeds every wire byte except the CRC field to `crc`.
-/// Returns the marker-free length written to `out`.
-pub fn strip_markers(
-    stream_offset: u64,
-    wire: &[u8],
-    out: &mut [u8],
-    crc: &mut Crc32c,
-) -> Result<usize> {
+/// checking each FPDUPTR. Returns the marker-free length written to `out`.
+pub fn strip_markers(stream_offset: u64, wire: &[u8], out: &mut [u8]) -> Result<usize> {
     let (mut i, mut o) = (0usize, 0usize);
     while i < wire.len() {
         let off = stream_offset + i as u64;
@@ -223,7 +217,6 @@ pub fn strip_markers(
             if usize::from(m.fpdu_ptr) != i {
                 return Err(Error::BadValue("marker FPDUPTR does not point at the FPDU"));
             }
-            crc.update(&wire[i..i + MARKER_LEN]);
             i += MARKER_LEN;
             continue;
         }
@@ -234,6 +227,17 @@ pub fn strip_markers(
         o += run;
     }
     Ok(o)
+}
+
+/// The CRC32c of an FPDU of `fpdu_len` marker-free octets as sent with markers from
+/// `stream_offset`: it covers every wire octet, markers included, before the CRC field
+/// (RFC 5044 §4.1).
+pub fn crc_with_markers(stream_offset: u64, wire: &[u8], fpdu_len: usize) -> Result<u32> {
+    let covered = wire_len_with_markers(stream_offset, fpdu_len.saturating_sub(CRC_LEN));
+    Error::check_len(covered, wire.len())?;
+    let mut crc = Crc32c::new();
+    crc.update(&wire[..covered]);
+    Ok(crc.finalize())
 }
 
 #[cfg(test)]
@@ -275,8 +279,7 @@ mod tests {
             let n = insert_markers(start, &data, &mut wire).unwrap();
             assert_eq!(n, wire_len_with_markers(start, data.len()), "start {start}");
             let mut back = [0u8; 1500];
-            let mut crc = Crc32c::new();
-            let m = strip_markers(start, &wire[..n], &mut back, &mut crc).unwrap();
+            let m = strip_markers(start, &wire[..n], &mut back).unwrap();
             assert_eq!(m, data.len());
             assert_eq!(back, data);
         }

@@ -1,0 +1,81 @@
+//! Entry points of the fuzz targets in `fuzz/`, kept in the library so that a stable test
+//! (`tests/fuzz_corpus.rs`) replays every corpus file without nightly. Each takes arbitrary
+//! bytes and must never panic.
+
+use crate::iwarp::deframer::Deframer;
+use crate::proto::cm::{CmMadRepr, CmaHeader, MadPacket};
+use crate::proto::iwarp::mpa::{MpaFramePacket, MpaFrameRepr};
+use crate::proto::iwarp::rdmap::MessageRepr;
+use crate::proto::roce::icrc::{self, IpHeader};
+use crate::proto::roce::{RocePacket, RoceRepr};
+
+/// Fixed IPv4 and UDP headers the RoCE target puts in front of its input for the ICRC.
+const IPV4: [u8; 20] = [
+    0x45, 0, 0, 0, 0, 1, 0x40, 0, 0x40, 0x11, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+];
+const UDP: [u8; 8] = [0xc0, 0, 0x12, 0xb7, 0, 0, 0, 0];
+
+/// RoCEv2 packet: check the ICRC, parse, re-emit and parse again to the same `Repr`.
+pub fn roce_packet(data: &[u8]) {
+    let _ = icrc::check(IpHeader::V4(&IPV4), &UDP, data);
+    let Ok(p) = RocePacket::new_checked(data) else {
+        return;
+    };
+    let Ok(repr) = RoceRepr::parse(&p) else {
+        return;
+    };
+    let mut out = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut out).expect("a parsed packet re-emits");
+    let again = RocePacket::new_checked(&out[..]).and_then(|p| RoceRepr::parse(&p));
+    assert_eq!(again, Ok(repr), "RoCEv2 packet round-trips");
+    let _ = format!("{repr}");
+}
+
+/// MPA stream: the first byte picks markers/CRC, the rest is the stream after the MPA
+/// frames, fed in chunks whose sizes come from the data itself.
+pub fn mpa_stream(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let _ = MpaFramePacket::new_checked(rest)
+        .and_then(|p| MpaFrameRepr::parse(&p).map(|r| format!("{r}")));
+    let mut d = Deframer::new(mode & 1 != 0, mode & 2 != 0).with_max_ulpdu_len(16 * 1024);
+    let chunk = usize::from(mode >> 2).max(1);
+    for piece in rest.chunks(chunk) {
+        d.push(piece);
+        loop {
+            match d.next_fpdu() {
+                Ok(Some(f)) => ddp_rdmap(&f.ulpdu),
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// One DDP segment read as RDMAP.
+pub fn ddp_rdmap(data: &[u8]) {
+    if let Ok(m) = MessageRepr::parse(data) {
+        let mut out = vec![0u8; m.buffer_len()];
+        m.emit(&mut out).expect("a parsed message re-emits");
+        assert_eq!(out, data, "RDMAP message re-emits byte for byte");
+        let _ = format!("{m}");
+    }
+}
+
+/// One CM MAD (256 bytes; shorter or longer input is an error to report, not a panic).
+pub fn cm_mad(data: &[u8]) {
+    let Ok(p) = MadPacket::new_checked(data) else {
+        return;
+    };
+    let Ok(m) = CmMadRepr::parse(&p) else { return };
+    let _ = format!("{m}");
+    if let crate::proto::cm::CmMessage::Req(req) = m.message {
+        let _ = CmaHeader::parse(req.private_data);
+    }
+    let mut out = [0u8; 256];
+    if m.emit(&mut out).is_ok() {
+        let again = CmMadRepr::parse(&MadPacket::new_checked(&out[..]).expect("256 bytes"));
+        assert_eq!(again.ok(), Some(m), "CM MAD round-trips");
+    }
+}

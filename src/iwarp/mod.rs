@@ -1,0 +1,3 @@
+//! iWARP on a byte stream: MPA deframing (RFC 5044).
+
+pub mod deframer;

@@ -1,0 +1,10 @@
+//! softrdma: a complete RDMA engine in software, speaking RoCEv2 and iWARP.
+//!
+//! This crate holds the engine, its transports and the `softrdma` command-line tools. The
+//! wire formats live in the [`softrdma_proto`] crate, re-exported here as [`proto`].
+
+pub use softrdma_proto as proto;
+
+pub mod capture;
+pub mod fuzzing;
+pub mod iwarp;
