@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use softrdma::capture::{self, report::FileReport, report::Tally};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -66,33 +67,44 @@ fn pcap_check(files: &[PathBuf], json: bool, quiet: bool) -> ExitCode {
     } else {
         1
     };
-    if json {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = if json {
         let doc = serde_json::json!({ "files": reports, "tally": total, "exit_status": status });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        serde_json::to_writer_pretty(&mut out, &doc)
+            .map_err(std::io::Error::from)
+            .and_then(|_| writeln!(out))
     } else {
-        print_text(&reports, &total, quiet);
-    }
+        print_text(&mut out, &reports, &total, quiet)
+    };
+    // A closed pipe (`| head`) is not an error of the check; the status still stands.
+    let _ = written.and_then(|_| out.flush());
     ExitCode::from(status)
 }
 
-fn print_text(reports: &[FileReport], total: &Tally, quiet: bool) {
+fn print_text(
+    out: &mut impl Write,
+    reports: &[FileReport],
+    total: &Tally,
+    quiet: bool,
+) -> std::io::Result<()> {
     for r in reports {
-        println!("== {}", r.file);
+        writeln!(out, "== {}", r.file)?;
         if let Some(e) = &r.error {
-            println!("error: {e}");
+            writeln!(out, "error: {e}")?;
             continue;
         }
         for rec in &r.records {
             if !quiet || rec.check.is_failure() {
-                println!("{rec}");
+                writeln!(out, "{rec}")?;
             }
         }
         for n in &r.notes {
-            println!("note: {n}");
+            writeln!(out, "note: {n}")?;
         }
-        println!("tally: {}", r.tally);
+        writeln!(out, "tally: {}", r.tally)?;
     }
     if reports.len() > 1 {
-        println!("== total: {total}");
+        writeln!(out, "== total: {total}")?;
     }
+    Ok(())
 }

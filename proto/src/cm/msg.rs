@@ -95,6 +95,7 @@ pub struct ReqRepr<'a> {
     pub remote_cm_response_timeout: u8,
     pub transport_service_type: u8,
     pub end_to_end_flow_control: bool,
+    /// The PSN the sender expects to receive first (Linux: its QP's rq_psn).
     pub starting_psn: u32,
     pub local_cm_response_timeout: u8,
     pub retry_count: u8,
@@ -177,6 +178,7 @@ pub struct RepRepr<'a> {
     pub local_qkey: u32,
     pub local_qpn: u32,
     pub local_eecn: u32,
+    /// The PSN the sender expects to receive first (Linux: its QP's rq_psn).
     pub starting_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,

@@ -89,11 +89,15 @@ impl<T: AsRef<[u8]>> FpduPacket<T> {
     }
 }
 
-/// An FPDU to send: its ULPDU and whether a CRC is filled in.
+/// An FPDU to send: its ULPDU, its pad octets and whether a CRC is filled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FpduRepr<'a> {
     /// The ULPDU (DDP header and payload).
     pub ulpdu: &'a [u8],
+    /// The pad octets (only the first [`pad_len`] are sent). RFC 5044 §4.1 asks for zeros
+    /// and receivers ignore them; siw sends whatever its buffer held, so they are kept
+    /// for byte-exact re-emission.
+    pub pad: [u8; 3],
     /// Fill the CRC field (negotiated) or leave it zero.
     pub with_crc: bool,
 }
@@ -102,7 +106,13 @@ impl<'a> FpduRepr<'a> {
     /// Reads a checked FPDU; `with_crc` is taken from the connection, not from the bytes.
     pub fn parse(p: &FpduPacket<&'a [u8]>, with_crc: bool) -> Result<FpduRepr<'a>> {
         let ulpdu: &'a [u8] = &p.buf[HEADER_LEN..HEADER_LEN + p.ulpdu_len()];
-        Ok(FpduRepr { ulpdu, with_crc })
+        let mut pad = [0u8; 3];
+        pad[..p.pad().len()].copy_from_slice(p.pad());
+        Ok(FpduRepr {
+            ulpdu,
+            pad,
+            with_crc,
+        })
     }
     /// Bytes on the wire without markers.
     pub fn buffer_len(&self) -> usize {
@@ -116,7 +126,10 @@ impl<'a> FpduRepr<'a> {
         Error::check_len(total, buf.len())?;
         put16(buf, 0, len);
         buf[HEADER_LEN..HEADER_LEN + self.ulpdu.len()].copy_from_slice(self.ulpdu);
-        buf[HEADER_LEN + self.ulpdu.len()..total].fill(0);
+        let pad_at = HEADER_LEN + self.ulpdu.len();
+        let pad = pad_len(self.ulpdu.len());
+        buf[pad_at..pad_at + pad].copy_from_slice(&self.pad[..pad]);
+        buf[pad_at + pad..total].fill(0);
         if self.with_crc {
             let crc = crate::crc::crc32c(&buf[..total - CRC_LEN]);
             buf[total - CRC_LEN..total].copy_from_slice(&crc.to_le_bytes());
