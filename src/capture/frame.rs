@@ -3,7 +3,7 @@
 
 use super::reader::Frame;
 use etherparse::{IpNumber, LaxNetSlice, LaxSlicedPacket, TcpHeaderSlice, UdpHeaderSlice};
-use pcap_file::DataLink;
+use pcap_parser::Linktype;
 use std::net::IpAddr;
 
 /// The IP header a datagram came in, as captured (copied: at most 60 bytes).
@@ -67,13 +67,13 @@ pub enum Dissected<'a> {
     /// Something else (ARP, ICMP, fragments, ...).
     Other,
     /// A link type this tool does not decode.
-    Unsupported(u32),
+    Unsupported(i32),
 }
 
 fn link_slice(f: &Frame) -> Option<Result<LaxSlicedPacket<'_>, ()>> {
     match f.link {
-        DataLink::ETHERNET => Some(LaxSlicedPacket::from_ethernet(&f.data).map_err(|_| ())),
-        DataLink::RAW | DataLink::IPV4 | DataLink::IPV6 => {
+        Linktype::ETHERNET => Some(LaxSlicedPacket::from_ethernet(&f.data).map_err(|_| ())),
+        Linktype::RAW | Linktype::IPV4 | Linktype::IPV6 => {
             Some(LaxSlicedPacket::from_ip(&f.data).map_err(|_| ()))
         }
         _ => None,
@@ -83,7 +83,7 @@ fn link_slice(f: &Frame) -> Option<Result<LaxSlicedPacket<'_>, ()>> {
 /// Dissects one frame down to its UDP or TCP payload.
 pub fn dissect(f: &Frame) -> Dissected<'_> {
     let Some(sliced) = link_slice(f) else {
-        return Dissected::Unsupported(u32::from(f.link));
+        return Dissected::Unsupported(f.link.0);
     };
     let Ok(sliced) = sliced else {
         return Dissected::Other;

@@ -1,8 +1,9 @@
-//! Reads the frames of a pcap or pcapng capture (with the `pcap-file` crate).
+//! Reads the frames of a pcap or pcapng capture (with the `pcap-parser` crate, which,
+//! unlike pcap-file 2.0, accepts records whose original length exceeds the snaplen).
 
-use pcap_file::pcap::PcapReader;
-use pcap_file::pcapng::{Block, PcapNgReader};
-use pcap_file::DataLink;
+use pcap_parser::pcapng::Block;
+use pcap_parser::traits::PcapNGPacketBlock;
+use pcap_parser::{create_reader, Linktype, PcapBlockOwned, PcapError};
 
 /// One captured frame.
 #[derive(Debug, Clone)]
@@ -10,7 +11,7 @@ pub struct Frame {
     /// 1-based frame number, as Wireshark counts.
     pub number: u64,
     /// Link type of the interface it was captured on.
-    pub link: DataLink,
+    pub link: Linktype,
     /// The captured bytes (may be shorter than the frame: snaplen).
     pub data: Vec<u8>,
     /// Length of the frame on the wire.
@@ -38,8 +39,6 @@ pub struct Frames {
 pub enum ReadError {
     /// Neither magic number.
     NotACapture,
-    /// The header is damaged.
-    BadHeader(String),
 }
 
 impl std::fmt::Display for ReadError {
@@ -48,54 +47,60 @@ impl std::fmt::Display for ReadError {
             ReadError::NotACapture => {
                 f.write_str("not a pcap or pcapng file (unknown magic number)")
             }
-            ReadError::BadHeader(e) => write!(f, "damaged capture header: {e}"),
         }
     }
 }
 
 impl std::error::Error for ReadError {}
 
-const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
-const PCAP_MAGICS: [[u8; 4]; 4] = [
-    [0xd4, 0xc3, 0xb2, 0xa1],
-    [0xa1, 0xb2, 0xc3, 0xd4],
-    [0x4d, 0x3c, 0xb2, 0xa1],
-    [0xa1, 0xb2, 0x3c, 0x4d],
-];
+enum Step {
+    Block(usize, Option<Frame>),
+    End,
+    Incomplete,
+    Damaged(String),
+}
+
+const MIN_BUFFER_BYTES: usize = 1 << 16;
 
 /// Reads every frame of a pcap or pcapng file held in memory.
 pub fn read_frames(bytes: &[u8]) -> Result<Frames, ReadError> {
-    let magic: [u8; 4] = bytes
-        .get(..4)
-        .and_then(|m| m.try_into().ok())
-        .ok_or(ReadError::NotACapture)?;
-    if magic == PCAPNG_MAGIC {
-        read_pcapng(bytes)
-    } else if PCAP_MAGICS.contains(&magic) {
-        read_pcap(bytes)
-    } else {
-        Err(ReadError::NotACapture)
-    }
-}
-
-fn read_pcap(bytes: &[u8]) -> Result<Frames, ReadError> {
-    let mut r = PcapReader::new(bytes).map_err(|e| ReadError::BadHeader(e.to_string()))?;
-    let link = r.header().datalink;
+    // A buffer as large as the file: no record can be too large for it.
+    let capacity = bytes.len().max(MIN_BUFFER_BYTES);
+    let mut reader = create_reader(capacity, bytes).map_err(|_| ReadError::NotACapture)?;
     let mut out = Frames::default();
-    while let Some(p) = r.next_packet() {
-        match p {
-            Ok(p) => {
-                let number = out.frames.len() as u64 + 1;
-                out.frames.push(Frame {
-                    number,
-                    link,
-                    data: p.data.into_owned(),
-                    orig_len: p.orig_len,
-                });
+    let mut links: Vec<Linktype> = Vec::new();
+    loop {
+        // Turn the borrowed error into an owned step before touching the reader again.
+        let step = match reader.next() {
+            Ok((offset, block)) => {
+                Step::Block(offset, to_frame(block, &mut links, out.frames.len()))
             }
-            Err(e) => {
+            Err(PcapError::Eof) => Step::End,
+            Err(PcapError::Incomplete(_)) | Err(PcapError::UnexpectedEof) => Step::Incomplete,
+            Err(e) => Step::Damaged(format!("{e:?}")),
+        };
+        match step {
+            Step::Block(offset, frame) => {
+                reader.consume(offset);
+                out.frames.extend(frame);
+            }
+            Step::End => break,
+            Step::Incomplete if !reader.reader_exhausted() => {
+                if reader.refill().is_err() {
+                    out.warning = Some(format!("read error after frame {}", out.frames.len()));
+                    break;
+                }
+            }
+            Step::Incomplete => {
                 out.warning = Some(format!(
-                    "capture ends in a damaged record after frame {}: {e}",
+                    "capture ends in a cut-off record after frame {}",
+                    out.frames.len()
+                ));
+                break;
+            }
+            Step::Damaged(e) => {
+                out.warning = Some(format!(
+                    "capture ends in a damaged record after frame {} ({e})",
                     out.frames.len()
                 ));
                 break;
@@ -105,41 +110,52 @@ fn read_pcap(bytes: &[u8]) -> Result<Frames, ReadError> {
     Ok(out)
 }
 
-fn read_pcapng(bytes: &[u8]) -> Result<Frames, ReadError> {
-    let mut r = PcapNgReader::new(bytes).map_err(|e| ReadError::BadHeader(e.to_string()))?;
-    let mut links: Vec<DataLink> = Vec::new();
-    let mut out = Frames::default();
-    while let Some(b) = r.next_block() {
-        let (iface, data, orig_len) = match b {
-            Ok(Block::InterfaceDescription(idb)) => {
-                links.push(idb.linktype);
-                continue;
-            }
-            Ok(Block::SectionHeader(_)) => {
-                links.clear();
-                continue;
-            }
-            Ok(Block::EnhancedPacket(p)) => {
-                (p.interface_id as usize, p.data.into_owned(), p.original_len)
-            }
-            Ok(Block::SimplePacket(p)) => (0, p.data.into_owned(), p.original_len),
-            Ok(_) => continue,
-            Err(e) => {
-                out.warning = Some(format!(
-                    "capture ends in a damaged block after frame {}: {e}",
-                    out.frames.len()
-                ));
-                break;
-            }
-        };
-        let link = links.get(iface).copied().unwrap_or(DataLink::ETHERNET);
-        let number = out.frames.len() as u64 + 1;
-        out.frames.push(Frame {
-            number,
-            link,
-            data,
-            orig_len,
-        });
+fn to_frame(block: PcapBlockOwned<'_>, links: &mut Vec<Linktype>, count: usize) -> Option<Frame> {
+    let number = count as u64 + 1;
+    match block {
+        PcapBlockOwned::LegacyHeader(h) => {
+            links.clear();
+            links.push(h.network);
+            None
+        }
+        PcapBlockOwned::Legacy(b) => {
+            let link = links.first().copied().unwrap_or(Linktype::ETHERNET);
+            Some(Frame {
+                number,
+                link,
+                data: b.data.to_vec(),
+                orig_len: b.origlen,
+            })
+        }
+        PcapBlockOwned::NG(Block::SectionHeader(_)) => {
+            links.clear();
+            None
+        }
+        PcapBlockOwned::NG(Block::InterfaceDescription(idb)) => {
+            links.push(idb.linktype);
+            None
+        }
+        PcapBlockOwned::NG(Block::EnhancedPacket(p)) => {
+            let link = links
+                .get(p.if_id as usize)
+                .copied()
+                .unwrap_or(Linktype::ETHERNET);
+            Some(Frame {
+                number,
+                link,
+                data: p.packet_data().to_vec(),
+                orig_len: p.origlen,
+            })
+        }
+        PcapBlockOwned::NG(Block::SimplePacket(p)) => {
+            let link = links.first().copied().unwrap_or(Linktype::ETHERNET);
+            Some(Frame {
+                number,
+                link,
+                data: p.packet_data().to_vec(),
+                orig_len: p.origlen,
+            })
+        }
+        PcapBlockOwned::NG(_) => None,
     }
-    Ok(out)
 }
