@@ -5,24 +5,33 @@ use super::frame::{IpHeaderBytes, UdpDatagram};
 use super::report::{Check, Record};
 use crate::proto::cm::{CmMadRepr, CmMessage, CmaHeader, MadPacket, GSI_QPN};
 use crate::proto::roce::icrc::{self, IpHeader};
-use crate::proto::roce::{RocePacket, RoceRepr};
+use crate::proto::roce::{BthPacket, OpcodeInfo, RocePacket, RoceRepr};
 use std::fmt::Write;
 
 /// Dissects and checks one datagram to UDP port 4791.
 pub fn check(frame: u64, d: &UdpDatagram<'_>) -> Record {
     let (src, dst) = (d.src.to_string(), d.dst.to_string());
+    if d.truncated {
+        return Record {
+            frame,
+            src,
+            dst,
+            summary: summarize_truncated(d),
+            check: Check::Truncated,
+        };
+    }
     let (summary, parsed) =
         match RocePacket::new_checked(d.payload).and_then(|p| RoceRepr::parse(&p)) {
+            // A packet to QP1 must hold a MAD (IBTA 13.4.2): one that does not is malformed.
+            Ok(repr) if repr.bth.dest_qp == GSI_QPN => {
+                let mad = MadPacket::new_checked(repr.payload)
+                    .and_then(|p| CmMadRepr::parse(&p).map(|_| ()));
+                (summarize(&repr, d.ecn), mad)
+            }
             Ok(repr) => (summarize(&repr, d.ecn), Ok(())),
-            Err(e) if d.truncated => (
-                format!("RoCEv2 ({} bytes captured)", d.payload.len()),
-                Err(e),
-            ),
             Err(e) => (format!("RoCEv2 {} bytes", d.payload.len()), Err(e)),
         };
-    let check = if d.truncated {
-        Check::Truncated
-    } else if let Err(e) = parsed {
+    let check = if let Err(e) = parsed {
         Check::Malformed {
             error: e.to_string(),
         }
@@ -49,6 +58,20 @@ pub fn check(frame: u64, d: &UdpDatagram<'_>) -> Record {
         summary,
         check,
     }
+}
+
+/// What can be said of a datagram the snaplen cut: its BTH, and how much is missing.
+fn summarize_truncated(d: &UdpDatagram<'_>) -> String {
+    let udp_len = usize::from(u16::from_be_bytes([d.udp_header[4], d.udp_header[5]]));
+    let whole = udp_len.saturating_sub(8);
+    let head = match BthPacket::new_checked(d.payload) {
+        Ok(b) => match OpcodeInfo::lookup(b.opcode()) {
+            Some(info) => format!("{info} qp=0x{:x} psn={}", b.dest_qp(), b.psn()),
+            None => format!("opcode=0x{:02x}", b.opcode()),
+        },
+        Err(_) => "RoCEv2".to_string(),
+    };
+    format!("{head} captured={}/{whole}", d.payload.len())
 }
 
 /// One line in the spirit of tshark: `RC RDMA_WRITE_ONLY qp=0x11 psn=0x3a2b1c len=64`.
