@@ -163,6 +163,7 @@ mod tests {
         for u in ulpdus {
             let r = FpduRepr {
                 ulpdu: u,
+                pad: [0; 3],
                 with_crc: crc,
             };
             let mut plain = vec![0u8; r.buffer_len()];
