@@ -31,17 +31,26 @@ pub fn roce_packet(data: &[u8]) {
     let _ = format!("{repr}");
 }
 
-/// MPA stream: the first byte picks markers/CRC, the rest is the stream after the MPA
-/// frames, fed in chunks whose sizes come from the data itself.
+/// MPA stream: the first byte picks markers (bit 0), CRC (bit 1) and the size of the
+/// pieces the stream arrives in (bits 2..8); the rest is one direction of a connection,
+/// starting with its MPA Request or Reply.
 pub fn mpa_stream(data: &[u8]) {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some((&mode, stream)) = data.split_first() else {
         return;
     };
-    let _ = MpaFramePacket::new_checked(rest)
-        .and_then(|p| MpaFrameRepr::parse(&p).map(|r| format!("{r}")));
+    let fpdus_from = match MpaFramePacket::new_checked(stream) {
+        Ok(p) => match MpaFrameRepr::parse(&p) {
+            Ok(r) => {
+                let _ = format!("{r}");
+                p.frame_len()
+            }
+            Err(_) => 0,
+        },
+        Err(_) => 0,
+    };
     let mut d = Deframer::new(mode & 1 != 0, mode & 2 != 0).with_max_ulpdu_len(16 * 1024);
     let chunk = usize::from(mode >> 2).max(1);
-    for piece in rest.chunks(chunk) {
+    for piece in stream[fpdus_from..].chunks(chunk) {
         d.push(piece);
         loop {
             match d.next_fpdu() {
