@@ -278,6 +278,8 @@ proptest! {
                 ddp_segment_len: term.3,
                 ddp_header: term.4.then_some(&copied_ddp[..]),
                 rdmap_header: term.5.then_some(&copied_rdmap[..]),
+                reserved: addr.2 as u16 & 0x1fff,
+                trailing: &data[..data.len() % 5],
             }),
             _ => Body::Data(&data),
         };

@@ -270,6 +270,7 @@ mod tests {
         let ulpdu = [0x41u8, 0x43, 1, 2, 3];
         let r = FpduRepr {
             ulpdu: &ulpdu,
+            pad: [0; 3],
             with_crc: true,
         };
         let mut buf = [0u8; 12];

@@ -254,6 +254,11 @@ pub struct TerminateRepr<'a> {
     pub ddp_header: Option<&'a [u8]>,
     /// R: the offending RDMA Read Request header (28 bytes).
     pub rdmap_header: Option<&'a [u8]>,
+    /// The 13 reserved bits of the control word (zero when well formed; kept).
+    pub reserved: u16,
+    /// Bytes after the copied headers; a well-formed Terminate has none, but they are kept
+    /// so that the engine, not the parser, decides what to make of them.
+    pub trailing: &'a [u8],
 }
 
 impl<'a> TerminateRepr<'a> {
@@ -280,7 +285,8 @@ impl<'a> TerminateRepr<'a> {
         };
         let rdmap_header = if r {
             Error::check_len(at + ReadRequestRepr::LEN, b.len())?;
-            Some(&b[at..at + ReadRequestRepr::LEN])
+            at += ReadRequestRepr::LEN;
+            Some(&b[at - ReadRequestRepr::LEN..at])
         } else {
             None
         };
@@ -291,6 +297,8 @@ impl<'a> TerminateRepr<'a> {
             ddp_segment_len,
             ddp_header,
             rdmap_header,
+            reserved: (w & 0x1fff) as u16,
+            trailing: &b[at..],
         })
     }
     /// Bytes of the body.
@@ -298,6 +306,7 @@ impl<'a> TerminateRepr<'a> {
         4 + self.ddp_segment_len.map_or(0, |_| 2)
             + self.ddp_header.map_or(0, |h| h.len())
             + self.rdmap_header.map_or(0, |h| h.len())
+            + self.trailing.len()
     }
     /// Writes the body.
     pub fn emit(&self, b: &mut [u8]) -> Result<()> {
@@ -307,14 +316,18 @@ impl<'a> TerminateRepr<'a> {
             | u32::from(self.ecode) << 16
             | (self.ddp_segment_len.is_some() as u32) << 15
             | (self.ddp_header.is_some() as u32) << 14
-            | (self.rdmap_header.is_some() as u32) << 13;
+            | (self.rdmap_header.is_some() as u32) << 13
+            | u32::from(self.reserved & 0x1fff);
         put32(b, 0, w);
         let mut at = 4;
         if let Some(n) = self.ddp_segment_len {
             put16(b, at, n);
             at += 2;
         }
-        for h in [self.ddp_header, self.rdmap_header].into_iter().flatten() {
+        for h in [self.ddp_header, self.rdmap_header, Some(self.trailing)]
+            .into_iter()
+            .flatten()
+        {
             b[at..at + h.len()].copy_from_slice(h);
             at += h.len();
         }
@@ -436,6 +449,8 @@ mod tests {
             ddp_segment_len: Some(78),
             ddp_header: Some(&ddp_hdr),
             rdmap_header: None,
+            reserved: 0,
+            trailing: &[],
         };
         let mut b = [0u8; 20];
         t.emit(&mut b).unwrap();
