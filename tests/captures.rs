@@ -192,40 +192,49 @@ fn cm_req_to_a_host_without_rdma_decodes() {
 
 /// The payload of each TCP direction in capture order, retransmissions dropped, with the
 /// frame each byte range came from; a connection restarts at its SYN.
-fn tcp_streams(name: &str) -> Vec<((IpAddr, u16), (IpAddr, u16), Vec<u8>)> {
+type Endpoint = (IpAddr, u16);
+
+/// One direction of a TCP connection: source, destination, bytes.
+struct Direction {
+    src: Endpoint,
+    dst: Endpoint,
+    isn: u32,
+    data: Vec<u8>,
+}
+
+fn tcp_streams(name: &str) -> Vec<Direction> {
     let frames = read_frames(&load(name)).expect("a capture");
-    let mut streams: Vec<((IpAddr, u16), (IpAddr, u16), u32, Vec<u8>)> = Vec::new();
+    let mut streams: Vec<Direction> = Vec::new();
     for fr in &frames.frames {
         let Dissected::Tcp(t) = dissect(fr) else {
             continue;
         };
         assert!(!t.truncated);
         if t.syn {
-            streams.push((t.src, t.dst, t.seq.wrapping_add(1), Vec::new()));
+            let isn = t.seq.wrapping_add(1);
+            streams.push(Direction {
+                src: t.src,
+                dst: t.dst,
+                isn,
+                data: Vec::new(),
+            });
             continue;
         }
-        let Some(s) = streams
+        let found = streams
             .iter_mut()
             .rev()
-            .find(|s| s.0 == t.src && s.1 == t.dst)
-        else {
-            continue;
-        };
-        let next = s.2.wrapping_add(s.3.len() as u32);
+            .find(|s| s.src == t.src && s.dst == t.dst);
+        let Some(s) = found else { continue };
+        let next = s.isn.wrapping_add(s.data.len() as u32);
         if t.seq == next {
-            s.3.extend_from_slice(t.payload);
+            s.data.extend_from_slice(t.payload);
         } else {
-            assert!(
-                t.payload.is_empty() || t.seq.wrapping_sub(s.2) < s.3.len() as u32,
-                "{name}: a gap"
-            );
+            let seen = t.seq.wrapping_sub(s.isn) < s.data.len() as u32;
+            assert!(t.payload.is_empty() || seen, "{name}: a gap");
         }
     }
+    streams.retain(|s| !s.data.is_empty());
     streams
-        .into_iter()
-        .map(|(a, b, _, d)| (a, b, d))
-        .filter(|s| !s.2.is_empty())
-        .collect()
 }
 
 struct MpaExpect {
@@ -326,7 +335,7 @@ fn every_mpa_frame_and_fpdu_reemits_with_its_crc() {
         );
         let mut requests = 0;
         let mut fpdus = 0;
-        for (_, dst, data) in &streams {
+        for Direction { dst, data, .. } in &streams {
             let (kind, n) = check_direction(e, data);
             if kind == FrameKind::Request {
                 requests += 1;

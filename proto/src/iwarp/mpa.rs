@@ -167,6 +167,8 @@ impl<'a> MpaFrameRepr<'a> {
         let flags = p.flags();
         let pd: &'a [u8] = &p.buf[HEADER_LEN..p.frame_len()];
         let enhanced = flags & flag::ENHANCED != 0 && p.revision() == 2;
+        // The enhanced bit means something on revision 2 only; elsewhere it is kept as is.
+        let stray_enhanced = if enhanced { 0 } else { flags & flag::ENHANCED };
         let (ird_ord, private_data) = if enhanced {
             if pd.len() < IRD_ORD_LEN {
                 return Err(Error::BadLength(
@@ -182,7 +184,7 @@ impl<'a> MpaFrameRepr<'a> {
             markers: flags & flag::MARKERS != 0,
             crc: flags & flag::CRC != 0,
             reject: flags & flag::REJECT != 0,
-            reserved: flags & flag::RESERVED | (flags & flag::ENHANCED) * (!enhanced as u8),
+            reserved: (flags & flag::RESERVED) | stray_enhanced,
             revision: p.revision(),
             ird_ord,
             private_data,
