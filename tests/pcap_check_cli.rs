@@ -206,6 +206,8 @@ fn non_rdma_capture_says_so_and_passes() {
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("note: no RDMA traffic found"), "{text}");
+    let (_, doc) = run_json(&[&capture("siw-hostprobe.pcap")]);
+    assert_eq!(doc["tally"]["other_frames"], 32, "every frame is plain TCP");
 }
 
 #[test]

@@ -44,6 +44,7 @@ pub fn check_bytes(name: &str, bytes: &[u8]) -> FileReport {
         }
     }
     rep.notes.extend(streams.finish());
+    rep.tally.other_frames += streams.non_rdma_frames();
     if rep.tally.rdma_packets() == 0 {
         rep.notes
             .push("no RDMA traffic found (RoCEv2 on UDP 4791, or MPA over TCP)".into());

@@ -110,7 +110,7 @@ pub struct Tally {
     pub malformed: u64,
     /// Packets cut by the snaplen.
     pub truncated: u64,
-    /// Frames that carry no RDMA.
+    /// Frames that carry no RDMA (ARP, ICMP, other UDP, TCP connections without MPA).
     pub other_frames: u64,
 }
 

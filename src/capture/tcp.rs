@@ -40,6 +40,7 @@ struct Direction {
     pending: BTreeMap<u64, Vec<u8>>,
     phase: Phase,
     sent: Option<FrameKind>,
+    frames: u64,
 }
 
 impl Default for Direction {
@@ -50,6 +51,7 @@ impl Default for Direction {
             pending: BTreeMap::new(),
             phase: Phase::Start,
             sent: None,
+            frames: 0,
         }
     }
 }
@@ -87,9 +89,13 @@ impl Streams {
     pub fn segment(&mut self, frame: u64, seg: &TcpSegment<'_>) -> Vec<Record> {
         let key = (seg.src, seg.dst);
         let dir = self.dirs.entry(key).or_default();
+        dir.frames += 1;
         if seg.syn {
+            let frames = dir.frames;
+            let isn = Some(seg.seq.wrapping_add(1));
             *dir = Direction {
-                isn: Some(seg.seq.wrapping_add(1)),
+                isn,
+                frames,
                 ..Direction::default()
             };
             return Vec::new();
@@ -248,6 +254,12 @@ impl Streams {
         d.push(&buf);
         let phase = drain_fpdus(frame, key, d, out);
         self.set_phase(key, phase);
+    }
+
+    /// TCP frames of directions that never carried MPA.
+    pub fn non_rdma_frames(&self) -> u64 {
+        let not_mpa = |d: &&Direction| matches!(d.phase, Phase::Start | Phase::NotMpa);
+        self.dirs.values().filter(not_mpa).map(|d| d.frames).sum()
     }
 
     /// Notes for what is left when the capture ends.

@@ -73,6 +73,20 @@ impl PathRepr {
     }
 }
 
+impl fmt::Display for PathRepr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (l, r) = (
+            core::net::Ipv6Addr::from(self.local_gid),
+            core::net::Ipv6Addr::from(self.remote_gid),
+        );
+        write!(
+            f,
+            "path {l} -> {r} tc={} hop={} sl={}",
+            self.traffic_class, self.hop_limit, self.sl
+        )
+    }
+}
+
 fn gid(b: &[u8]) -> [u8; 16] {
     let mut g = [0u8; 16];
     g.copy_from_slice(&b[..16]);

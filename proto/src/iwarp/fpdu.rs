@@ -176,6 +176,12 @@ impl MarkerRepr {
     }
 }
 
+impl fmt::Display for MarkerRepr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "marker fpduptr={}", self.fpdu_ptr)
+    }
+}
+
 /// Octets to the next marker position at or after `stream_offset`.
 pub const fn to_next_marker(stream_offset: u64) -> u64 {
     (MARKER_INTERVAL - stream_offset % MARKER_INTERVAL) % MARKER_INTERVAL

@@ -140,6 +140,23 @@ impl IrdOrd {
     }
 }
 
+impl fmt::Display for IrdOrd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ird={} ord={}", self.ird, self.ord)?;
+        for (set, name) in [
+            (self.peer_to_peer, " p2p"),
+            (self.send_rtr, " rtr=send"),
+            (self.write_rtr, " rtr=write"),
+            (self.read_rtr, " rtr=read"),
+        ] {
+            if set {
+                f.write_str(name)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The fields of an MPA Request or Reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MpaFrameRepr<'a> {
@@ -245,17 +262,7 @@ impl fmt::Display for MpaFrameRepr<'_> {
             f.write_str(" REJECT")?;
         }
         if let Some(io) = &self.ird_ord {
-            write!(f, " ird={} ord={}", io.ird, io.ord)?;
-            for (set, name) in [
-                (io.peer_to_peer, " p2p"),
-                (io.send_rtr, " rtr=send"),
-                (io.write_rtr, " rtr=write"),
-                (io.read_rtr, " rtr=read"),
-            ] {
-                if set {
-                    f.write_str(name)?;
-                }
-            }
+            write!(f, " {io}")?;
         }
         write!(f, " pd={}", self.private_data.len())
     }

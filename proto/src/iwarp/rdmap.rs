@@ -114,6 +114,12 @@ impl Control {
     }
 }
 
+impl fmt::Display for Control {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RDMAP v{} {}", self.version, self.opcode.name())
+    }
+}
+
 /// RDMA Read Request body (RFC 5040 §4.4), 28 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ReadRequestRepr {

@@ -152,11 +152,57 @@ pub fn fill(ip: IpHeader<'_>, udp_header: &[u8], packet: &mut [u8]) -> Result<()
 mod tests {
     use super::*;
 
-    // rxe-head.pcap frame 5: an RC ACKNOWLEDGE from 10.77.0.2 to 10.77.0.3 (62 bytes).
+    // rxe-head.pcap frame 5: an RC ACKNOWLEDGE from 10.77.0.2 to 10.77.0.3, as captured.
+    // The IPv4 Identification (0x0091) is rxe's running counter.
     const IP: [u8; 20] = [
-        0x45, 0x00, 0x00, 0x30, 0x9e, 0x1b, 0x40, 0x00, 0x40, 0x11, 0x87, 0x4d, 0x0a, 0x4d, 0x00,
+        0x45, 0x00, 0x00, 0x30, 0x00, 0x91, 0x40, 0x00, 0x40, 0x11, 0x25, 0x8e, 0x0a, 0x4d, 0x00,
         0x02, 0x0a, 0x4d, 0x00, 0x03,
     ];
+    const UDP: [u8; 8] = [0xe8, 0xea, 0x12, 0xb7, 0x00, 0x1c, 0x00, 0x00];
+    const ACK: [u8; 20] = [
+        0x11, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x00, 0x31, 0xa9, 0xf1, 0x1f, 0x00, 0x00,
+        0x01, 0x11, 0xf7, 0x89, 0xa1,
+    ];
+
+    #[test]
+    fn known_answer_from_rxe() {
+        let c = check(IpHeader::V4(&IP), &UDP, &ACK).unwrap();
+        assert_eq!(
+            c,
+            IcrcCheck {
+                carried: 0xa189_f711,
+                computed: 0xa189_f711
+            }
+        );
+        let mut refilled = ACK;
+        refilled[16..].fill(0);
+        fill(IpHeader::V4(&IP), &UDP, &mut refilled).unwrap();
+        assert_eq!(refilled, ACK);
+    }
+
+    #[test]
+    fn ipv6_masks_traffic_class_flow_label_and_hop_limit_only() {
+        let mut ip6 = [0u8; 40];
+        ip6[0] = 0x60;
+        ip6[4..6].copy_from_slice(&28u16.to_be_bytes());
+        ip6[6] = 17;
+        ip6[7] = 64;
+        ip6[8..24].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        ip6[24..40].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        let base = compute(IpHeader::V6(&ip6), &UDP, &ACK).unwrap();
+        let mut varied = ip6;
+        varied[0] = 0x6f; // traffic class
+        varied[1] = 0xab; // traffic class + flow label
+        varied[3] = 0x12; // flow label
+        varied[7] = 1; // hop limit
+        assert_eq!(compute(IpHeader::V6(&varied), &UDP, &ACK).unwrap(), base);
+        let mut other_dst = ip6;
+        other_dst[39] = 3;
+        assert_ne!(compute(IpHeader::V6(&other_dst), &UDP, &ACK).unwrap(), base);
+        let mut other_len = ip6;
+        other_len[5] = 29;
+        assert_ne!(compute(IpHeader::V6(&other_len), &UDP, &ACK).unwrap(), base);
+    }
 
     #[test]
     fn masking_ignores_variant_fields_only() {
