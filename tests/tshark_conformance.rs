@@ -381,128 +381,137 @@ fn tshark_decodes_every_opcode_softrdma_emits() {
     }
 }
 
-/// An iWARP connection softrdma writes: handshake, MPA Request/Reply with CRC, then a Send,
-/// a Write and a Read Request from the initiator.
-fn iwarp_frames() -> Vec<Vec<u8>> {
-    let (a, b) = ([10, 0, 0, 1], [10, 0, 0, 2]);
-    let (pa, pb) = (40000u16, 7174u16);
-    let mut seq = [1000u32, 5000u32];
-    let mut frames = Vec::new();
-    let seg =
-        |from_a: bool, payload: &[u8], syn: bool, frames: &mut Vec<Vec<u8>>, seq: &mut [u32; 2]| {
-            let (i, j) = if from_a { (0, 1) } else { (1, 0) };
-            let (src, dst, sp, dp) = if from_a {
-                (a, b, pa, pb)
-            } else {
-                (b, a, pb, pa)
-            };
-            let eth = if from_a {
-                PacketBuilder::ethernet2(MAC_A, MAC_B)
-            } else {
-                PacketBuilder::ethernet2(MAC_B, MAC_A)
-            };
-            let tcp = eth.ipv4(src, dst, 64).tcp(sp, dp, seq[i], 65535);
-            let tcp = if syn {
-                tcp.syn()
-            } else {
-                tcp.ack(seq[j]).psh()
-            };
-            let mut f = Vec::new();
-            tcp.write(&mut f, payload).unwrap();
-            seq[i] = seq[i].wrapping_add(payload.len() as u32 + syn as u32);
-            frames.push(f);
-        };
-    seg(true, &[], true, &mut frames, &mut seq);
-    seg(false, &[], true, &mut frames, &mut seq);
+/// An MPA Request or Reply with CRC, IRD/ORD 4/4 and 8 bytes of private data.
+fn mpa_frame(kind: FrameKind) -> Vec<u8> {
     let io = IrdOrd {
         ird: 4,
         ord: 4,
         ..Default::default()
     };
-    for kind in [FrameKind::Request, FrameKind::Reply] {
-        let m = MpaFrameRepr {
-            kind,
-            markers: false,
-            crc: true,
-            reject: false,
-            reserved: 0,
-            revision: 2,
-            ird_ord: Some(io),
-            private_data: b"softrdma",
-        };
-        let mut b = vec![0u8; m.buffer_len()];
-        m.emit(&mut b).unwrap();
-        seg(kind == FrameKind::Request, &b, false, &mut frames, &mut seq);
-    }
+    let m = MpaFrameRepr {
+        kind,
+        markers: false,
+        crc: true,
+        reject: false,
+        reserved: 0,
+        revision: 2,
+        ird_ord: Some(io),
+        private_data: b"softrdma",
+    };
+    let mut b = vec![0u8; m.buffer_len()];
+    m.emit(&mut b).unwrap();
+    b
+}
+
+/// A Send, a Write and a Read Request, each framed as an FPDU with CRC.
+fn fpdus() -> Vec<Vec<u8>> {
     let payload: Vec<u8> = (0..100u8).collect();
     let ctrl = |op| Control {
         version: rdmap::VERSION,
         opcode: op,
     };
+    let ddp = |buffer| DdpRepr {
+        last: true,
+        version: 1,
+        rsvd_ulp: 0,
+        buffer,
+    };
+    let untagged = |qn| DdpBuffer::Untagged {
+        rsvd_ulp: 0,
+        qn,
+        msn: 1,
+        mo: 0,
+    };
+    let read = ReadRequestRepr {
+        sink_stag: 0x77,
+        sink_to: 0x8000,
+        size: 100,
+        src_stag: 0x1234_5600,
+        src_to: 0x7000,
+    };
     let msgs = [
         MessageRepr {
-            ddp: DdpRepr {
-                last: true,
-                version: 1,
-                rsvd_ulp: 0,
-                buffer: DdpBuffer::Untagged {
-                    rsvd_ulp: 0,
-                    qn: 0,
-                    msn: 1,
-                    mo: 0,
-                },
-            },
+            ddp: ddp(untagged(0)),
             control: ctrl(Opcode::Send),
             body: Body::Data(&payload),
         },
         MessageRepr {
-            ddp: DdpRepr {
-                last: true,
-                version: 1,
-                rsvd_ulp: 0,
-                buffer: DdpBuffer::Tagged {
-                    stag: 0x1234_5600,
-                    to: 0x7000,
-                },
-            },
+            ddp: ddp(DdpBuffer::Tagged {
+                stag: 0x1234_5600,
+                to: 0x7000,
+            }),
             control: ctrl(Opcode::Write),
             body: Body::Data(&payload[..37]),
         },
         MessageRepr {
-            ddp: DdpRepr {
-                last: true,
-                version: 1,
-                rsvd_ulp: 0,
-                buffer: DdpBuffer::Untagged {
-                    rsvd_ulp: 0,
-                    qn: 1,
-                    msn: 1,
-                    mo: 0,
-                },
-            },
+            ddp: ddp(untagged(1)),
             control: ctrl(Opcode::ReadRequest),
-            body: Body::ReadRequest(ReadRequestRepr {
-                sink_stag: 0x77,
-                sink_to: 0x8000,
-                size: 100,
-                src_stag: 0x1234_5600,
-                src_to: 0x7000,
-            }),
+            body: Body::ReadRequest(read),
         },
     ];
-    for m in msgs {
-        let mut ulpdu = vec![0u8; m.buffer_len()];
-        m.emit(&mut ulpdu).unwrap();
-        let f = FpduRepr {
-            ulpdu: &ulpdu,
-            pad: [0; 3],
-            with_crc: true,
+    msgs.iter()
+        .map(|m| {
+            let mut ulpdu = vec![0u8; m.buffer_len()];
+            m.emit(&mut ulpdu).unwrap();
+            let f = FpduRepr {
+                ulpdu: &ulpdu,
+                pad: [0; 3],
+                with_crc: true,
+            };
+            let mut b = vec![0u8; f.buffer_len()];
+            f.emit(&mut b).unwrap();
+            b
+        })
+        .collect()
+}
+
+/// One TCP connection, 10.0.0.1:40000 to 10.0.0.2:7174, carrying `payloads` in order
+/// (`true`: from the initiator), after a SYN each way.
+fn tcp_frames(payloads: &[(bool, Vec<u8>)]) -> Vec<Vec<u8>> {
+    let mut seq = [1000u32, 5000u32];
+    let mut frames = Vec::new();
+    let syns = [(true, Vec::new()), (false, Vec::new())];
+    for (n, (from_a, payload)) in syns.iter().chain(payloads).enumerate() {
+        let (i, j) = if *from_a { (0, 1) } else { (1, 0) };
+        let eth = if *from_a {
+            PacketBuilder::ethernet2(MAC_A, MAC_B)
+        } else {
+            PacketBuilder::ethernet2(MAC_B, MAC_A)
         };
-        let mut b = vec![0u8; f.buffer_len()];
-        f.emit(&mut b).unwrap();
-        seg(true, &b, false, &mut frames, &mut seq);
+        let ip = if *from_a {
+            eth.ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+        } else {
+            eth.ipv4([10, 0, 0, 2], [10, 0, 0, 1], 64)
+        };
+        let (sp, dp) = if *from_a {
+            (40000, 7174)
+        } else {
+            (7174, 40000)
+        };
+        let syn = n < 2;
+        let tcp = ip.tcp(sp, dp, seq[i], 65535);
+        let tcp = if syn {
+            tcp.syn()
+        } else {
+            tcp.ack(seq[j]).psh()
+        };
+        let mut f = Vec::new();
+        tcp.write(&mut f, payload).unwrap();
+        seq[i] = seq[i].wrapping_add(payload.len() as u32 + syn as u32);
+        frames.push(f);
     }
     frames
+}
+
+/// An iWARP connection softrdma writes: MPA Request/Reply with CRC, then a Send, a Write
+/// and a Read Request from the initiator.
+fn iwarp_frames() -> Vec<Vec<u8>> {
+    let mut payloads = vec![
+        (true, mpa_frame(FrameKind::Request)),
+        (false, mpa_frame(FrameKind::Reply)),
+    ];
+    payloads.extend(fpdus().into_iter().map(|f| (true, f)));
+    tcp_frames(&payloads)
 }
 
 #[test]
