@@ -11,7 +11,7 @@ pub mod report;
 pub mod roce;
 pub mod tcp;
 
-use report::{FileReport, Record};
+use report::FileReport;
 
 /// Checks one capture file held in memory; `name` labels it in the report.
 pub fn check_bytes(name: &str, bytes: &[u8]) -> FileReport {
@@ -62,22 +62,5 @@ pub fn check_file(path: &std::path::Path) -> FileReport {
             rep.error = Some(format!("cannot read: {e}"));
             rep
         }
-    }
-}
-
-/// Convenience for records made outside this module.
-pub fn record(
-    frame: u64,
-    src: String,
-    dst: String,
-    summary: String,
-    check: report::Check,
-) -> Record {
-    Record {
-        frame,
-        src,
-        dst,
-        summary,
-        check,
     }
 }
