@@ -237,3 +237,27 @@ fn random_garbage_after_a_valid_header_never_panics() {
         );
     }
 }
+
+#[test]
+fn pcapng_from_editcap_reads_like_the_pcap() {
+    // editcap ships with tshark (Debian's wireshark-common), which the suite needs anyway.
+    for name in ["siw-crc-rping.pcap", "rxe-head.pcap"] {
+        let ng = std::env::temp_dir().join(format!("softrdma-{}-{name}ng", std::process::id()));
+        let status = Command::new("editcap")
+            .args(["-F", "pcapng"])
+            .arg(capture(name))
+            .arg(&ng)
+            .status()
+            .expect("editcap (apt-get install tshark)");
+        assert!(status.success());
+        let (code_ng, doc_ng) = run_json(&[&ng]);
+        let _ = std::fs::remove_file(&ng);
+        let (code, doc) = run_json(&[&capture(name)]);
+        assert_eq!((code_ng, code), (0, 0));
+        assert_eq!(doc_ng["tally"], doc["tally"], "{name}");
+        assert_eq!(
+            doc_ng["files"][0]["records"], doc["files"][0]["records"],
+            "{name}"
+        );
+    }
+}

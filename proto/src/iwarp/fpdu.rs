@@ -192,7 +192,7 @@ pub fn wire_len_with_markers(stream_offset: u64, len: usize) -> usize {
     let (mut i, mut o) = (0usize, 0usize);
     while i < len {
         let off = stream_offset + o as u64;
-        if off % MARKER_INTERVAL == 0 {
+        if off.is_multiple_of(MARKER_INTERVAL) {
             o += MARKER_LEN;
             continue;
         }
@@ -210,7 +210,7 @@ pub fn insert_markers(stream_offset: u64, fpdu: &[u8], out: &mut [u8]) -> Result
     let (mut i, mut o) = (0usize, 0usize);
     while i < fpdu.len() {
         let off = stream_offset + o as u64;
-        if off % MARKER_INTERVAL == 0 {
+        if off.is_multiple_of(MARKER_INTERVAL) {
             let ptr = u16::try_from(o).map_err(|_| Error::BadLength("FPDU over 65535"))?;
             MarkerRepr { fpdu_ptr: ptr }.emit(&mut out[o..])?;
             o += MARKER_LEN;
@@ -230,7 +230,7 @@ pub fn strip_markers(stream_offset: u64, wire: &[u8], out: &mut [u8]) -> Result<
     let (mut i, mut o) = (0usize, 0usize);
     while i < wire.len() {
         let off = stream_offset + i as u64;
-        if off % MARKER_INTERVAL == 0 {
+        if off.is_multiple_of(MARKER_INTERVAL) {
             Error::check_len(i + MARKER_LEN, wire.len())?;
             let m = MarkerRepr::parse(&wire[i..])?;
             if usize::from(m.fpdu_ptr) != i {

@@ -85,6 +85,30 @@ impl<T: AsRef<[u8]>> BthPacket<T> {
     }
 }
 
+impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
+    fn bm(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets the PSN in place (a retransmission rewrites nothing else).
+    pub fn set_psn(&mut self, psn: Psn) {
+        put24(self.bm(), field::PSN, psn.value());
+    }
+    /// Sets or clears AckReq in place.
+    pub fn set_ack_req(&mut self, on: bool) {
+        let b = &mut self.bm()[field::ACK_REQ];
+        *b = (*b & 0x7f) | (on as u8) << 7;
+    }
+    /// Sets the destination QP in place.
+    pub fn set_dest_qp(&mut self, qpn: u32) {
+        put24(self.bm(), field::DEST_QP, qpn);
+    }
+    /// Sets FECN and BECN in place (they are outside the ICRC).
+    pub fn set_ecn(&mut self, fecn: bool, becn: bool) {
+        let b = &mut self.bm()[field::FECN_BECN];
+        *b = (*b & 0x3f) | (fecn as u8) << 7 | (becn as u8) << 6;
+    }
+}
+
 /// The fields of a BTH. Reserved bits are sent as zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BthRepr {
@@ -198,6 +222,26 @@ mod tests {
         let mut out = [0u8; LEN];
         repr.emit(&mut out).unwrap();
         assert_eq!(out, SEND_ONLY_BTH);
+    }
+
+    #[test]
+    fn setters_rewrite_in_place() {
+        let mut raw = SEND_ONLY_BTH;
+        let mut p = BthPacket::new_checked(&mut raw[..]).unwrap();
+        p.set_psn(Psn::new(0xff_ffff));
+        p.set_ack_req(false);
+        p.set_dest_qp(0x12_3456);
+        p.set_ecn(true, false);
+        assert_eq!(
+            (p.psn(), p.ack_req(), p.dest_qp()),
+            (Psn::new(0xff_ffff), false, 0x12_3456)
+        );
+        assert!(p.fecn() && !p.becn());
+        assert_eq!(
+            (p.opcode(), p.pkey()),
+            (0x04, 0xffff),
+            "other fields untouched"
+        );
     }
 
     #[test]
