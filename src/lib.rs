@@ -6,5 +6,6 @@
 pub use softrdma_proto as proto;
 
 pub mod capture;
+pub mod engine;
 pub mod fuzzing;
 pub mod iwarp;

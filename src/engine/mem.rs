@@ -1,0 +1,392 @@
+//! Registered memory (IBTA 10.6): protection domains, memory regions, keys.
+//!
+//! The remote side writes registered memory while the application holds it. So that safe
+//! code cannot cause undefined behaviour, a region's bytes live in [`SharedMem`]: 64-bit
+//! atomic words. The application and the engine both go through its copy-in/copy-out
+//! methods; concurrent access is a race on values, never a data race in Rust's sense. The
+//! same words give RDMA atomics their atomicity with respect to each other on one device.
+
+use super::rng::Rng;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const WORD: usize = 8;
+
+/// Bytes shared between the application and the engine, stored in atomic words.
+#[derive(Debug)]
+pub struct SharedMem {
+    words: Box<[AtomicU64]>,
+    len: usize,
+}
+
+impl SharedMem {
+    /// `len` zero bytes.
+    pub fn new(len: usize) -> Self {
+        let words = (0..len.div_ceil(WORD)).map(|_| AtomicU64::new(0)).collect();
+        SharedMem { words, len }
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    fn in_bounds(&self, offset: usize, n: usize) -> bool {
+        offset.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+    /// Copies `out.len()` bytes from `offset`; false (nothing copied) when out of bounds.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        if !self.in_bounds(offset, out.len()) {
+            return false;
+        }
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done;
+            let (w, skip) = (at / WORD, at % WORD);
+            let bytes = self.words[w].load(Ordering::Relaxed).to_le_bytes();
+            let n = (WORD - skip).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&bytes[skip..skip + n]);
+            done += n;
+        }
+        true
+    }
+    /// Copies `data` to `offset`; false (nothing written) when out of bounds.
+    pub fn write(&self, offset: usize, data: &[u8]) -> bool {
+        if !self.in_bounds(offset, data.len()) {
+            return false;
+        }
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done;
+            let (w, skip) = (at / WORD, at % WORD);
+            let n = (WORD - skip).min(data.len() - done);
+            if n == WORD {
+                let v = u64::from_le_bytes(data[done..done + WORD].try_into().unwrap_or([0; 8]));
+                self.words[w].store(v, Ordering::Relaxed);
+            } else {
+                // A partial word: merge with what is there, atomically.
+                let _ = self.words[w].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut b = old.to_le_bytes();
+                    b[skip..skip + n].copy_from_slice(&data[done..done + n]);
+                    Some(u64::from_le_bytes(b))
+                });
+            }
+            done += n;
+        }
+        true
+    }
+    /// Fills `n` bytes at `offset` with `byte`.
+    pub fn fill(&self, offset: usize, n: usize, byte: u8) -> bool {
+        self.write(offset, &vec![byte; n])
+    }
+    /// Atomic fetch-and-add on the 8-byte word at `offset` (8-aligned); returns the old value.
+    pub fn fetch_add(&self, offset: usize, add: u64) -> Option<u64> {
+        let w = self.word(offset)?;
+        Some(w.fetch_add(add, Ordering::SeqCst))
+    }
+    /// Atomic compare-and-swap on the word at `offset` (8-aligned); returns the old value.
+    pub fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Option<u64> {
+        let w = self.word(offset)?;
+        Some(
+            match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+    fn word(&self, offset: usize) -> Option<&AtomicU64> {
+        (offset.is_multiple_of(WORD) && self.in_bounds(offset, WORD))
+            .then(|| &self.words[offset / WORD])
+    }
+    /// A copy of every byte.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.read(0, &mut v);
+        v
+    }
+}
+
+/// Access rights of a memory region (IBTA 10.6.3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Access {
+    /// The local HCA may write (receive buffers, READ targets, atomic results).
+    pub local_write: bool,
+    /// A remote peer may READ.
+    pub remote_read: bool,
+    /// A remote peer may WRITE.
+    pub remote_write: bool,
+    /// A remote peer may perform atomics.
+    pub remote_atomic: bool,
+}
+
+impl Access {
+    /// Everything allowed.
+    pub const ALL: Access = Access {
+        local_write: true,
+        remote_read: true,
+        remote_write: true,
+        remote_atomic: true,
+    };
+}
+
+/// A protection domain handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pd(pub u32);
+
+/// A registered memory region as the application sees it.
+#[derive(Debug, Clone)]
+pub struct Mr {
+    /// Local key, for SGEs.
+    pub lkey: u32,
+    /// Remote key, for RETH/AtomicETH.
+    pub rkey: u32,
+    /// The virtual address of the first byte.
+    pub addr: u64,
+    /// The bytes.
+    pub mem: Arc<SharedMem>,
+}
+
+#[derive(Debug)]
+struct Region {
+    pd: Pd,
+    access: Access,
+    addr: u64,
+    mem: Arc<SharedMem>,
+    key: u32,
+    valid: bool,
+}
+
+/// Why a memory access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemError {
+    /// No valid region with that key.
+    BadKey,
+    /// The region belongs to another PD.
+    WrongPd,
+    /// The region does not allow the access.
+    Access,
+    /// The range is outside the region.
+    Bounds,
+    /// An atomic on an address that is not 8-aligned.
+    Alignment,
+}
+
+/// The device's memory regions, indexed by the 24 index bits of their keys.
+#[derive(Debug, Default)]
+pub struct MrTable {
+    regions: HashMap<u32, Region>,
+    next_index: u32,
+    max_regions: usize,
+}
+
+/// The access a lookup asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Local read (SGE of a send).
+    LocalRead,
+    /// Local write.
+    LocalWrite,
+    /// Remote read.
+    RemoteRead,
+    /// Remote write.
+    RemoteWrite,
+    /// Remote atomic.
+    RemoteAtomic,
+}
+
+impl MrTable {
+    /// A table holding at most `max_regions`.
+    pub fn new(max_regions: usize) -> Self {
+        MrTable {
+            regions: HashMap::new(),
+            next_index: 0,
+            max_regions,
+        }
+    }
+
+    /// Registers `len` bytes. Index bits are a permutation of a counter (not sequential on
+    /// the wire); the 8 key bits are random, so a re-registration gets a new key.
+    pub fn register(&mut self, pd: Pd, len: usize, access: Access, rng: &mut Rng) -> Option<Mr> {
+        if self.regions.len() >= self.max_regions {
+            return None;
+        }
+        let index = loop {
+            self.next_index = self.next_index.wrapping_add(1) & 0xff_ffff;
+            // Multiplication by an odd constant mod 2^24 is a bijection: unique, not sequential.
+            let idx = self.next_index.wrapping_mul(0x9e_3779) & 0xff_ffff;
+            if idx != 0 && !self.regions.contains_key(&idx) {
+                break idx;
+            }
+        };
+        let key = (index << 8) | (rng.next_u64() as u32 & 0xff);
+        let addr = (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000;
+        let mem = Arc::new(SharedMem::new(len));
+        self.regions.insert(
+            index,
+            Region {
+                pd,
+                access,
+                addr,
+                mem: mem.clone(),
+                key,
+                valid: true,
+            },
+        );
+        Some(Mr {
+            lkey: key,
+            rkey: key,
+            addr,
+            mem,
+        })
+    }
+
+    /// Deregisters a region.
+    pub fn deregister(&mut self, key: u32) -> bool {
+        self.regions.remove(&(key >> 8)).is_some()
+    }
+
+    /// Invalidates an rkey (local invalidate, send with invalidate).
+    pub fn invalidate(&mut self, key: u32) -> bool {
+        match self.regions.get_mut(&(key >> 8)) {
+            Some(r) if r.key == key => {
+                r.valid = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Finds the bytes for `[va, va + len)` under `key`, checking PD, access and bounds.
+    pub fn resolve(
+        &self,
+        key: u32,
+        pd: Pd,
+        va: u64,
+        len: usize,
+        need: Need,
+    ) -> Result<(Arc<SharedMem>, usize), MemError> {
+        let r = self
+            .regions
+            .get(&(key >> 8))
+            .filter(|r| r.key == key && r.valid)
+            .ok_or(MemError::BadKey)?;
+        if r.pd != pd {
+            return Err(MemError::WrongPd);
+        }
+        let ok = match need {
+            Need::LocalRead => true,
+            Need::LocalWrite => r.access.local_write,
+            Need::RemoteRead => r.access.remote_read,
+            Need::RemoteWrite => r.access.remote_write,
+            Need::RemoteAtomic => r.access.remote_atomic,
+        };
+        if !ok {
+            return Err(MemError::Access);
+        }
+        let off = va.checked_sub(r.addr).ok_or(MemError::Bounds)?;
+        let end = off.checked_add(len as u64).ok_or(MemError::Bounds)?;
+        if end > r.mem.len() as u64 {
+            return Err(MemError::Bounds);
+        }
+        if need == Need::RemoteAtomic && !va.is_multiple_of(8) {
+            return Err(MemError::Alignment);
+        }
+        Ok((r.mem.clone(), off as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unaligned_copies_round_trip() {
+        let m = SharedMem::new(37);
+        let data: Vec<u8> = (1..=30).collect();
+        assert!(m.write(3, &data));
+        let mut out = vec![0u8; 30];
+        assert!(m.read(3, &mut out));
+        assert_eq!(out, data);
+        assert_eq!(m.to_vec()[..3], [0, 0, 0]);
+        assert!(!m.write(30, &data), "out of bounds writes nothing");
+        assert_eq!(m.to_vec()[33..], [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn atomics_need_alignment() {
+        let m = SharedMem::new(16);
+        assert_eq!(m.fetch_add(8, 5), Some(0));
+        assert_eq!(m.compare_swap(8, 5, 9), Some(5));
+        assert_eq!(m.compare_swap(8, 5, 1), Some(9), "compare fails: unchanged");
+        assert_eq!(m.fetch_add(4, 1), None);
+        assert_eq!(m.fetch_add(16, 1), None);
+    }
+
+    #[test]
+    fn keys_are_not_sequential_and_change_on_reregistration() {
+        let mut t = MrTable::new(100);
+        let mut rng = Rng::new(1);
+        let a = t.register(Pd(1), 64, Access::ALL, &mut rng).unwrap();
+        let b = t.register(Pd(1), 64, Access::ALL, &mut rng).unwrap();
+        assert_ne!((b.rkey >> 8).wrapping_sub(a.rkey >> 8), 1);
+        assert!(t.deregister(a.rkey));
+        let keys: Vec<u32> = (0..50)
+            .map(|_| t.register(Pd(1), 8, Access::ALL, &mut rng).unwrap().rkey)
+            .collect();
+        assert!(
+            !keys.contains(&a.rkey) || keys.iter().filter(|k| **k >> 8 == a.rkey >> 8).count() <= 1
+        );
+        assert!(
+            t.resolve(a.rkey, Pd(1), a.addr, 1, Need::RemoteRead)
+                .is_err(),
+            "old key is dead"
+        );
+    }
+
+    #[test]
+    fn resolve_checks_pd_access_bounds() {
+        let mut t = MrTable::new(10);
+        let mut rng = Rng::new(2);
+        let ro = Access {
+            remote_read: true,
+            ..Access::default()
+        };
+        let m = t.register(Pd(1), 100, ro, &mut rng).unwrap();
+        assert!(t
+            .resolve(m.rkey, Pd(1), m.addr + 10, 90, Need::RemoteRead)
+            .is_ok());
+        assert_eq!(
+            t.resolve(m.rkey, Pd(2), m.addr, 1, Need::RemoteRead)
+                .unwrap_err(),
+            MemError::WrongPd
+        );
+        assert_eq!(
+            t.resolve(m.rkey, Pd(1), m.addr, 1, Need::RemoteWrite)
+                .unwrap_err(),
+            MemError::Access
+        );
+        assert_eq!(
+            t.resolve(m.rkey, Pd(1), m.addr + 10, 91, Need::RemoteRead)
+                .unwrap_err(),
+            MemError::Bounds
+        );
+        assert_eq!(
+            t.resolve(m.rkey, Pd(1), m.addr - 1, 1, Need::RemoteRead)
+                .unwrap_err(),
+            MemError::Bounds
+        );
+        assert_eq!(
+            t.resolve(m.rkey ^ 1, Pd(1), m.addr, 1, Need::RemoteRead)
+                .unwrap_err(),
+            MemError::BadKey
+        );
+        assert!(t.invalidate(m.rkey));
+        assert_eq!(
+            t.resolve(m.rkey, Pd(1), m.addr, 1, Need::RemoteRead)
+                .unwrap_err(),
+            MemError::BadKey
+        );
+    }
+}

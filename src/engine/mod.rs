@@ -1,0 +1,397 @@
+//! The RoCEv2 engine, sans-I/O (IBTA vol.1 ch. 9–11, Annex A17).
+//!
+//! Nothing here reads a clock, touches a socket or starts a thread. Inputs: verbs calls,
+//! [`Device::handle_packet`] with a datagram and `now`, [`Device::handle_timeout`] with
+//! `now`. Outputs: [`Device::poll_transmit`] (packets, BTH to ICRC with a zero ICRC the
+//! transport fills over the real IP header), [`Device::poll_timeout`] (the next deadline)
+//! and [`Device::poll_cq`] (completions).
+//!
+//! Polling order after any input: drain `poll_transmit` until `None`, then arm a timer for
+//! `poll_timeout`, then poll the CQs. `poll_transmit` produces packets lazily, a few per QP
+//! in turn, so one QP cannot starve the others.
+
+pub mod cq;
+pub mod mem;
+pub mod qp;
+pub mod rng;
+pub mod verbs;
+
+use crate::proto::roce::opcode::Operation;
+use crate::proto::roce::{RocePacket, RoceRepr};
+use cq::{Cq, Notify};
+use mem::{Access, Mr, MrTable, Pd};
+use qp::completer::Verdict;
+use qp::responder::QpView;
+use qp::{Ctx, Qp};
+use rng::Rng;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use verbs::*;
+
+/// A packet for the transport to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination GID.
+    pub dst: Gid,
+    /// The sending QP (the transport derives the UDP source port from it).
+    pub src_qpn: u32,
+    /// BTH through ICRC; the ICRC is zero.
+    pub packet: Vec<u8>,
+}
+
+/// Device counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets handed to the transport.
+    pub tx_packets: u64,
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Received packets that did not parse.
+    pub rx_malformed: u64,
+    /// Received packets for a QP that does not exist or is not connected to the sender.
+    pub rx_unknown_qp: u64,
+    /// Duplicate requests answered.
+    pub duplicates_received: u64,
+    /// PSN sequence error NAKs sent.
+    pub seq_naks_sent: u64,
+    /// PSN sequence error NAKs received.
+    pub seq_naks_received: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Other NAKs sent.
+    pub naks_sent: u64,
+    /// Retransmit timer expiries.
+    pub retransmit_timeouts: u64,
+    /// READ responses out of order (dropped).
+    pub out_of_order_responses: u64,
+    /// Responses of the wrong shape (dropped).
+    pub bad_responses: u64,
+}
+
+/// Device configuration.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The device's GID.
+    pub gid: Gid,
+    /// Seed of every random choice (keys, initial PSNs).
+    pub seed: u64,
+    /// Most QPs.
+    pub max_qps: usize,
+    /// Most memory regions.
+    pub max_mrs: usize,
+}
+
+/// Packets a QP may send per turn of `poll_transmit`.
+const BURST: usize = 16;
+
+/// A software RDMA device.
+pub struct Device {
+    cfg: DeviceConfig,
+    rng: Rng,
+    mrs: MrTable,
+    cqs: HashMap<u32, Cq>,
+    qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+    next_pd: u32,
+    next_cq: u32,
+    out: VecDeque<Transmit>,
+    cursor: u32,
+    /// Counters.
+    pub stats: Stats,
+}
+
+impl Device {
+    /// A device with no objects.
+    pub fn new(cfg: DeviceConfig) -> Self {
+        let mrs = MrTable::new(cfg.max_mrs);
+        Device {
+            rng: Rng::new(cfg.seed),
+            cfg,
+            mrs,
+            cqs: HashMap::new(),
+            qps: BTreeMap::new(),
+            next_qpn: 16,
+            next_pd: 1,
+            next_cq: 1,
+            out: VecDeque::new(),
+            cursor: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The device's GID.
+    pub fn gid(&self) -> Gid {
+        self.cfg.gid
+    }
+
+    /// A random 24-bit PSN for a new connection (IBTA 9.7.1: initial PSNs should vary).
+    pub fn random_psn(&mut self) -> u32 {
+        self.rng.next_u64() as u32 & 0xff_ffff
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> Pd {
+        self.next_pd += 1;
+        Pd(self.next_pd - 1)
+    }
+
+    /// Registers `len` bytes of memory.
+    pub fn reg_mr(&mut self, pd: Pd, len: usize, access: Access) -> Result<Mr, VerbsError> {
+        self.mrs
+            .register(pd, len, access, &mut self.rng)
+            .ok_or(VerbsError::OutOfResources)
+    }
+
+    /// Deregisters a region.
+    pub fn dereg_mr(&mut self, mr: &Mr) -> Result<(), VerbsError> {
+        self.mrs
+            .deregister(mr.lkey)
+            .then_some(())
+            .ok_or(VerbsError::NotFound)
+    }
+
+    /// Local invalidate of an rkey (IBTA 10.6.7.2).
+    pub fn invalidate(&mut self, rkey: u32) -> Result<(), VerbsError> {
+        self.mrs
+            .invalidate(rkey)
+            .then_some(())
+            .ok_or(VerbsError::NotFound)
+    }
+
+    /// Creates a CQ with room for `capacity` completions.
+    pub fn create_cq(&mut self, capacity: usize) -> u32 {
+        let id = self.next_cq;
+        self.next_cq += 1;
+        self.cqs.insert(id, Cq::new(capacity));
+        id
+    }
+
+    /// Takes up to `max` completions.
+    pub fn poll_cq(&mut self, cq: u32, max: usize) -> Vec<Wc> {
+        self.cqs
+            .get_mut(&cq)
+            .map(|c| c.poll(max))
+            .unwrap_or_default()
+    }
+
+    /// Arms a CQ notification; [`Device::take_cq_event`] reports it.
+    pub fn req_notify_cq(&mut self, cq: u32, what: Notify) {
+        if let Some(c) = self.cqs.get_mut(&cq) {
+            c.req_notify(what);
+        }
+    }
+
+    /// Takes a CQ's pending notification.
+    pub fn take_cq_event(&mut self, cq: u32) -> bool {
+        self.cqs.get_mut(&cq).is_some_and(|c| c.take_event())
+    }
+
+    /// Creates a QP in RESET; QPNs start at 16 and are never reused while live.
+    pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
+        if self.qps.len() >= self.cfg.max_qps {
+            return Err(VerbsError::OutOfResources);
+        }
+        if !self.cqs.contains_key(&init.send_cq) || !self.cqs.contains_key(&init.recv_cq) {
+            return Err(VerbsError::NotFound);
+        }
+        let qpn = loop {
+            let q = self.next_qpn;
+            self.next_qpn = if q >= 0xff_fffe { 16 } else { q + 1 };
+            if !self.qps.contains_key(&q) {
+                break q;
+            }
+        };
+        self.qps.insert(qpn, Qp::new(qpn, init));
+        Ok(qpn)
+    }
+
+    /// Destroys a QP.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        self.qps
+            .remove(&qpn)
+            .map(|_| ())
+            .ok_or(VerbsError::NotFound)
+    }
+
+    /// The state of a QP.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.qps.get(&qpn).map(|q| q.state)
+    }
+
+    fn split(&mut self, now: u64) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>) {
+        let ctx = Ctx {
+            now,
+            mrs: &mut self.mrs,
+            cqs: &mut self.cqs,
+            out: &mut self.out,
+            stats: &mut self.stats,
+        };
+        (&mut self.qps, ctx)
+    }
+
+    /// modify-QP.
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), VerbsError> {
+        let (qps, mut ctx) = self.split(0);
+        qps.get_mut(&qpn)
+            .ok_or(VerbsError::NotFound)?
+            .modify(attr, &mut ctx)
+    }
+
+    /// Posts a send work request (IBTA 11.4.1.1).
+    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+            return Err(VerbsError::InvalidRequest);
+        }
+        qp.req.post(wr, qp.init.pd, &self.mrs, qp.path.mtu)
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
+        if qp.state == QpState::Reset {
+            return Err(VerbsError::InvalidRequest);
+        }
+        if qp.state == QpState::Err {
+            let wc = Wc {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qpn,
+                byte_len: 0,
+                imm: None,
+                invalidated_rkey: None,
+                solicited: false,
+            };
+            let cq = qp.init.recv_cq;
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.push(wc);
+            }
+            return Ok(());
+        }
+        qp.resp.post(wr)
+    }
+
+    /// A RoCEv2 datagram whose ICRC the transport has verified, from `src`.
+    pub fn handle_packet(&mut self, now: u64, src: Gid, packet: &[u8]) {
+        self.stats.rx_packets += 1;
+        let Ok(r) = RocePacket::new_checked(packet).and_then(|p| RoceRepr::parse(&p)) else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        let (qps, mut ctx) = self.split(now);
+        let Some(qp) = qps.get_mut(&r.bth.dest_qp) else {
+            ctx.stats.rx_unknown_qp += 1;
+            return;
+        };
+        if qp.path.dest_gid != src
+            || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+        {
+            ctx.stats.rx_unknown_qp += 1;
+            return;
+        }
+        dispatch(qp, &r, &mut ctx);
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        let (qps, mut ctx) = self.split(now);
+        for qp in qps.values_mut() {
+            if qp.state == QpState::Err {
+                continue;
+            }
+            qp.req.on_rnr_elapsed(now);
+            if qp.req.timer.is_some_and(|t| now >= t) {
+                qp.req.on_timer(&mut ctx);
+                settle(qp, &mut ctx);
+            }
+        }
+    }
+
+    /// The earliest deadline of any QP.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.qps.values().filter_map(|q| q.deadline()).min()
+    }
+
+    /// The next packet to send, if any.
+    pub fn poll_transmit(&mut self, now: u64) -> Option<Transmit> {
+        if self.out.is_empty() {
+            self.fill(now);
+        }
+        self.out.pop_front()
+    }
+
+    /// Lets each QP in turn queue a burst of packets, starting after the last one served.
+    fn fill(&mut self, now: u64) {
+        let cursor = self.cursor;
+        let (qps, mut ctx) = self.split(now);
+        let order: Vec<u32> = qps
+            .range(cursor + 1..)
+            .chain(qps.range(..=cursor))
+            .map(|(k, _)| *k)
+            .collect();
+        for qpn in order {
+            let Some(qp) = qps.get_mut(&qpn) else {
+                continue;
+            };
+            let mut n = qp.resp.pump(&qp.path, &mut ctx, BURST);
+            if matches!(qp.state, QpState::Rts) {
+                n += qp.req.pump(&qp.path, &mut ctx, BURST);
+            }
+            if n > 0 {
+                self.cursor = qpn;
+                return;
+            }
+        }
+    }
+}
+
+fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, ctx: &mut Ctx<'_>) {
+    let Some(info) = r.info() else { return };
+    let pd = qp.init.pd;
+    match info.operation {
+        Operation::Acknowledge => {
+            if let Some(aeth) = r.aeth {
+                qp.req.on_ack(r.bth.psn, aeth.syndrome, ctx);
+            }
+        }
+        Operation::ReadResponse => {
+            if let Some(aeth) = r
+                .aeth
+                .filter(|a| !matches!(a.syndrome, crate::proto::roce::ext::Syndrome::Ack { .. }))
+            {
+                qp.req.on_ack(r.bth.psn, aeth.syndrome, ctx);
+            } else {
+                qp.req.on_read_response(r, &qp.path, pd, ctx);
+            }
+        }
+        Operation::AtomicAcknowledge => {
+            if let Some(orig) = r.atomic_ack_eth {
+                qp.req.on_atomic_ack(r.bth.psn, orig.original_data, pd, ctx);
+            }
+        }
+        _ => {
+            let view = QpView {
+                qpn: qp.path.qpn,
+                pd,
+                recv_cq: qp.init.recv_cq,
+                mtu: qp.path.mtu,
+            };
+            if qp.resp.handle(r, &view, ctx) {
+                // The NAK must still go out before the QP stops sending.
+                qp.resp.pump(&qp.path, ctx, usize::MAX);
+                qp.enter_error(ctx);
+            }
+            return;
+        }
+    }
+    settle(qp, ctx);
+}
+
+/// Retires finished send WQEs; a failed one takes the QP to ERR.
+fn settle(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+    if qp.req.retire(qp.path.qpn, qp.init.send_cq, ctx) == Verdict::Error {
+        qp.enter_error(ctx);
+    }
+}

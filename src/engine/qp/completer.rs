@@ -1,0 +1,251 @@
+//! The completer (IBTA 9.7.5.2 from the requester's side): ACKs, NAKs, READ responses and
+//! atomic ACKs retire work requests in posting order; the retransmit and RNR timers.
+
+use super::requester::{wc, Requester, SendWqe};
+use super::{Ctx, Path, RNR_TIMER_NS};
+use crate::engine::mem::{MrTable, Need, Pd};
+use crate::engine::verbs::{SendOp, WcStatus};
+use crate::proto::roce::ext::{NakCode, Syndrome};
+use crate::proto::roce::opcode::Position;
+use crate::proto::roce::{Psn, RoceRepr};
+
+/// What the QP must do after the completer ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Carry on.
+    Ok,
+    /// A work request failed: the QP goes to ERR (IBTA 10.3.1.7).
+    Error,
+}
+
+impl Requester {
+    /// Retires, in order, every finished WQE at the head of the queue.
+    pub fn retire(&mut self, qpn: u32, send_cq: u32, ctx: &mut Ctx<'_>) -> Verdict {
+        while let Some(status) = self.wqes.front().and_then(|w| w.done) {
+            let Some(w) = self.wqes.pop_front() else {
+                break;
+            };
+            self.send_idx = self.send_idx.saturating_sub(1);
+            if w.wr.signaled || status != WcStatus::Success {
+                ctx.complete(send_cq, wc(&w, qpn, status));
+            }
+            if status != WcStatus::Success {
+                return Verdict::Error;
+            }
+        }
+        if !self.wqes.iter().any(|w| w.started && w.done.is_none()) {
+            self.timer = None;
+        }
+        Verdict::Ok
+    }
+
+    /// Marks done every SEND/WRITE wholly at or before `psn` (cumulative ACK, IBTA
+    /// 9.7.5.2.1); stops at the first READ/atomic, whose data only its response brings.
+    fn ack_through(&mut self, psn: Psn) -> bool {
+        let mut progress = false;
+        for w in self.wqes.iter_mut() {
+            if w.done.is_some() {
+                continue;
+            }
+            let acked = w.started && w.end_psn().sub(1).serial_cmp(psn).is_le();
+            if !acked || w.wr.op.is_read_or_atomic() {
+                break;
+            }
+            w.done = Some(WcStatus::Success);
+            progress = true;
+        }
+        progress
+    }
+
+    fn progress(&mut self, now: u64) {
+        self.retry_left = self.retry_cnt;
+        self.rnr_left = self.rnr_retry;
+        let pending = self.wqes.iter().any(|w| w.started && w.done.is_none());
+        self.timer = if pending {
+            super::ack_timeout_ns(self.timeout).map(|t| now + t)
+        } else {
+            None
+        };
+    }
+
+    /// An ACK or NAK (IBTA 9.7.5.2.8).
+    pub fn on_ack(&mut self, psn: Psn, syndrome: Syndrome, ctx: &mut Ctx<'_>) {
+        match syndrome {
+            Syndrome::Ack { .. } => {
+                if self.ack_through(psn) {
+                    self.progress(ctx.now);
+                }
+            }
+            Syndrome::RnrNak { timer } => {
+                self.ack_through(psn.sub(1));
+                if self.rnr_left == 0 {
+                    self.fail_at(psn, WcStatus::RnrRetryExcErr);
+                    return;
+                }
+                if self.rnr_retry != 7 {
+                    self.rnr_left -= 1;
+                }
+                ctx.stats.rnr_naks_received += 1;
+                self.rewind(psn);
+                self.rnr_until = Some(ctx.now + RNR_TIMER_NS[usize::from(timer & 31)]);
+                self.timer = None;
+            }
+            Syndrome::Nak(NakCode::PsnSequenceError) => {
+                if self.ack_through(psn.sub(1)) {
+                    self.progress(ctx.now);
+                }
+                ctx.stats.seq_naks_received += 1;
+                self.rewind(psn);
+            }
+            Syndrome::Nak(code) => {
+                self.ack_through(psn.sub(1));
+                let status = match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvReqErr,
+                };
+                self.fail_at(psn, status);
+            }
+        }
+    }
+
+    /// The WQE holding `psn` (or the first unfinished one) completes with `status`.
+    fn fail_at(&mut self, psn: Psn, status: WcStatus) {
+        let at = self
+            .wqes
+            .iter()
+            .position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts));
+        let at = at.or_else(|| self.wqes.iter().position(|w| w.done.is_none()));
+        if let Some(i) = at {
+            self.wqes[i].done = Some(status);
+        }
+    }
+
+    /// The unfinished READ or atomic a response with `psn` answers, after implicitly
+    /// acknowledging everything before it (IBTA 9.7.5.2.1).
+    fn responder_target(&mut self, psn: Psn) -> Option<usize> {
+        for i in 0..self.wqes.len() {
+            let w = &self.wqes[i];
+            if w.done.is_some() {
+                continue;
+            }
+            if !w.started {
+                return None;
+            }
+            if psn.in_window(w.first_psn, w.npkts) {
+                return w.wr.op.is_read_or_atomic().then_some(i);
+            }
+            if w.wr.op.is_read_or_atomic() {
+                return None; // an earlier READ/atomic is unanswered: wait for the timer
+            }
+            self.wqes[i].done = Some(WcStatus::Success);
+        }
+        None
+    }
+
+    /// An RDMA READ response packet.
+    pub fn on_read_response(&mut self, r: &RoceRepr<'_>, path: &Path, pd: Pd, ctx: &mut Ctx<'_>) {
+        let psn = r.bth.psn;
+        let Some(i) = self.responder_target(psn) else {
+            return;
+        };
+        let w = &mut self.wqes[i];
+        let SendOp::Read(_) = w.wr.op else { return };
+        if psn != w.first_psn.add(w.done_pkts) {
+            ctx.stats.out_of_order_responses += 1;
+            return;
+        }
+        let last = w.done_pkts + 1 == w.npkts;
+        let pos = r.info().map(|i| i.position);
+        let offset = w.done_pkts as usize * path.mtu;
+        let want = if last { w.len - offset } else { path.mtu };
+        let pos_ok = matches!(
+            (pos, last),
+            (Some(Position::Last | Position::Only), true)
+                | (Some(Position::First | Position::Middle), false)
+        );
+        if !pos_ok || r.payload.len() != want {
+            ctx.stats.bad_responses += 1;
+            return;
+        }
+        if !scatter(w, offset, r.payload, pd, ctx.mrs) {
+            w.done = Some(WcStatus::LocProtErr);
+            return;
+        }
+        w.done_pkts += 1;
+        if last {
+            w.done = Some(WcStatus::Success);
+        }
+        self.progress(ctx.now);
+    }
+
+    /// An ATOMIC ACKNOWLEDGE: the original value lands in the local buffer.
+    pub fn on_atomic_ack(&mut self, psn: Psn, original: u64, pd: Pd, ctx: &mut Ctx<'_>) {
+        let Some(i) = self.responder_target(psn) else {
+            return;
+        };
+        let w = &mut self.wqes[i];
+        if w.wr.op.is_read_or_atomic() && !matches!(w.wr.op, SendOp::Read(_)) && w.first_psn == psn
+        {
+            let ok = scatter(w, 0, &original.to_le_bytes(), pd, ctx.mrs);
+            w.done = Some(if ok {
+                WcStatus::Success
+            } else {
+                WcStatus::LocProtErr
+            });
+            self.progress(ctx.now);
+        }
+    }
+
+    /// The retransmit timer fired (IBTA 9.7.6.1.3): retry from the oldest unacknowledged
+    /// PSN, or fail the oldest request when the retry count is spent.
+    pub fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+        self.timer = None;
+        let Some(w) = self.wqes.iter().find(|w| w.started && w.done.is_none()) else {
+            return;
+        };
+        let resume = if matches!(w.wr.op, SendOp::Read(_)) {
+            w.first_psn.add(w.done_pkts)
+        } else {
+            w.first_psn
+        };
+        if self.retry_left == 0 {
+            self.fail_at(resume, WcStatus::RetryExcErr);
+            return;
+        }
+        self.retry_left -= 1;
+        ctx.stats.retransmit_timeouts += 1;
+        self.rewind(resume);
+    }
+
+    /// Ends an RNR wait whose time has come.
+    pub fn on_rnr_elapsed(&mut self, now: u64) {
+        if self.rnr_until.is_some_and(|t| now >= t) {
+            self.rnr_until = None;
+            self.timer = None;
+        }
+    }
+}
+
+/// Places `data` at byte `offset` of a WQE's scatter list.
+fn scatter(w: &SendWqe, mut offset: usize, mut data: &[u8], pd: Pd, mrs: &MrTable) -> bool {
+    for s in &w.wr.sgl {
+        let len = s.length as usize;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = (len - offset).min(data.len());
+        let Ok((mem, base)) = mrs.resolve(s.lkey, pd, s.addr + offset as u64, n, Need::LocalWrite)
+        else {
+            return false;
+        };
+        mem.write(base, &data[..n]);
+        data = &data[n..];
+        offset = 0;
+        if data.is_empty() {
+            break;
+        }
+    }
+    data.is_empty()
+}

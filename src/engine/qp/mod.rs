@@ -1,0 +1,218 @@
+//! Queue pairs: attributes and state (this file), the requester and completer (send side)
+//! and the responder (receive side).
+
+pub mod completer;
+pub mod requester;
+pub mod responder;
+pub mod state;
+
+use super::cq::Cq;
+use super::mem::{MrTable, Pd};
+use super::verbs::{Gid, Mtu, QpAttr, QpInit, QpState, VerbsError, Wc};
+use super::{Stats, Transmit};
+use crate::proto::roce::bth::BthRepr;
+use crate::proto::roce::{Psn, RoceRepr};
+use requester::Requester;
+use responder::Responder;
+use std::collections::{HashMap, VecDeque};
+
+/// Minimum RNR NAK timer values in ns, by 5-bit code (IBTA 9.7.5.2.8, Table 45).
+pub const RNR_TIMER_NS: [u64; 32] = [
+    655_360_000,
+    10_000,
+    20_000,
+    30_000,
+    40_000,
+    60_000,
+    80_000,
+    120_000,
+    160_000,
+    240_000,
+    320_000,
+    480_000,
+    640_000,
+    960_000,
+    1_280_000,
+    1_920_000,
+    2_560_000,
+    3_840_000,
+    5_120_000,
+    7_680_000,
+    10_240_000,
+    15_360_000,
+    20_480_000,
+    30_720_000,
+    40_960_000,
+    61_440_000,
+    81_920_000,
+    122_880_000,
+    163_840_000,
+    245_760_000,
+    327_680_000,
+    491_520_000,
+];
+
+/// The local ACK timeout, 4.096 µs × 2^timeout (IBTA 9.7.6.1.3); 0 means infinite.
+pub fn ack_timeout_ns(timeout: u8) -> Option<u64> {
+    (timeout != 0).then(|| 4096u64 << timeout.min(31))
+}
+
+/// What a QP borrows from its device while it works.
+pub struct Ctx<'a> {
+    /// Virtual time in ns.
+    pub now: u64,
+    /// Memory regions.
+    pub mrs: &'a mut MrTable,
+    /// Completion queues.
+    pub cqs: &'a mut HashMap<u32, Cq>,
+    /// Packets to send.
+    pub out: &'a mut VecDeque<Transmit>,
+    /// Counters.
+    pub stats: &'a mut Stats,
+}
+
+impl Ctx<'_> {
+    /// Adds a completion to a CQ.
+    pub fn complete(&mut self, cq: u32, wc: Wc) {
+        if let Some(cq) = self.cqs.get_mut(&cq) {
+            cq.push(wc);
+        }
+    }
+}
+
+/// The connection attributes a QP uses on the wire.
+#[derive(Debug, Clone)]
+pub struct Path {
+    /// This QP's number.
+    pub qpn: u32,
+    /// Peer GID.
+    pub dest_gid: Gid,
+    /// Peer QP number.
+    pub dest_qpn: u32,
+    /// Path MTU in bytes.
+    pub mtu: usize,
+    /// P_Key.
+    pub pkey: u16,
+}
+
+impl Path {
+    /// A BTH for this connection.
+    pub fn bth(&self, opcode: u8, psn: Psn, payload_len: usize) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: true,
+            pad_count: crate::proto::roce::packet::pad_for(payload_len),
+            tver: 0,
+            pkey: self.pkey,
+            fecn: false,
+            becn: false,
+            dest_qp: self.dest_qpn,
+            ack_req: false,
+            psn,
+        }
+    }
+    /// Serializes `repr` (ICRC left for the transport) and queues it.
+    pub fn send(&self, ctx: &mut Ctx<'_>, repr: &RoceRepr<'_>) {
+        let mut buf = vec![0u8; repr.buffer_len()];
+        if repr.emit(&mut buf).is_ok() {
+            ctx.stats.tx_packets += 1;
+            ctx.out.push_back(Transmit {
+                dst: self.dest_gid,
+                src_qpn: self.qpn,
+                packet: buf,
+            });
+        }
+    }
+}
+
+/// A queue pair.
+pub struct Qp {
+    /// Creation parameters.
+    pub init: QpInit,
+    /// Current state.
+    pub state: QpState,
+    /// Wire attributes.
+    pub path: Path,
+    /// Send side.
+    pub req: Requester,
+    /// Receive side.
+    pub resp: Responder,
+}
+
+impl Qp {
+    /// A new QP in RESET.
+    pub fn new(qpn: u32, init: QpInit) -> Self {
+        let path = Path {
+            qpn,
+            dest_gid: [0; 16],
+            dest_qpn: 0,
+            mtu: Mtu::M1024.bytes(),
+            pkey: 0xffff,
+        };
+        Qp {
+            init,
+            state: QpState::Reset,
+            path,
+            req: Requester::new(init.caps),
+            resp: Responder::new(init.caps),
+        }
+    }
+
+    /// The QP's protection domain.
+    pub fn pd(&self) -> Pd {
+        self.init.pd
+    }
+
+    /// modify-QP (IBTA 11.2.5.2): checks the transition table, applies the attributes.
+    pub fn modify(&mut self, a: &QpAttr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
+        let to = state::check(self.state, a)?;
+        if let Some(g) = a.dest_gid {
+            self.path.dest_gid = g;
+        }
+        if let Some(q) = a.dest_qpn {
+            self.path.dest_qpn = q;
+        }
+        if let Some(m) = a.path_mtu {
+            self.path.mtu = m.bytes();
+        }
+        if let Some(p) = a.pkey {
+            self.path.pkey = p;
+        }
+        self.req.apply(a);
+        self.resp.apply(a);
+        if to == QpState::Reset {
+            self.req = Requester::new(self.init.caps);
+            self.resp = Responder::new(self.init.caps);
+        }
+        self.state = to;
+        if to == QpState::Err {
+            self.flush(ctx);
+        }
+        Ok(())
+    }
+
+    /// Moves to ERR and flushes every outstanding work request (IBTA 10.3.1.7).
+    pub fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        self.state = QpState::Err;
+        self.flush(ctx);
+    }
+
+    fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        let (qpn, send_cq, recv_cq) = (self.path.qpn, self.init.send_cq, self.init.recv_cq);
+        for wc in self.req.flush(qpn) {
+            ctx.complete(send_cq, wc);
+        }
+        for wc in self.resp.flush(qpn) {
+            ctx.complete(recv_cq, wc);
+        }
+    }
+
+    /// The earliest timer deadline of this QP.
+    pub fn deadline(&self) -> Option<u64> {
+        if self.state == QpState::Err {
+            return None;
+        }
+        self.req.deadline()
+    }
+}

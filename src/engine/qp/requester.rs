@@ -1,0 +1,428 @@
+//! The requester (IBTA 9.7.4.1): turns send work requests into request packets: PSN
+//! assignment, segmentation to the path MTU, AckReq, the ORD limit, and go-back-N.
+
+use super::{Ctx, Path};
+use crate::engine::mem::{MrTable, Need, Pd};
+use crate::engine::verbs::{
+    QpAttr, QpCaps, SendOp, SendWr, Sge, VerbsError, Wc, WcOpcode, WcStatus,
+};
+use crate::proto::roce::ext::{AtomicEthRepr, IethRepr, ImmDtRepr, RethRepr};
+use crate::proto::roce::{Psn, RoceRepr};
+use std::collections::VecDeque;
+
+/// AckReq on at least every this many packets of a long message (IBTA 9.7.2).
+pub const ACK_REQ_EVERY: u32 = 16;
+/// PSNs in flight at most, far below the 2^23 window (IBTA 9.7.1.1).
+pub const MAX_INFLIGHT_PSNS: u32 = 8192;
+
+/// One posted send work request and its progress.
+#[derive(Debug)]
+pub struct SendWqe {
+    /// The request.
+    pub wr: SendWr,
+    /// Gathered payload of SEND/WRITE.
+    pub data: Vec<u8>,
+    /// Message length (READ: bytes requested).
+    pub len: usize,
+    /// PSN of the first packet; valid once started.
+    pub first_psn: Psn,
+    /// PSNs the message takes (READ: one per response packet).
+    pub npkts: u32,
+    /// PSNs assigned.
+    pub started: bool,
+    /// Next packet to (re)send; READ and atomics: 0 = request unsent, 1 = sent.
+    pub next_pkt: u32,
+    /// READ: response packets placed, in order.
+    pub done_pkts: u32,
+    /// Finished; completes when it reaches the head of the queue.
+    pub done: Option<WcStatus>,
+}
+
+impl SendWqe {
+    /// The PSN after the message.
+    pub fn end_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts)
+    }
+    /// Packets this request puts on the wire.
+    fn request_pkts(&self) -> u32 {
+        if self.wr.op.is_read_or_atomic() {
+            1
+        } else {
+            self.npkts
+        }
+    }
+    /// The completion opcode.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self.wr.op {
+            SendOp::Send | SendOp::SendImm(_) | SendOp::SendInv(_) => WcOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteImm(..) => WcOpcode::RdmaWrite,
+            SendOp::Read(_) => WcOpcode::RdmaRead,
+            SendOp::CompareSwap(..) => WcOpcode::CompSwap,
+            SendOp::FetchAdd(..) => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// Send-side state of a QP.
+#[derive(Debug)]
+pub struct Requester {
+    /// Posted, not yet completed, in order.
+    pub wqes: VecDeque<SendWqe>,
+    /// First WQE with packets left to send.
+    pub send_idx: usize,
+    /// Next PSN to assign.
+    pub next_psn: Psn,
+    /// Transport retries left.
+    pub retry_left: u8,
+    /// RNR retries left (7 = infinite).
+    pub rnr_left: u8,
+    /// Configured retry_cnt.
+    pub retry_cnt: u8,
+    /// Configured rnr_retry.
+    pub rnr_retry: u8,
+    /// ACK timeout attribute.
+    pub timeout: u8,
+    /// ORD.
+    pub max_rd_atomic: u8,
+    /// Retransmit timer.
+    pub timer: Option<u64>,
+    /// After an RNR NAK: no sending before this time.
+    pub rnr_until: Option<u64>,
+    caps: QpCaps,
+}
+
+impl Requester {
+    /// An empty send side.
+    pub fn new(caps: QpCaps) -> Self {
+        Requester {
+            wqes: VecDeque::new(),
+            send_idx: 0,
+            next_psn: Psn::new(0),
+            retry_left: 7,
+            rnr_left: 7,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            timeout: 14,
+            max_rd_atomic: 1,
+            timer: None,
+            rnr_until: None,
+            caps,
+        }
+    }
+
+    /// Takes the send-side attributes of a modify-QP.
+    pub fn apply(&mut self, a: &QpAttr) {
+        if let Some(p) = a.sq_psn {
+            self.next_psn = Psn::new(p);
+        }
+        if let Some(t) = a.timeout {
+            self.timeout = t;
+        }
+        if let Some(r) = a.retry_cnt {
+            (self.retry_cnt, self.retry_left) = (r, r);
+        }
+        if let Some(r) = a.rnr_retry {
+            (self.rnr_retry, self.rnr_left) = (r, r);
+        }
+        if let Some(m) = a.max_rd_atomic {
+            self.max_rd_atomic = m.max(1);
+        }
+    }
+
+    /// Queues a work request (IBTA 11.4.1.1); local protection errors complete in error.
+    pub fn post(
+        &mut self,
+        wr: SendWr,
+        pd: Pd,
+        mrs: &MrTable,
+        mtu: usize,
+    ) -> Result<(), VerbsError> {
+        if self.wqes.len() >= self.caps.max_send_wr {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sgl.len() > self.caps.max_sge {
+            return Err(VerbsError::InvalidRequest);
+        }
+        let sgl_len: usize = wr.sgl.iter().map(|s| s.length as usize).sum();
+        let (len, need) = match wr.op {
+            SendOp::Read(_) => (sgl_len, Need::LocalWrite),
+            SendOp::CompareSwap(..) | SendOp::FetchAdd(..) => (8, Need::LocalWrite),
+            _ => (sgl_len, Need::LocalRead),
+        };
+        let mut done = None;
+        let mut data = Vec::new();
+        if wr.op.is_read_or_atomic() {
+            if check_sgl(&wr.sgl, pd, mrs, need).is_err() || (len == 8 && sgl_len < 8) {
+                done = Some(WcStatus::LocProtErr);
+            }
+        } else {
+            match gather(&wr.sgl, pd, mrs) {
+                Ok(d) => data = d,
+                Err(()) => done = Some(WcStatus::LocProtErr),
+            }
+        }
+        let npkts = match wr.op {
+            SendOp::CompareSwap(..) | SendOp::FetchAdd(..) => 1,
+            _ => len.div_ceil(mtu).max(1) as u32,
+        };
+        self.wqes.push_back(SendWqe {
+            wr,
+            data,
+            len,
+            first_psn: Psn::new(0),
+            npkts,
+            started: false,
+            next_pkt: 0,
+            done_pkts: 0,
+            done,
+        });
+        Ok(())
+    }
+
+    fn outstanding_rd_atomic(&self) -> usize {
+        self.wqes
+            .iter()
+            .filter(|w| w.started && w.done.is_none() && w.wr.op.is_read_or_atomic())
+            .count()
+    }
+
+    fn inflight_psns(&self) -> u32 {
+        match self.wqes.iter().find(|w| w.started) {
+            Some(w) => w.first_psn.distance_to(self.next_psn).max(0) as u32,
+            None => 0,
+        }
+    }
+
+    /// Sends up to `budget` request packets; returns how many went out.
+    pub fn pump(&mut self, path: &Path, ctx: &mut Ctx<'_>, budget: usize) -> usize {
+        if self.rnr_until.is_some_and(|t| ctx.now < t) {
+            return 0;
+        }
+        self.rnr_until = None;
+        let mut sent = 0;
+        while sent < budget && self.send_idx < self.wqes.len() {
+            if !self.start_next() {
+                break;
+            }
+            let w = &mut self.wqes[self.send_idx];
+            if w.done.is_some() || w.next_pkt >= w.request_pkts() {
+                self.send_idx += 1;
+                continue;
+            }
+            build_and_send(w, path, ctx);
+            w.next_pkt += 1;
+            sent += 1;
+            if self.timer.is_none() {
+                self.timer = super::ack_timeout_ns(self.timeout).map(|t| ctx.now + t);
+            }
+        }
+        sent
+    }
+
+    /// Assigns PSNs to the WQE at `send_idx` if it has none; false when it must wait.
+    fn start_next(&mut self) -> bool {
+        let ord_full = self.outstanding_rd_atomic() >= usize::from(self.max_rd_atomic);
+        let inflight = self.inflight_psns();
+        let w = &mut self.wqes[self.send_idx];
+        if w.started || w.done.is_some() {
+            return true;
+        }
+        if (w.wr.op.is_read_or_atomic() && ord_full)
+            || inflight + w.npkts > MAX_INFLIGHT_PSNS && inflight > 0
+        {
+            return false;
+        }
+        w.started = true;
+        w.first_psn = self.next_psn;
+        self.next_psn = self.next_psn.add(w.npkts);
+        true
+    }
+
+    /// Go-back-N (IBTA 9.7.4.1.5): resend from `psn`, which lies in a started WQE.
+    pub fn rewind(&mut self, psn: Psn) {
+        let Some(i) = self
+            .wqes
+            .iter()
+            .position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts))
+        else {
+            return;
+        };
+        for (j, w) in self.wqes.iter_mut().enumerate().skip(i) {
+            if !w.started || w.done.is_some() {
+                continue;
+            }
+            w.next_pkt = if j == i && !w.wr.op.is_read_or_atomic() {
+                w.first_psn.distance_to(psn).max(0) as u32
+            } else {
+                0
+            };
+        }
+        self.send_idx = i;
+    }
+
+    /// Completions for everything still queued, flushed (IBTA 10.3.1.7).
+    pub fn flush(&mut self, qpn: u32) -> Vec<Wc> {
+        let out = self
+            .wqes
+            .drain(..)
+            .map(|w| wc(&w, qpn, WcStatus::WrFlushErr))
+            .collect();
+        self.send_idx = 0;
+        self.timer = None;
+        self.rnr_until = None;
+        out
+    }
+
+    /// The next deadline: the retransmit timer or the end of an RNR wait.
+    pub fn deadline(&self) -> Option<u64> {
+        match (self.timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The completion of a WQE.
+pub fn wc(w: &SendWqe, qpn: u32, status: WcStatus) -> Wc {
+    Wc {
+        wr_id: w.wr.wr_id,
+        status,
+        opcode: w.wc_opcode(),
+        qpn,
+        byte_len: w.len as u32,
+        imm: None,
+        invalidated_rkey: None,
+        solicited: false,
+    }
+}
+
+fn check_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, need: Need) -> Result<(), ()> {
+    for s in sgl {
+        mrs.resolve(s.lkey, pd, s.addr, s.length as usize, need)
+            .map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+fn gather(sgl: &[Sge], pd: Pd, mrs: &MrTable) -> Result<Vec<u8>, ()> {
+    let mut data = Vec::with_capacity(sgl.iter().map(|s| s.length as usize).sum());
+    for s in sgl {
+        let (mem, off) = mrs
+            .resolve(s.lkey, pd, s.addr, s.length as usize, Need::LocalRead)
+            .map_err(|_| ())?;
+        let start = data.len();
+        data.resize(start + s.length as usize, 0);
+        mem.read(off, &mut data[start..]);
+    }
+    Ok(data)
+}
+
+/// Opcode for packet `k` of `n` of a SEND or WRITE (IBTA 9.2.1, Table 38).
+fn data_opcode(op: SendOp, k: u32, n: u32) -> u8 {
+    let last = k + 1 == n;
+    let (first_c, middle, last_c, only) = match op {
+        SendOp::Send => (0x00, 0x01, 0x02, 0x04),
+        SendOp::SendImm(_) => (0x00, 0x01, 0x03, 0x05),
+        SendOp::SendInv(_) => (0x00, 0x01, 0x16, 0x17),
+        SendOp::Write(_) => (0x06, 0x07, 0x08, 0x0a),
+        _ => (0x06, 0x07, 0x09, 0x0b),
+    };
+    match (n, k == 0, last) {
+        (1, _, _) => only,
+        (_, true, _) => first_c,
+        (_, _, true) => last_c,
+        _ => middle,
+    }
+}
+
+fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>) {
+    match w.wr.op {
+        SendOp::Read(remote) => {
+            // A resumed READ asks only for what has not arrived (IBTA 9.7.4.1.5).
+            let skip = w.done_pkts as usize * path.mtu;
+            let reth = RethRepr {
+                va: remote.addr + skip as u64,
+                rkey: remote.rkey,
+                dma_len: (w.len - skip) as u32,
+            };
+            let mut bth = path.bth(0x0c, w.first_psn.add(w.done_pkts), 0);
+            bth.ack_req = true;
+            path.send(ctx, &bare(bth, Some(reth), None));
+        }
+        SendOp::CompareSwap(remote, compare, swap) => {
+            send_atomic(path, ctx, w, 0x13, remote, swap, compare)
+        }
+        SendOp::FetchAdd(remote, add) => send_atomic(path, ctx, w, 0x14, remote, add, 0),
+        op => send_data(w, op, path, ctx),
+    }
+}
+
+fn send_atomic(
+    path: &Path,
+    ctx: &mut Ctx<'_>,
+    w: &SendWqe,
+    opcode: u8,
+    r: crate::engine::verbs::Remote,
+    swap_add: u64,
+    compare: u64,
+) {
+    let mut bth = path.bth(opcode, w.first_psn, 0);
+    bth.ack_req = true;
+    let mut repr = bare(bth, None, None);
+    repr.atomic_eth = Some(AtomicEthRepr {
+        va: r.addr,
+        rkey: r.rkey,
+        swap_add,
+        compare,
+    });
+    path.send(ctx, &repr);
+}
+
+fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>) {
+    let (k, n) = (w.next_pkt, w.npkts);
+    let start = (k as usize * path.mtu).min(w.len);
+    let payload = &w.data[start..(start + path.mtu).min(w.len)];
+    let opcode = data_opcode(op, k, n);
+    let mut bth = path.bth(opcode, w.first_psn.add(k), payload.len());
+    let last = k + 1 == n;
+    bth.ack_req = last || k % ACK_REQ_EVERY == ACK_REQ_EVERY - 1;
+    bth.solicited = last && w.wr.solicited;
+    let reth = match op {
+        SendOp::Write(r) | SendOp::WriteImm(r, _) if k == 0 => Some(RethRepr {
+            va: r.addr,
+            rkey: r.rkey,
+            dma_len: w.len as u32,
+        }),
+        _ => None,
+    };
+    let mut repr = bare(bth, reth, None);
+    repr.payload = payload;
+    if last {
+        match op {
+            SendOp::SendImm(imm) | SendOp::WriteImm(_, imm) => repr.immdt = Some(ImmDtRepr { imm }),
+            SendOp::SendInv(rkey) => repr.ieth = Some(IethRepr { rkey }),
+            _ => {}
+        }
+    }
+    path.send(ctx, &repr);
+}
+
+/// A packet with only a BTH and optionally a RETH.
+pub fn bare(
+    bth: crate::proto::roce::BthRepr,
+    reth: Option<RethRepr>,
+    aeth: Option<crate::proto::roce::ext::AethRepr>,
+) -> RoceRepr<'static> {
+    RoceRepr {
+        bth,
+        deth: None,
+        feth: None,
+        reth,
+        atomic_eth: None,
+        aeth,
+        atomic_ack_eth: None,
+        immdt: None,
+        ieth: None,
+        payload: &[],
+    }
+}

@@ -1,0 +1,700 @@
+//! The responder (IBTA 9.7.5): a chain of named checks in the spec's order, then execute
+//! and reply. Duplicates follow IBTA 9.7.5.1.1; READ and atomic results are kept in a
+//! bounded set of responder resources (IRD).
+
+use super::requester::bare;
+use super::{Ctx, Path};
+use crate::engine::mem::{Access, MemError, Need, Pd, SharedMem};
+use crate::engine::verbs::{QpAttr, QpCaps, RecvWr, Sge, VerbsError, Wc, WcOpcode, WcStatus};
+use crate::proto::roce::ext::{AethRepr, AtomicAckEthRepr, NakCode, Syndrome};
+use crate::proto::roce::opcode::{Operation, Position};
+use crate::proto::roce::{Psn, RoceRepr};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Why a request packet was not executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Silently dropped (out of sequence after the one NAK, or nothing to say).
+    Drop,
+    /// NAK with a code; for all but the sequence error the QP goes to ERR.
+    Nak(NakCode),
+    /// RNR NAK: no receive WQE.
+    Rnr,
+}
+
+type Check = Result<(), Refusal>;
+
+#[derive(Debug)]
+struct RecvWqe {
+    wr: RecvWr,
+    capacity: usize,
+}
+
+/// A message being received over several packets.
+#[derive(Debug)]
+enum Inbound {
+    Send {
+        wqe: RecvWqe,
+        received: usize,
+    },
+    Write {
+        mem: Arc<SharedMem>,
+        offset: usize,
+        remaining: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum ResourceKind {
+    Read,
+    Atomic { original: u64 },
+}
+
+/// A responder resource (IBTA 9.7.5.1.1: kept to answer duplicates).
+#[derive(Debug, Clone)]
+struct Resource {
+    first_psn: Psn,
+    npkts: u32,
+    kind: ResourceKind,
+}
+
+/// Something to send, in PSN order.
+#[derive(Debug)]
+enum Reply {
+    Ack,
+    Nak(Psn, Syndrome),
+    AtomicAck { psn: Psn, original: u64 },
+    Read(ReadJob),
+}
+
+#[derive(Debug)]
+struct ReadJob {
+    psn: Psn,
+    mem: Arc<SharedMem>,
+    offset: usize,
+    remaining: usize,
+    first: bool,
+}
+
+/// Receive-side state of a QP.
+#[derive(Debug)]
+pub struct Responder {
+    /// Expected PSN.
+    pub epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    cur: Option<Inbound>,
+    rq: VecDeque<RecvWqe>,
+    resources: VecDeque<Resource>,
+    replies: VecDeque<Reply>,
+    /// IRD.
+    pub max_dest_rd_atomic: u8,
+    min_rnr_timer: u8,
+    access: Access,
+    caps: QpCaps,
+}
+
+impl Responder {
+    /// An empty receive side.
+    pub fn new(caps: QpCaps) -> Self {
+        Responder {
+            epsn: Psn::new(0),
+            msn: 0,
+            nak_sent: false,
+            cur: None,
+            rq: VecDeque::new(),
+            resources: VecDeque::new(),
+            replies: VecDeque::new(),
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            access: Access::default(),
+            caps,
+        }
+    }
+
+    /// Takes the receive-side attributes of a modify-QP.
+    pub fn apply(&mut self, a: &QpAttr) {
+        if let Some(p) = a.rq_psn {
+            self.epsn = Psn::new(p);
+        }
+        if let Some(m) = a.max_dest_rd_atomic {
+            self.max_dest_rd_atomic = m.max(1);
+        }
+        if let Some(t) = a.min_rnr_timer {
+            self.min_rnr_timer = t;
+        }
+        if let Some(a) = a.access {
+            self.access = a;
+        }
+    }
+
+    /// Queues a receive work request.
+    pub fn post(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.rq.len() >= self.caps.max_recv_wr {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sgl.len() > self.caps.max_sge {
+            return Err(VerbsError::InvalidRequest);
+        }
+        let capacity = wr.sgl.iter().map(|s| s.length as usize).sum();
+        self.rq.push_back(RecvWqe { wr, capacity });
+        Ok(())
+    }
+
+    /// Receive WQEs waiting.
+    pub fn posted(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// Flushes receive WQEs (IBTA 10.3.1.7).
+    pub fn flush(&mut self, qpn: u32) -> Vec<Wc> {
+        let mut out = Vec::new();
+        if let Some(Inbound::Send { wqe, .. }) = self.cur.take() {
+            out.push(recv_wc(&wqe.wr, qpn, WcStatus::WrFlushErr, 0));
+        }
+        out.extend(
+            self.rq
+                .drain(..)
+                .map(|w| recv_wc(&w.wr, qpn, WcStatus::WrFlushErr, 0)),
+        );
+        self.replies.clear();
+        out
+    }
+
+    /// Handles one request packet addressed to this QP. Returns true when the QP must go
+    /// to ERR (a NAK other than a sequence error or RNR was sent).
+    pub fn handle(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) -> bool {
+        let Some(info) = r.info() else { return false };
+        // IBTA 9.7.5.1.1: PSN first; duplicates and gaps never reach the other checks.
+        match self.check_psn(r.bth.psn) {
+            Psn3::Expected => {}
+            Psn3::Duplicate => {
+                self.duplicate(r, q, ctx);
+                return false;
+            }
+            Psn3::Ahead => {
+                if !self.nak_sent {
+                    self.nak_sent = true;
+                    ctx.stats.seq_naks_sent += 1;
+                    let syn = Syndrome::Nak(NakCode::PsnSequenceError);
+                    self.replies.push_back(Reply::Nak(self.epsn, syn));
+                }
+                return false;
+            }
+        }
+        let result = self
+            .check_op_sequence(info.operation, info.position)
+            .and_then(|_| self.check_resources(r, info.operation, info.position))
+            .and_then(|_| self.check_length(r, q.mtu, info.position))
+            .and_then(|_| self.execute(r, info.operation, info.position, q, ctx));
+        match result {
+            Ok(()) => {
+                self.nak_sent = false;
+                if r.bth.ack_req {
+                    self.push_ack();
+                }
+                false
+            }
+            Err(Refusal::Drop) => false,
+            Err(Refusal::Rnr) => {
+                ctx.stats.rnr_naks_sent += 1;
+                let syn = Syndrome::RnrNak {
+                    timer: self.min_rnr_timer,
+                };
+                self.replies.push_back(Reply::Nak(r.bth.psn, syn));
+                false
+            }
+            Err(Refusal::Nak(code)) => {
+                ctx.stats.naks_sent += 1;
+                self.replies
+                    .push_back(Reply::Nak(r.bth.psn, Syndrome::Nak(code)));
+                true
+            }
+        }
+    }
+
+    fn check_psn(&self, psn: Psn) -> Psn3 {
+        match self.epsn.distance_to(psn) {
+            0 => Psn3::Expected,
+            d if d < 0 => Psn3::Duplicate,
+            _ => Psn3::Ahead,
+        }
+    }
+
+    /// IBTA 9.7.5.1.2: a FIRST/ONLY may only start a message, MIDDLE/LAST only continue
+    /// one of the same kind.
+    fn check_op_sequence(&self, op: Operation, pos: Position) -> Check {
+        let starts = matches!(pos, Position::First | Position::Only);
+        let ok = match &self.cur {
+            None => starts,
+            Some(Inbound::Send { .. }) => !starts && op == Operation::Send,
+            Some(Inbound::Write { .. }) => !starts && op == Operation::Write,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Refusal::Nak(NakCode::InvalidRequest))
+        }
+    }
+
+    /// IBTA 9.7.5.1.3: a receive WQE for a SEND (or WRITE with immediate); a free
+    /// responder resource for READ/atomic.
+    fn check_resources(&mut self, r: &RoceRepr<'_>, op: Operation, pos: Position) -> Check {
+        let needs_wqe = (op == Operation::Send && matches!(pos, Position::First | Position::Only))
+            || (op == Operation::Write && r.immdt.is_some());
+        if needs_wqe && self.rq.is_empty() {
+            return Err(Refusal::Rnr);
+        }
+        if matches!(
+            op,
+            Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        ) {
+            if !self.access_allows(op) {
+                return Err(Refusal::Nak(NakCode::RemoteAccessError));
+            }
+            // IBTA 9.7.5.1.3: more READs in progress than IRD allows is an invalid request.
+            let reading = self
+                .replies
+                .iter()
+                .filter(|x| matches!(x, Reply::Read(_)))
+                .count();
+            if reading >= usize::from(self.max_dest_rd_atomic) {
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            }
+            // The oldest resource is done at a requester that keeps to its ORD.
+            if self.resources.len() >= usize::from(self.max_dest_rd_atomic) {
+                self.resources.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    fn access_allows(&self, op: Operation) -> bool {
+        match op {
+            Operation::ReadRequest => self.access.remote_read,
+            Operation::CompareSwap | Operation::FetchAdd => self.access.remote_atomic,
+            Operation::Write => self.access.remote_write,
+            _ => true,
+        }
+    }
+
+    /// IBTA 9.7.5.1.4: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one;
+    /// fixed-size requests carry nothing.
+    fn check_length(&self, r: &RoceRepr<'_>, mtu: usize, pos: Position) -> Check {
+        let n = r.payload.len();
+        let ok = match pos {
+            Position::First | Position::Middle => n == mtu,
+            Position::Last => (1..=mtu).contains(&n),
+            Position::Only => n <= mtu,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Refusal::Nak(NakCode::InvalidRequest))
+        }
+    }
+
+    fn execute(
+        &mut self,
+        r: &RoceRepr<'_>,
+        op: Operation,
+        pos: Position,
+        q: &QpView,
+        ctx: &mut Ctx<'_>,
+    ) -> Check {
+        match op {
+            Operation::Send => self.exec_send(r, pos, q, ctx)?,
+            Operation::Write => self.exec_write(r, pos, q, ctx)?,
+            Operation::ReadRequest => self.exec_read(r, q, ctx)?,
+            Operation::CompareSwap | Operation::FetchAdd => self.exec_atomic(r, op, q, ctx)?,
+            _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, npkts: u32, ends_message: bool) {
+        self.epsn = self.epsn.add(npkts);
+        if ends_message {
+            self.msn = (self.msn + 1) & 0xff_ffff;
+        }
+    }
+
+    fn exec_send(
+        &mut self,
+        r: &RoceRepr<'_>,
+        pos: Position,
+        q: &QpView,
+        ctx: &mut Ctx<'_>,
+    ) -> Check {
+        if matches!(pos, Position::First | Position::Only) {
+            let Some(wqe) = self.rq.pop_front() else {
+                return Err(Refusal::Rnr);
+            };
+            self.cur = Some(Inbound::Send { wqe, received: 0 });
+        }
+        let Some(Inbound::Send { wqe, received }) = &mut self.cur else {
+            return Err(Refusal::Drop);
+        };
+        // IBTA 9.7.5.1.4: a message longer than the receive buffers is a local length error.
+        if *received + r.payload.len() > wqe.capacity
+            || !scatter_recv(&wqe.wr.sgl, *received, r.payload, q, ctx)
+        {
+            let wqe = match self.cur.take() {
+                Some(Inbound::Send { wqe, .. }) => wqe,
+                _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+            };
+            ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, WcStatus::LocLenErr, 0));
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        *received += r.payload.len();
+        let ends = matches!(pos, Position::Last | Position::Only);
+        if ends {
+            let Some(Inbound::Send { wqe, received }) = self.cur.take() else {
+                return Err(Refusal::Drop);
+            };
+            let mut wc = recv_wc(&wqe.wr, q.qpn, WcStatus::Success, received);
+            wc.imm = r.immdt.map(|i| i.imm);
+            wc.solicited = r.bth.solicited;
+            if let Some(ieth) = r.ieth {
+                // IBTA 10.6.7.2: invalidate the named rkey of this PD.
+                ctx.mrs.invalidate(ieth.rkey);
+                wc.invalidated_rkey = Some(ieth.rkey);
+            }
+            ctx.complete(q.recv_cq, wc);
+        }
+        self.advance(1, ends);
+        Ok(())
+    }
+
+    fn exec_write(
+        &mut self,
+        r: &RoceRepr<'_>,
+        pos: Position,
+        q: &QpView,
+        ctx: &mut Ctx<'_>,
+    ) -> Check {
+        if let Some(reth) = r.reth {
+            // IBTA 9.7.5.1.5 (C9-88): rkey, PD, access and bounds; nothing is written otherwise.
+            if !self.access.remote_write {
+                return Err(Refusal::Nak(NakCode::RemoteAccessError));
+            }
+            let (mem, offset) = ctx
+                .mrs
+                .resolve(
+                    reth.rkey,
+                    q.pd,
+                    reth.va,
+                    reth.dma_len as usize,
+                    Need::RemoteWrite,
+                )
+                .map_err(access_nak)?;
+            let remaining = reth.dma_len as usize;
+            if pos == Position::Only && r.payload.len() != remaining {
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            }
+            self.cur = Some(Inbound::Write {
+                mem,
+                offset,
+                remaining,
+            });
+        }
+        let Some(Inbound::Write {
+            mem,
+            offset,
+            remaining,
+        }) = &mut self.cur
+        else {
+            return Err(Refusal::Drop);
+        };
+        let last = matches!(pos, Position::Last | Position::Only);
+        if r.payload.len() > *remaining || (last && r.payload.len() != *remaining) {
+            self.cur = None;
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        mem.write(*offset, r.payload);
+        *offset += r.payload.len();
+        *remaining -= r.payload.len();
+        if last {
+            self.cur = None;
+            if let Some(imm) = r.immdt {
+                let Some(wqe) = self.rq.pop_front() else {
+                    return Err(Refusal::Rnr);
+                };
+                let mut wc = recv_wc(&wqe.wr, q.qpn, WcStatus::Success, 0);
+                wc.opcode = WcOpcode::RecvRdmaWithImm;
+                wc.imm = Some(imm.imm);
+                wc.solicited = r.bth.solicited;
+                ctx.complete(q.recv_cq, wc);
+            }
+        }
+        self.advance(1, last);
+        Ok(())
+    }
+
+    fn exec_read(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
+        let Some(reth) = r.reth else {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        };
+        let len = reth.dma_len as usize;
+        let (mem, offset) = ctx
+            .mrs
+            .resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead)
+            .map_err(access_nak)?;
+        let npkts = len.div_ceil(q.mtu).max(1) as u32;
+        let psn = r.bth.psn;
+        self.resources.push_back(Resource {
+            first_psn: psn,
+            npkts,
+            kind: ResourceKind::Read,
+        });
+        self.replies.push_back(Reply::Read(ReadJob {
+            psn,
+            mem,
+            offset,
+            remaining: len,
+            first: true,
+        }));
+        self.advance(npkts, true);
+        Ok(())
+    }
+
+    fn exec_atomic(
+        &mut self,
+        r: &RoceRepr<'_>,
+        op: Operation,
+        q: &QpView,
+        ctx: &mut Ctx<'_>,
+    ) -> Check {
+        let Some(a) = r.atomic_eth else {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        };
+        if !a.va.is_multiple_of(8) {
+            // IBTA 9.4.5: an atomic must be naturally aligned.
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        let (mem, offset) = ctx
+            .mrs
+            .resolve(a.rkey, q.pd, a.va, 8, Need::RemoteAtomic)
+            .map_err(access_nak)?;
+        let original = match op {
+            Operation::FetchAdd => mem.fetch_add(offset, a.swap_add),
+            _ => mem.compare_swap(offset, a.compare, a.swap_add),
+        }
+        .ok_or(Refusal::Nak(NakCode::RemoteAccessError))?;
+        let psn = r.bth.psn;
+        self.resources.push_back(Resource {
+            first_psn: psn,
+            npkts: 1,
+            kind: ResourceKind::Atomic { original },
+        });
+        self.advance(1, true);
+        self.replies.push_back(Reply::AtomicAck { psn, original });
+        Ok(())
+    }
+
+    /// IBTA 9.7.5.1.1: re-ACK a duplicate SEND/WRITE, re-execute a duplicate READ from its
+    /// resource, answer a duplicate atomic from its saved result (never executing it again).
+    fn duplicate(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) {
+        ctx.stats.duplicates_received += 1;
+        let psn = r.bth.psn;
+        let Some(info) = r.info() else { return };
+        let res = self
+            .resources
+            .iter()
+            .rev()
+            .find(|x| psn.in_window(x.first_psn, x.npkts))
+            .cloned();
+        match (info.operation, res) {
+            (
+                Operation::ReadRequest,
+                Some(Resource {
+                    kind: ResourceKind::Read,
+                    ..
+                }),
+            ) => {
+                let Some(reth) = r.reth else { return };
+                let len = reth.dma_len as usize;
+                let Ok((mem, offset)) =
+                    ctx.mrs
+                        .resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead)
+                else {
+                    return;
+                };
+                // A resumed READ supersedes any response still going out for it.
+                self.replies
+                    .retain(|x| !matches!(x, Reply::Read(j) if j.psn.in_window(psn, 1 << 23)));
+                self.replies.push_back(Reply::Read(ReadJob {
+                    psn,
+                    mem,
+                    offset,
+                    remaining: len,
+                    first: true,
+                }));
+            }
+            (
+                Operation::CompareSwap | Operation::FetchAdd,
+                Some(Resource {
+                    kind: ResourceKind::Atomic { original },
+                    first_psn,
+                    ..
+                }),
+            ) if first_psn == psn => self.replies.push_back(Reply::AtomicAck { psn, original }),
+            (Operation::Send | Operation::Write, _) => self.push_ack(),
+            _ => {}
+        }
+    }
+
+    fn push_ack(&mut self) {
+        // Coalesce: one ACK stands for every request before it (IBTA 9.7.5.2.1).
+        if !matches!(self.replies.back(), Some(Reply::Ack)) {
+            self.replies.push_back(Reply::Ack);
+        }
+    }
+
+    /// Sends up to `budget` response packets, in PSN order.
+    pub fn pump(&mut self, path: &Path, ctx: &mut Ctx<'_>, budget: usize) -> usize {
+        let mut sent = 0;
+        while sent < budget {
+            let Some(front) = self.replies.front_mut() else {
+                break;
+            };
+            match front {
+                Reply::Ack => {
+                    let aeth = AethRepr {
+                        syndrome: Syndrome::Ack { credits: 31 },
+                        msn: self.msn,
+                    };
+                    path.send(
+                        ctx,
+                        &bare(path.bth(0x11, self.epsn.sub(1), 0), None, Some(aeth)),
+                    );
+                    self.replies.pop_front();
+                }
+                Reply::Nak(psn, syndrome) => {
+                    let aeth = AethRepr {
+                        syndrome: *syndrome,
+                        msn: self.msn,
+                    };
+                    path.send(ctx, &bare(path.bth(0x11, *psn, 0), None, Some(aeth)));
+                    self.replies.pop_front();
+                }
+                Reply::AtomicAck { psn, original } => {
+                    let aeth = AethRepr {
+                        syndrome: Syndrome::Ack { credits: 31 },
+                        msn: self.msn,
+                    };
+                    let mut repr = bare(path.bth(0x12, *psn, 0), None, Some(aeth));
+                    repr.atomic_ack_eth = Some(AtomicAckEthRepr {
+                        original_data: *original,
+                    });
+                    path.send(ctx, &repr);
+                    self.replies.pop_front();
+                }
+                Reply::Read(job) => {
+                    if send_read_packet(job, self.msn, path, ctx) {
+                        self.replies.pop_front();
+                    }
+                }
+            }
+            sent += 1;
+        }
+        sent
+    }
+
+    /// True when replies wait to be sent.
+    pub fn has_replies(&self) -> bool {
+        !self.replies.is_empty()
+    }
+}
+
+/// Sends the next READ response packet of `job`; true when it was the last.
+fn send_read_packet(job: &mut ReadJob, msn: u32, path: &Path, ctx: &mut Ctx<'_>) -> bool {
+    let n = job.remaining.min(path.mtu);
+    let last = n == job.remaining;
+    let opcode = match (job.first, last) {
+        (true, true) => 0x10,
+        (true, false) => 0x0d,
+        (false, true) => 0x0f,
+        (false, false) => 0x0e,
+    };
+    let mut data = vec![0u8; n];
+    job.mem.read(job.offset, &mut data);
+    let aeth = (opcode != 0x0e).then_some(AethRepr {
+        syndrome: Syndrome::Ack { credits: 31 },
+        msn,
+    });
+    let mut repr = bare(path.bth(opcode, job.psn, n), None, aeth);
+    repr.payload = &data;
+    path.send(ctx, &repr);
+    job.psn = job.psn.next();
+    job.offset += n;
+    job.remaining -= n;
+    job.first = false;
+    last
+}
+
+enum Psn3 {
+    Expected,
+    Duplicate,
+    Ahead,
+}
+
+/// What the responder needs of its QP.
+pub struct QpView {
+    /// QP number.
+    pub qpn: u32,
+    /// Protection domain.
+    pub pd: Pd,
+    /// Receive CQ.
+    pub recv_cq: u32,
+    /// Path MTU.
+    pub mtu: usize,
+}
+
+fn access_nak(_: MemError) -> Refusal {
+    Refusal::Nak(NakCode::RemoteAccessError)
+}
+
+fn scatter_recv(
+    sgl: &[Sge],
+    mut offset: usize,
+    mut data: &[u8],
+    q: &QpView,
+    ctx: &mut Ctx<'_>,
+) -> bool {
+    for s in sgl {
+        let len = s.length as usize;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        if data.is_empty() {
+            return true;
+        }
+        let n = (len - offset).min(data.len());
+        let Ok((mem, base)) =
+            ctx.mrs
+                .resolve(s.lkey, q.pd, s.addr + offset as u64, n, Need::LocalWrite)
+        else {
+            return false;
+        };
+        mem.write(base, &data[..n]);
+        data = &data[n..];
+        offset = 0;
+    }
+    data.is_empty()
+}
+
+fn recv_wc(wr: &RecvWr, qpn: u32, status: WcStatus, byte_len: usize) -> Wc {
+    Wc {
+        wr_id: wr.wr_id,
+        status,
+        opcode: WcOpcode::Recv,
+        qpn,
+        byte_len: byte_len as u32,
+        imm: None,
+        invalidated_rkey: None,
+        solicited: false,
+    }
+}
