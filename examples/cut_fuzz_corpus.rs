@@ -23,11 +23,8 @@ fn save(target: &str, name: &str, bytes: &[u8], seen: &mut HashSet<Vec<u8>>) {
 
 fn main() {
     let mut seen = HashSet::new();
-    let mut names: Vec<_> = std::fs::read_dir("pcaps/linux")
-        .expect("pcaps/linux")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    let mut names: Vec<_> =
+        std::fs::read_dir("pcaps/linux").expect("pcaps/linux").flatten().map(|e| e.path()).collect();
     names.sort();
     for path in names {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
@@ -36,31 +33,17 @@ fn main() {
         for f in &frames.frames {
             match dissect(f) {
                 Dissected::Udp(d) if d.dst_port == 4791 => {
-                    save(
-                        "roce_packet",
-                        &format!("{stem}-{:04}", f.number),
-                        d.payload,
-                        &mut seen,
-                    );
+                    save("roce_packet", &format!("{stem}-{:04}", f.number), d.payload, &mut seen);
                     if d.payload.len() == 12 + 8 + 256 + 4 {
-                        save(
-                            "cm_mad",
-                            &format!("{stem}-{:04}", f.number),
-                            &d.payload[20..276],
-                            &mut seen,
-                        );
+                        save("cm_mad", &format!("{stem}-{:04}", f.number), &d.payload[20..276], &mut seen);
                     }
                 }
                 Dissected::Tcp(t) => {
                     let key = format!("{stem}-{}-{}", t.src.1, t.dst.1);
-                    let s = streams
-                        .entry(key)
-                        .or_insert((t.seq.wrapping_add(1), Vec::new()));
+                    let s = streams.entry(key).or_insert((t.seq.wrapping_add(1), Vec::new()));
                     if t.syn {
                         *s = (t.seq.wrapping_add(1), Vec::new());
-                    } else if t.seq == s.0.wrapping_add(s.1.len() as u32)
-                        && s.1.len() < MAX_STREAM_BYTES
-                    {
+                    } else if t.seq == s.0.wrapping_add(s.1.len() as u32) && s.1.len() < MAX_STREAM_BYTES {
                         s.1.extend_from_slice(t.payload);
                     }
                 }
@@ -85,9 +68,7 @@ fn main() {
         }
     }
     for t in ["roce_packet", "cm_mad", "mpa_stream", "ddp_rdmap"] {
-        let n = std::fs::read_dir(Path::new("fuzz/corpus").join(t))
-            .map(|d| d.count())
-            .unwrap_or(0);
+        let n = std::fs::read_dir(Path::new("fuzz/corpus").join(t)).map(|d| d.count()).unwrap_or(0);
         println!("{t}: {n} seeds");
     }
 }

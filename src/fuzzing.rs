@@ -10,9 +10,7 @@ use crate::proto::roce::icrc::{self, IpHeader};
 use crate::proto::roce::{RocePacket, RoceRepr};
 
 /// Fixed IPv4 and UDP headers the RoCE target puts in front of its input for the ICRC.
-const IPV4: [u8; 20] = [
-    0x45, 0, 0, 0, 0, 1, 0x40, 0, 0x40, 0x11, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-];
+const IPV4: [u8; 20] = [0x45, 0, 0, 0, 0, 1, 0x40, 0, 0x40, 0x11, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
 const UDP: [u8; 8] = [0xc0, 0, 0x12, 0xb7, 0, 0, 0, 0];
 
 /// RoCEv2 packet: check the ICRC, parse, re-emit and parse again to the same `Repr`.

@@ -9,3 +9,4 @@ pub mod capture;
 pub mod engine;
 pub mod fuzzing;
 pub mod iwarp;
+pub mod sim;

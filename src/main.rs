@@ -7,11 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "softrdma",
-    version,
-    about = "A complete RDMA engine in software: RoCEv2 and iWARP"
-)]
+#[command(name = "softrdma", version, about = "A complete RDMA engine in software: RoCEv2 and iWARP")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,6 +19,18 @@ enum Command {
     Pcap {
         #[command(subcommand)]
         command: PcapCommand,
+    },
+    /// Run the deterministic simulator's swarm test: one seed, or many.
+    Sim {
+        /// Run this one seed and describe it.
+        #[arg(long, conflicts_with = "seeds")]
+        seed: Option<u64>,
+        /// Run this many seeds.
+        #[arg(long, default_value_t = 100)]
+        seeds: u64,
+        /// First seed of a `--seeds` run.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
     },
 }
 
@@ -47,10 +55,54 @@ enum PcapCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Pcap {
-            command: PcapCommand::Check { files, json, quiet },
-        } => pcap_check(&files, json, quiet),
+        Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
+        Command::Sim { seed: Some(seed), .. } => sim_one(seed),
+        Command::Sim { seed: None, seeds, from } => sim_many(from, seeds),
     }
+}
+
+fn sim_one(seed: u64) -> ExitCode {
+    match softrdma::sim::swarm::run(seed) {
+        Ok(r) => {
+            let secs = r.virtual_ns as f64 / 1e9;
+            println!(
+                "seed {seed}: ok: {} QPs, {} work requests, {} bytes, {secs:.3} s virtual",
+                r.qps, r.work_requests, r.bytes
+            );
+            println!("faults: {:?}", r.faults);
+            println!("link: {:?}", r.link);
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("{f}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn sim_many(from: u64, count: u64) -> ExitCode {
+    let (mut wrs, mut packets, mut corrupted) = (0u64, 0u64, 0u64);
+    for seed in from..from.saturating_add(count) {
+        match softrdma::sim::swarm::run(seed) {
+            Ok(r) => {
+                wrs += r.work_requests;
+                packets += r.link.sent;
+                corrupted += r.link.corrupted;
+            }
+            Err(f) => {
+                eprintln!("{f}");
+                return ExitCode::FAILURE;
+            }
+        }
+        if (seed - from + 1) % 1000 == 0 {
+            eprintln!("{} seeds ok", seed - from + 1);
+        }
+    }
+    let end = from.saturating_add(count);
+    println!(
+        "{count} seeds ok ({from}..{end}): {wrs} work requests, {packets} packets, {corrupted} corrupted and caught"
+    );
+    ExitCode::SUCCESS
 }
 
 fn pcap_check(files: &[PathBuf], json: bool, quiet: bool) -> ExitCode {
@@ -70,9 +122,7 @@ fn pcap_check(files: &[PathBuf], json: bool, quiet: bool) -> ExitCode {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let written = if json {
         let doc = serde_json::json!({ "files": reports, "tally": total, "exit_status": status });
-        serde_json::to_writer_pretty(&mut out, &doc)
-            .map_err(std::io::Error::from)
-            .and_then(|_| writeln!(out))
+        serde_json::to_writer_pretty(&mut out, &doc).map_err(std::io::Error::from).and_then(|_| writeln!(out))
     } else {
         print_text(&mut out, &reports, &total, quiet)
     };
@@ -81,12 +131,7 @@ fn pcap_check(files: &[PathBuf], json: bool, quiet: bool) -> ExitCode {
     ExitCode::from(status)
 }
 
-fn print_text(
-    out: &mut impl Write,
-    reports: &[FileReport],
-    total: &Tally,
-    quiet: bool,
-) -> std::io::Result<()> {
+fn print_text(out: &mut impl Write, reports: &[FileReport], total: &Tally, quiet: bool) -> std::io::Result<()> {
     for r in reports {
         writeln!(out, "== {}", r.file)?;
         if let Some(e) = &r.error {

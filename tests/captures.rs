@@ -43,21 +43,15 @@ fn ip_of<'a>(d: &'a UdpDatagram<'_>) -> IpHeader<'a> {
     }
 }
 
-const ROCE_CAPTURES: [&str; 5] = [
-    "rxe-head.pcap",
-    "rxe-write_bw.pcap",
-    "rxe-tohost.pcap",
-    "both-rping.pcap",
-    "rxe-head.pcap",
-];
+const ROCE_CAPTURES: [&str; 5] =
+    ["rxe-head.pcap", "rxe-write_bw.pcap", "rxe-tohost.pcap", "both-rping.pcap", "rxe-head.pcap"];
 
 #[test]
 fn every_roce_packet_parses_reemits_and_has_its_icrc() {
     let mut total = 0;
     for name in ROCE_CAPTURES {
         total += each_roce(name, |frame, d| {
-            let p = RocePacket::new_checked(d.payload)
-                .unwrap_or_else(|e| panic!("{name}#{frame}: {e}"));
+            let p = RocePacket::new_checked(d.payload).unwrap_or_else(|e| panic!("{name}#{frame}: {e}"));
             let repr = RoceRepr::parse(&p).unwrap();
             let mut out = vec![0u8; repr.buffer_len()];
             repr.emit(&mut out).unwrap();
@@ -93,50 +87,26 @@ fn cm_session(name: &str) -> Session {
             if responder_side {
                 return;
             }
-            s.first_psn_to
-                .entry((d.dst, repr.bth.dest_qp))
-                .or_insert(repr.bth.psn.value());
+            s.first_psn_to.entry((d.dst, repr.bth.dest_qp)).or_insert(repr.bth.psn.value());
             return;
         }
         let mad = CmMadRepr::parse(&MadPacket::new_checked(repr.payload).unwrap()).unwrap();
         let mut again = [0u8; 256];
         mad.emit(&mut again).unwrap();
-        assert_eq!(
-            &again[..],
-            repr.payload,
-            "{name}#{frame}: MAD re-emits byte for byte"
-        );
+        assert_eq!(&again[..], repr.payload, "{name}#{frame}: MAD re-emits byte for byte");
         let deth = repr.deth.expect("MADs travel on UD");
         assert_eq!((deth.qkey, deth.src_qp), (0x8001_0000, 1));
         match mad.message {
             CmMessage::Req(req) => {
-                assert_eq!(
-                    req.service_id,
-                    ServiceId::for_tcp_port(7174),
-                    "rping's port"
-                );
+                assert_eq!(req.service_id, ServiceId::for_tcp_port(7174), "rping's port");
                 let cma = CmaHeader::parse(req.private_data).unwrap();
-                assert_eq!(
-                    (cma.src, cma.dst),
-                    (d.src, d.dst),
-                    "{name}#{frame}: IP CM header addresses"
-                );
+                assert_eq!((cma.src, cma.dst), (d.src, d.dst), "{name}#{frame}: IP CM header addresses");
                 assert_eq!((req.responder_resources, req.initiator_depth), (1, 1));
-                assert_eq!(
-                    req.primary_path.local_lid, 0xffff,
-                    "RoCE has no LIDs: permissive"
-                );
-                s.req
-                    .get_or_insert((d.src, req.local_comm_id, req.local_qpn, req.starting_psn));
+                assert_eq!(req.primary_path.local_lid, 0xffff, "RoCE has no LIDs: permissive");
+                s.req.get_or_insert((d.src, req.local_comm_id, req.local_qpn, req.starting_psn));
             }
             CmMessage::Rep(rep) => {
-                s.rep.get_or_insert((
-                    d.src,
-                    rep.local_comm_id,
-                    rep.remote_comm_id,
-                    rep.local_qpn,
-                    rep.starting_psn,
-                ));
+                s.rep.get_or_insert((d.src, rep.local_comm_id, rep.remote_comm_id, rep.local_qpn, rep.starting_psn));
             }
             CmMessage::Rtu(rtu) => {
                 s.rtu.get_or_insert((rtu.local_comm_id, rtu.remote_comm_id));
@@ -161,22 +131,11 @@ fn cm_mads_agree_with_the_rc_traffic_that_follows() {
         // Each side's first RC packet goes to the QPN the other side announced. The starting
         // PSN a side announces is the one it expects to receive first: the first packet
         // sent to it carries it (as the Linux CM programs rq_psn and the peer's sq_psn).
-        assert_eq!(
-            s.first_psn_to.get(&(server, server_qpn)),
-            Some(&server_psn),
-            "{name}: PSN into the server"
-        );
-        assert_eq!(
-            s.first_psn_to.get(&(client, client_qpn)),
-            Some(&client_psn),
-            "{name}: PSN into the client"
-        );
+        assert_eq!(s.first_psn_to.get(&(server, server_qpn)), Some(&server_psn), "{name}: PSN into the server");
+        assert_eq!(s.first_psn_to.get(&(client, client_qpn)), Some(&client_psn), "{name}: PSN into the client");
         // A DREQ names the QP at the other end of the connection.
         for qpn in &s.dreq_qpns {
-            assert!(
-                *qpn == client_qpn || *qpn == server_qpn,
-                "{name}: DREQ for QPN 0x{qpn:x}"
-            );
+            assert!(*qpn == client_qpn || *qpn == server_qpn, "{name}: DREQ for QPN 0x{qpn:x}");
         }
     }
 }
@@ -212,18 +171,10 @@ fn tcp_streams(name: &str) -> Vec<Direction> {
         assert!(!t.truncated);
         if t.syn {
             let isn = t.seq.wrapping_add(1);
-            streams.push(Direction {
-                src: t.src,
-                dst: t.dst,
-                isn,
-                data: Vec::new(),
-            });
+            streams.push(Direction { src: t.src, dst: t.dst, isn, data: Vec::new() });
             continue;
         }
-        let found = streams
-            .iter_mut()
-            .rev()
-            .find(|s| s.src == t.src && s.dst == t.dst);
+        let found = streams.iter_mut().rev().find(|s| s.src == t.src && s.dst == t.dst);
         let Some(s) = found else { continue };
         let next = s.isn.wrapping_add(s.data.len() as u32);
         if t.seq == next {
@@ -250,25 +201,11 @@ fn check_direction(e: &MpaExpect, data: &[u8]) -> (FrameKind, usize) {
     let mpa = MpaFrameRepr::parse(&p).unwrap();
     let mut again = vec![0u8; mpa.buffer_len()];
     mpa.emit(&mut again).unwrap();
-    assert_eq!(
-        again,
-        &data[..p.frame_len()],
-        "{}: MPA frame re-emits",
-        e.file
-    );
-    assert_eq!(
-        (mpa.revision, mpa.crc, mpa.markers, mpa.reject),
-        (2, e.crc, false, false),
-        "{}",
-        e.file
-    );
+    assert_eq!(again, &data[..p.frame_len()], "{}: MPA frame re-emits", e.file);
+    assert_eq!((mpa.revision, mpa.crc, mpa.markers, mpa.reject), (2, e.crc, false, false), "{}", e.file);
     let io = mpa.ird_ord.expect("siw uses the enhanced setup");
     assert_eq!((io.ird, io.ord), e.ird_ord, "{}: IRD/ORD", e.file);
-    assert!(
-        mpa.private_data.is_empty(),
-        "{}: rdma_cm private data length",
-        e.file
-    );
+    assert!(mpa.private_data.is_empty(), "{}: rdma_cm private data length", e.file);
     let mut rest = &data[p.frame_len()..];
     let mut fpdus = 0;
     while let Ok(f) = FpduPacket::new_checked(rest) {
@@ -280,14 +217,8 @@ fn check_direction(e: &MpaExpect, data: &[u8]) -> (FrameKind, usize) {
         let repr = FpduRepr::parse(&f, e.crc).unwrap();
         let mut out = vec![0u8; repr.buffer_len()];
         repr.emit(&mut out).unwrap();
-        assert_eq!(
-            out,
-            &rest[..f.total_len()],
-            "{}: FPDU {fpdus} re-emits",
-            e.file
-        );
-        let m = MessageRepr::parse(f.ulpdu())
-            .unwrap_or_else(|err| panic!("{}: FPDU {fpdus}: {err}", e.file));
+        assert_eq!(out, &rest[..f.total_len()], "{}: FPDU {fpdus} re-emits", e.file);
+        let m = MessageRepr::parse(f.ulpdu()).unwrap_or_else(|err| panic!("{}: FPDU {fpdus}: {err}", e.file));
         let mut ulpdu = vec![0u8; m.buffer_len()];
         m.emit(&mut ulpdu).unwrap();
         assert_eq!(ulpdu, f.ulpdu(), "{}: DDP/RDMAP re-emits", e.file);
@@ -300,49 +231,21 @@ fn check_direction(e: &MpaExpect, data: &[u8]) -> (FrameKind, usize) {
 #[test]
 fn every_mpa_frame_and_fpdu_reemits_with_its_crc() {
     let expect = [
-        MpaExpect {
-            file: "siw-rping.pcap",
-            crc: false,
-            ird_ord: (1, 1),
-            connections: 1,
-        },
-        MpaExpect {
-            file: "siw-crc-rping.pcap",
-            crc: true,
-            ird_ord: (1, 1),
-            connections: 1,
-        },
-        MpaExpect {
-            file: "siw-write_bw.pcap",
-            crc: false,
-            ird_ord: (0, 0),
-            connections: 2,
-        },
-        MpaExpect {
-            file: "siw-crc-write_bw.pcap",
-            crc: true,
-            ird_ord: (0, 0),
-            connections: 2,
-        },
+        MpaExpect { file: "siw-rping.pcap", crc: false, ird_ord: (1, 1), connections: 1 },
+        MpaExpect { file: "siw-crc-rping.pcap", crc: true, ird_ord: (1, 1), connections: 1 },
+        MpaExpect { file: "siw-write_bw.pcap", crc: false, ird_ord: (0, 0), connections: 2 },
+        MpaExpect { file: "siw-crc-write_bw.pcap", crc: true, ird_ord: (0, 0), connections: 2 },
     ];
     for e in &expect {
         let streams = tcp_streams(e.file);
-        assert_eq!(
-            streams.len(),
-            2 * e.connections,
-            "{}: directions with data",
-            e.file
-        );
+        assert_eq!(streams.len(), 2 * e.connections, "{}: directions with data", e.file);
         let mut requests = 0;
         let mut fpdus = 0;
         for Direction { dst, data, .. } in &streams {
             let (kind, n) = check_direction(e, data);
             if kind == FrameKind::Request {
                 requests += 1;
-                assert!(
-                    dst.1 == 7174 || dst.1 == 18517,
-                    "Requests go to the listener"
-                );
+                assert!(dst.1 == 7174 || dst.1 == 18517, "Requests go to the listener");
             }
             fpdus += n;
         }

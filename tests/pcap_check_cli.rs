@@ -5,9 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn capture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("pcaps/linux")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("pcaps/linux").join(name)
 }
 
 fn run(args: &[&Path]) -> Output {
@@ -95,19 +93,15 @@ fn one_flipped_roce_payload_bit_fails_exactly_that_packet() {
     let f = flip_bit("rxe-head.pcap", 12, 10);
     let (code, doc) = run_json(&[&f.0]);
     assert_eq!(code, 1);
-    let bad: Vec<_> = doc["files"][0]["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["check"]["status"] != "ok")
-        .collect();
+    let bad: Vec<_> =
+        doc["files"][0]["records"].as_array().unwrap().iter().filter(|r| r["check"]["status"] != "ok").collect();
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert_eq!(bad[0]["frame"], 12);
     assert_eq!(bad[0]["check"]["status"], "bad_checksum");
     let text = String::from_utf8(run(&[&f.0]).stdout).unwrap();
-    assert!(text.lines().any(
-        |l| l.starts_with("12 10.77.0.2 -> 10.77.0.3 RC RDMA_WRITE_ONLY") && l.contains("icrc=BAD")
-    ));
+    assert!(text
+        .lines()
+        .any(|l| l.starts_with("12 10.77.0.2 -> 10.77.0.3 RC RDMA_WRITE_ONLY") && l.contains("icrc=BAD")));
 }
 
 #[test]
@@ -117,23 +111,11 @@ fn one_flipped_fpdu_payload_bit_fails_exactly_that_fpdu() {
     let (code, doc) = run_json(&[&f.0]);
     assert_eq!(code, 1);
     let records = doc["files"][0]["records"].as_array().unwrap();
-    let bad: Vec<_> = records
-        .iter()
-        .filter(|r| r["check"]["status"] == "bad_checksum")
-        .collect();
+    let bad: Vec<_> = records.iter().filter(|r| r["check"]["status"] == "bad_checksum").collect();
     assert_eq!(bad.len(), 1);
     assert_eq!(bad[0]["frame"], 13);
-    assert!(bad[0]["summary"]
-        .as_str()
-        .unwrap()
-        .starts_with("RDMAP WRITE"));
-    assert_eq!(
-        records
-            .iter()
-            .filter(|r| r["check"]["status"] == "ok")
-            .count(),
-        34
-    );
+    assert!(bad[0]["summary"].as_str().unwrap().starts_with("RDMAP WRITE"));
+    assert_eq!(records.iter().filter(|r| r["check"]["status"] == "ok").count(), 34);
 }
 
 #[test]
@@ -149,9 +131,7 @@ fn garbage_and_empty_files_are_refused_with_status_2() {
     let missing = std::env::temp_dir().join("softrdma-no-such-file.pcap");
     let out = run(&[&missing]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8(out.stdout)
-        .unwrap()
-        .contains("cannot read"));
+    assert!(String::from_utf8(out.stdout).unwrap().contains("cannot read"));
 }
 
 #[test]
@@ -162,13 +142,7 @@ fn a_capture_cut_mid_record_keeps_what_it_has() {
     assert_eq!(code, 0);
     assert_eq!(doc["files"][0]["tally"]["roce_packets"], 199);
     let notes = doc["files"][0]["notes"].as_array().unwrap();
-    assert!(
-        notes.iter().any(|n| n
-            .as_str()
-            .unwrap()
-            .contains("cut-off record after frame 199")),
-        "{notes:?}"
-    );
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("cut-off record after frame 199")), "{notes:?}");
 }
 
 /// Rewrites a classic pcap as if captured with a snaplen of `snap` bytes.
@@ -225,16 +199,8 @@ fn random_garbage_after_a_valid_header_never_panics() {
         let f = Scratch::new(&format!("noise{round}"), &b);
         let out = run(&[&f.0]);
         let code = out.status.code().expect("exited, did not crash");
-        assert!(
-            code <= 2,
-            "round {round}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.stderr.is_empty(),
-            "round {round}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(code <= 2, "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stderr.is_empty(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
 
@@ -255,9 +221,6 @@ fn pcapng_from_editcap_reads_like_the_pcap() {
         let (code, doc) = run_json(&[&capture(name)]);
         assert_eq!((code_ng, code), (0, 0));
         assert_eq!(doc_ng["tally"], doc["tally"], "{name}");
-        assert_eq!(
-            doc_ng["files"][0]["records"], doc["files"][0]["records"],
-            "{name}"
-        );
+        assert_eq!(doc_ng["files"][0]["records"], doc["files"][0]["records"], "{name}");
     }
 }

@@ -25,32 +25,13 @@ use std::process::Command;
 fn tshark(file: &Path, filter: &str, fields: &[&str]) -> Vec<Vec<String>> {
     let mut c = Command::new("tshark");
     c.args(["--disable-protocol", "rpcordma", "-r"]).arg(file);
-    c.args([
-        "-Y",
-        filter,
-        "-T",
-        "fields",
-        "-E",
-        "separator=/t",
-        "-E",
-        "occurrence=f",
-    ]);
+    c.args(["-Y", filter, "-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"]);
     for f in fields {
         c.args(["-e", f]);
     }
-    let out = c
-        .output()
-        .expect("tshark is needed for this test: apt-get install tshark (see README)");
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| l.split('\t').map(str::to_string).collect())
-        .collect()
+    let out = c.output().expect("tshark is needed for this test: apt-get install tshark (see README)");
+    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| l.split('\t').map(str::to_string).collect()).collect()
 }
 
 /// tshark prints hex fields as `0x...` and the rest in decimal.
@@ -65,9 +46,7 @@ fn num(s: &str) -> Option<u64> {
 }
 
 fn capture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("pcaps/linux")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("pcaps/linux").join(name)
 }
 
 const ROCE_FIELDS: [&str; 9] = [
@@ -113,21 +92,12 @@ fn our_roce_fields(file: &Path) -> HashMap<u64, [Option<u64>; 8]> {
 
 #[test]
 fn tshark_and_softrdma_read_the_same_roce_fields() {
-    for name in [
-        "rxe-head.pcap",
-        "rxe-write_bw.pcap",
-        "both-rping.pcap",
-        "rxe-tohost.pcap",
-    ] {
+    for name in ["rxe-head.pcap", "rxe-write_bw.pcap", "both-rping.pcap", "rxe-tohost.pcap"] {
         let path = capture(name);
         let ours = our_roce_fields(&path);
         // ICMP errors quote the packets they answer; only the packets themselves count.
         let rows = tshark(&path, "infiniband && !icmp", &ROCE_FIELDS);
-        assert_eq!(
-            rows.len(),
-            ours.len(),
-            "{name}: packets tshark decodes as InfiniBand"
-        );
+        assert_eq!(rows.len(), ours.len(), "{name}: packets tshark decodes as InfiniBand");
         for row in rows {
             let frame = num(&row[0]).unwrap();
             let theirs: Vec<Option<u64>> = row[1..].iter().map(|s| num(s)).collect();
@@ -142,36 +112,15 @@ fn tshark_and_softrdma_read_the_same_cm_fields() {
     let rows = tshark(
         &path,
         "infiniband.cm.req",
-        &[
-            "infiniband.cm.req.localqpn",
-            "infiniband.cm.req.startpsn",
-            "infiniband.cm.req.ip_cm.sport",
-        ],
+        &["infiniband.cm.req.localqpn", "infiniband.cm.req.startpsn", "infiniband.cm.req.ip_cm.sport"],
     );
     let report = check_bytes("rxe-head", &std::fs::read(&path).unwrap());
-    let reqs: Vec<_> = report
-        .records
-        .iter()
-        .filter(|r| r.summary.contains("CM REQ"))
-        .collect();
+    let reqs: Vec<_> = report.records.iter().filter(|r| r.summary.contains("CM REQ")).collect();
     assert_eq!(rows.len(), reqs.len());
     for (row, rec) in rows.iter().zip(reqs) {
-        let (qpn, psn, sport) = (
-            num(&row[0]).unwrap(),
-            num(&row[1]).unwrap(),
-            num(&row[2]).unwrap(),
-        );
-        assert!(
-            rec.summary
-                .contains(&format!("qpn=0x{qpn:x} psn=0x{psn:06x}")),
-            "{}",
-            rec.summary
-        );
-        assert!(
-            rec.summary.contains(&format!(":{sport} -> ")),
-            "{}",
-            rec.summary
-        );
+        let (qpn, psn, sport) = (num(&row[0]).unwrap(), num(&row[1]).unwrap(), num(&row[2]).unwrap());
+        assert!(rec.summary.contains(&format!("qpn=0x{qpn:x} psn=0x{psn:06x}")), "{}", rec.summary);
+        assert!(rec.summary.contains(&format!(":{sport} -> ")), "{}", rec.summary);
     }
 }
 
@@ -182,13 +131,7 @@ fn tshark_and_softrdma_read_the_same_iwarp_fields() {
         let rows = tshark(
             &path,
             "iwarp_ddp",
-            &[
-                "frame.number",
-                "iwarp_rdma.opcode",
-                "iwarp_ddp.stag",
-                "iwarp_ddp.tagged_offset",
-                "iwarp_ddp.msn",
-            ],
+            &["frame.number", "iwarp_rdma.opcode", "iwarp_ddp.stag", "iwarp_ddp.tagged_offset", "iwarp_ddp.msn"],
         );
         let report = check_bytes(name, &std::fs::read(&path).unwrap());
         let fpdus: HashMap<u64, &str> = report
@@ -197,11 +140,7 @@ fn tshark_and_softrdma_read_the_same_iwarp_fields() {
             .filter(|r| r.summary.starts_with("RDMAP"))
             .map(|r| (r.frame, r.summary.as_str()))
             .collect();
-        assert_eq!(
-            rows.len(),
-            fpdus.len(),
-            "{name}: one FPDU per frame in these captures"
-        );
+        assert_eq!(rows.len(), fpdus.len(), "{name}: one FPDU per frame in these captures");
         for row in rows {
             let s = fpdus[&num(&row[0]).unwrap()];
             let op = Opcode::from_bits(num(&row[1]).unwrap() as u8).unwrap();
@@ -240,9 +179,7 @@ const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 2];
 
 /// Wraps a RoCEv2 packet in Ethernet/IPv4/UDP and fills its ICRC over the real headers.
 fn roce_frame(packet: &[u8], ident: u16) -> Vec<u8> {
-    let builder = PacketBuilder::ethernet2(MAC_A, MAC_B)
-        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
-        .udp(49152, 4791);
+    let builder = PacketBuilder::ethernet2(MAC_A, MAC_B).ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64).udp(49152, 4791);
     let mut f = Vec::new();
     builder.write(&mut f, packet).unwrap();
     f[18..20].copy_from_slice(&ident.to_be_bytes());
@@ -290,38 +227,19 @@ fn every_opcode() -> Vec<(u8, u32, u32, Vec<u8>)> {
                 ack_req: info.ends_message(),
                 psn: Psn::new(psn),
             },
-            deth: h.contains(Headers::DETH).then_some(DethRepr {
-                qkey: 0x1111_1111,
-                src_qp: 0x22,
-            }),
-            feth: h.contains(Headers::FETH).then_some(FethRepr {
-                selectivity: 1,
-                placement_type: 1,
-            }),
-            reth: h.contains(Headers::RETH).then_some(RethRepr {
-                va: 0x7f00_1234_5678,
-                rkey: 0xabcd,
-                dma_len: 61,
-            }),
+            deth: h.contains(Headers::DETH).then_some(DethRepr { qkey: 0x1111_1111, src_qp: 0x22 }),
+            feth: h.contains(Headers::FETH).then_some(FethRepr { selectivity: 1, placement_type: 1 }),
+            reth: h.contains(Headers::RETH).then_some(RethRepr { va: 0x7f00_1234_5678, rkey: 0xabcd, dma_len: 61 }),
             atomic_eth: h.contains(Headers::ATOMIC_ETH).then_some(AtomicEthRepr {
                 va: 0x1000,
                 rkey: 7,
                 swap_add: 5,
                 compare: 3,
             }),
-            aeth: h.contains(Headers::AETH).then_some(AethRepr {
-                syndrome: Syndrome::Ack { credits: 31 },
-                msn: 9,
-            }),
-            atomic_ack_eth: h
-                .contains(Headers::ATOMIC_ACK_ETH)
-                .then_some(AtomicAckEthRepr { original_data: 42 }),
-            immdt: h
-                .contains(Headers::IMMDT)
-                .then_some(ImmDtRepr { imm: 0xdead_beef }),
-            ieth: h
-                .contains(Headers::IETH)
-                .then_some(IethRepr { rkey: 0x5555 }),
+            aeth: h.contains(Headers::AETH).then_some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn: 9 }),
+            atomic_ack_eth: h.contains(Headers::ATOMIC_ACK_ETH).then_some(AtomicAckEthRepr { original_data: 42 }),
+            immdt: h.contains(Headers::IMMDT).then_some(ImmDtRepr { imm: 0xdead_beef }),
+            ieth: h.contains(Headers::IETH).then_some(IethRepr { rkey: 0x5555 }),
             payload: data,
         };
         let mut b = vec![0u8; r.buffer_len()];
@@ -338,20 +256,11 @@ fn scratch(tag: &str) -> PathBuf {
 #[test]
 fn tshark_decodes_every_opcode_softrdma_emits() {
     let packets = every_opcode();
-    let frames: Vec<Vec<u8>> = packets
-        .iter()
-        .enumerate()
-        .map(|(i, p)| roce_frame(&p.3, 0x4000 + i as u16))
-        .collect();
+    let frames: Vec<Vec<u8>> = packets.iter().enumerate().map(|(i, p)| roce_frame(&p.3, 0x4000 + i as u16)).collect();
     let path = scratch("roce");
     write_pcap(&path, &frames);
     let report = check_bytes("emitted", &std::fs::read(&path).unwrap());
-    assert_eq!(
-        report.tally.checksum_ok as usize,
-        packets.len(),
-        "{:?}",
-        report.records
-    );
+    assert_eq!(report.tally.checksum_ok as usize, packets.len(), "{:?}", report.records);
     let rows = tshark(
         &path,
         "udp.dstport == 4791",
@@ -373,21 +282,14 @@ fn tshark_decodes_every_opcode_softrdma_emits() {
         assert_eq!(num(&row[2]), Some(u64::from(*qp)), "opcode 0x{code:02x}");
         assert_eq!(num(&row[3]), Some(u64::from(*psn)), "opcode 0x{code:02x}");
         if ![0x1c, 0x1d, 0x81].contains(code) {
-            assert!(
-                row[4].is_empty() && row[5].is_empty(),
-                "opcode 0x{code:02x}: tshark says {row:?}"
-            );
+            assert!(row[4].is_empty() && row[5].is_empty(), "opcode 0x{code:02x}: tshark says {row:?}");
         }
     }
 }
 
 /// An MPA Request or Reply with CRC, IRD/ORD 4/4 and 8 bytes of private data.
 fn mpa_frame(kind: FrameKind) -> Vec<u8> {
-    let io = IrdOrd {
-        ird: 4,
-        ord: 4,
-        ..Default::default()
-    };
+    let io = IrdOrd { ird: 4, ord: 4, ..Default::default() };
     let m = MpaFrameRepr {
         kind,
         markers: false,
@@ -406,58 +308,24 @@ fn mpa_frame(kind: FrameKind) -> Vec<u8> {
 /// A Send, a Write and a Read Request, each framed as an FPDU with CRC.
 fn fpdus() -> Vec<Vec<u8>> {
     let payload: Vec<u8> = (0..100u8).collect();
-    let ctrl = |op| Control {
-        version: rdmap::VERSION,
-        opcode: op,
-    };
-    let ddp = |buffer| DdpRepr {
-        last: true,
-        version: 1,
-        rsvd_ulp: 0,
-        buffer,
-    };
-    let untagged = |qn| DdpBuffer::Untagged {
-        rsvd_ulp: 0,
-        qn,
-        msn: 1,
-        mo: 0,
-    };
-    let read = ReadRequestRepr {
-        sink_stag: 0x77,
-        sink_to: 0x8000,
-        size: 100,
-        src_stag: 0x1234_5600,
-        src_to: 0x7000,
-    };
+    let ctrl = |op| Control { version: rdmap::VERSION, opcode: op };
+    let ddp = |buffer| DdpRepr { last: true, version: 1, rsvd_ulp: 0, buffer };
+    let untagged = |qn| DdpBuffer::Untagged { rsvd_ulp: 0, qn, msn: 1, mo: 0 };
+    let read = ReadRequestRepr { sink_stag: 0x77, sink_to: 0x8000, size: 100, src_stag: 0x1234_5600, src_to: 0x7000 };
     let msgs = [
+        MessageRepr { ddp: ddp(untagged(0)), control: ctrl(Opcode::Send), body: Body::Data(&payload) },
         MessageRepr {
-            ddp: ddp(untagged(0)),
-            control: ctrl(Opcode::Send),
-            body: Body::Data(&payload),
-        },
-        MessageRepr {
-            ddp: ddp(DdpBuffer::Tagged {
-                stag: 0x1234_5600,
-                to: 0x7000,
-            }),
+            ddp: ddp(DdpBuffer::Tagged { stag: 0x1234_5600, to: 0x7000 }),
             control: ctrl(Opcode::Write),
             body: Body::Data(&payload[..37]),
         },
-        MessageRepr {
-            ddp: ddp(untagged(1)),
-            control: ctrl(Opcode::ReadRequest),
-            body: Body::ReadRequest(read),
-        },
+        MessageRepr { ddp: ddp(untagged(1)), control: ctrl(Opcode::ReadRequest), body: Body::ReadRequest(read) },
     ];
     msgs.iter()
         .map(|m| {
             let mut ulpdu = vec![0u8; m.buffer_len()];
             m.emit(&mut ulpdu).unwrap();
-            let f = FpduRepr {
-                ulpdu: &ulpdu,
-                pad: [0; 3],
-                with_crc: true,
-            };
+            let f = FpduRepr { ulpdu: &ulpdu, pad: [0; 3], with_crc: true };
             let mut b = vec![0u8; f.buffer_len()];
             f.emit(&mut b).unwrap();
             b
@@ -473,28 +341,16 @@ fn tcp_frames(payloads: &[(bool, Vec<u8>)]) -> Vec<Vec<u8>> {
     let syns = [(true, Vec::new()), (false, Vec::new())];
     for (n, (from_a, payload)) in syns.iter().chain(payloads).enumerate() {
         let (i, j) = if *from_a { (0, 1) } else { (1, 0) };
-        let eth = if *from_a {
-            PacketBuilder::ethernet2(MAC_A, MAC_B)
-        } else {
-            PacketBuilder::ethernet2(MAC_B, MAC_A)
-        };
+        let eth = if *from_a { PacketBuilder::ethernet2(MAC_A, MAC_B) } else { PacketBuilder::ethernet2(MAC_B, MAC_A) };
         let ip = if *from_a {
             eth.ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
         } else {
             eth.ipv4([10, 0, 0, 2], [10, 0, 0, 1], 64)
         };
-        let (sp, dp) = if *from_a {
-            (40000, 7174)
-        } else {
-            (7174, 40000)
-        };
+        let (sp, dp) = if *from_a { (40000, 7174) } else { (7174, 40000) };
         let syn = n < 2;
         let tcp = ip.tcp(sp, dp, seq[i], 65535);
-        let tcp = if syn {
-            tcp.syn()
-        } else {
-            tcp.ack(seq[j]).psh()
-        };
+        let tcp = if syn { tcp.syn() } else { tcp.ack(seq[j]).psh() };
         let mut f = Vec::new();
         tcp.write(&mut f, payload).unwrap();
         seq[i] = seq[i].wrapping_add(payload.len() as u32 + syn as u32);
@@ -506,10 +362,7 @@ fn tcp_frames(payloads: &[(bool, Vec<u8>)]) -> Vec<Vec<u8>> {
 /// An iWARP connection softrdma writes: MPA Request/Reply with CRC, then a Send, a Write
 /// and a Read Request from the initiator.
 fn iwarp_frames() -> Vec<Vec<u8>> {
-    let mut payloads = vec![
-        (true, mpa_frame(FrameKind::Request)),
-        (false, mpa_frame(FrameKind::Reply)),
-    ];
+    let mut payloads = vec![(true, mpa_frame(FrameKind::Request)), (false, mpa_frame(FrameKind::Reply))];
     payloads.extend(fpdus().into_iter().map(|f| (true, f)));
     tcp_frames(&payloads)
 }
@@ -520,11 +373,7 @@ fn tshark_verifies_the_mpa_crc_of_fpdus_softrdma_emits() {
     write_pcap(&path, &iwarp_frames());
     let report = check_bytes("emitted", &std::fs::read(&path).unwrap());
     assert_eq!(
-        (
-            report.tally.mpa_frames,
-            report.tally.fpdus,
-            report.tally.checksum_ok
-        ),
+        (report.tally.mpa_frames, report.tally.fpdus, report.tally.checksum_ok),
         (2, 3, 3),
         "{:?}",
         report.records
@@ -532,21 +381,10 @@ fn tshark_verifies_the_mpa_crc_of_fpdus_softrdma_emits() {
     let rows = tshark(
         &path,
         "iwarp_mpa",
-        &[
-            "frame.number",
-            "iwarp_mpa.crc_check",
-            "iwarp_rdma.opcode",
-            "iwarp_mpa.crc_flag",
-            "_ws.malformed",
-        ],
+        &["frame.number", "iwarp_mpa.crc_check", "iwarp_rdma.opcode", "iwarp_mpa.crc_flag", "_ws.malformed"],
     );
     // tshark states its CRC verdict only in the detail view: "CRC check: 0x... (Good CRC32)".
-    let detail = Command::new("tshark")
-        .arg("-r")
-        .arg(&path)
-        .arg("-V")
-        .output()
-        .expect("tshark");
+    let detail = Command::new("tshark").arg("-r").arg(&path).arg("-V").output().expect("tshark");
     let detail = String::from_utf8_lossy(&detail.stdout).to_string();
     let _ = std::fs::remove_file(&path);
     assert_eq!(detail.matches("(Good CRC32)").count(), 3, "{detail}");
@@ -557,13 +395,7 @@ fn tshark_verifies_the_mpa_crc_of_fpdus_softrdma_emits() {
     for r in &fpdus {
         assert!(num(&r[1]).is_some(), "tshark checked the CRC: {r:?}");
     }
-    assert_eq!(
-        fpdus
-            .iter()
-            .map(|r| num(&r[2]).unwrap())
-            .collect::<Vec<_>>(),
-        vec![3, 0, 1]
-    );
+    assert_eq!(fpdus.iter().map(|r| num(&r[2]).unwrap()).collect::<Vec<_>>(), vec![3, 0, 1]);
     for r in &rows {
         assert!(r[4].is_empty(), "malformed: {r:?}");
     }

@@ -33,10 +33,7 @@ impl Error {
     /// Checks that `buf_len` covers `needed` bytes.
     pub(crate) fn check_len(needed: usize, buf_len: usize) -> Result<()> {
         if buf_len < needed {
-            Err(Error::Truncated {
-                needed,
-                available: buf_len,
-            })
+            Err(Error::Truncated { needed, available: buf_len })
         } else {
             Ok(())
         }
@@ -53,10 +50,7 @@ impl fmt::Display for Error {
             Error::BadValue(what) => write!(f, "bad value: {what}"),
             Error::UnknownOpcode(op) => write!(f, "unknown opcode 0x{op:02x}"),
             Error::BadChecksum { carried, computed } => {
-                write!(
-                    f,
-                    "bad checksum: carried 0x{carried:08x}, computed 0x{computed:08x}"
-                )
+                write!(f, "bad checksum: carried 0x{carried:08x}, computed 0x{computed:08x}")
             }
         }
     }

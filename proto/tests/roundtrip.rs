@@ -9,9 +9,7 @@ use softrdma_proto::cm::ServiceId;
 use softrdma_proto::iwarp::ddp::{DdpBuffer, DdpPacket, DdpRepr};
 use softrdma_proto::iwarp::fpdu::{FpduPacket, FpduRepr, MarkerRepr};
 use softrdma_proto::iwarp::mpa::{FrameKind, IrdOrd, MpaFramePacket, MpaFrameRepr};
-use softrdma_proto::iwarp::rdmap::{
-    self, Body, Control, MessageRepr, ReadRequestRepr, TerminateRepr,
-};
+use softrdma_proto::iwarp::rdmap::{self, Body, Control, MessageRepr, ReadRequestRepr, TerminateRepr};
 use softrdma_proto::roce::bth::{BthPacket, BthRepr};
 use softrdma_proto::roce::ext::*;
 use softrdma_proto::roce::opcode::{Headers, Payload, TABLE};
@@ -20,16 +18,8 @@ use softrdma_proto::Error;
 use std::net::IpAddr;
 
 fn bth() -> impl Strategy<Value = BthRepr> {
-    (
-        any::<u8>(),
-        any::<[bool; 5]>(),
-        0u8..4,
-        0u8..16,
-        any::<u16>(),
-        0u32..1 << 24,
-        0u32..1 << 24,
-    )
-        .prop_map(|(opcode, f, pad_count, tver, pkey, dest_qp, psn)| BthRepr {
+    (any::<u8>(), any::<[bool; 5]>(), 0u8..4, 0u8..16, any::<u16>(), 0u32..1 << 24, 0u32..1 << 24).prop_map(
+        |(opcode, f, pad_count, tver, pkey, dest_qp, psn)| BthRepr {
             opcode,
             solicited: f[0],
             mig_req: f[1],
@@ -41,7 +31,8 @@ fn bth() -> impl Strategy<Value = BthRepr> {
             dest_qp,
             ack_req: f[4],
             psn: Psn::new(psn),
-        })
+        },
+    )
 }
 
 fn syndrome() -> impl Strategy<Value = Syndrome> {
@@ -53,11 +44,7 @@ fn syndrome() -> impl Strategy<Value = Syndrome> {
 }
 
 fn reth() -> impl Strategy<Value = RethRepr> {
-    (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(va, rkey, dma_len)| RethRepr {
-        va,
-        rkey,
-        dma_len,
-    })
+    (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(va, rkey, dma_len)| RethRepr { va, rkey, dma_len })
 }
 
 /// A whole RoCEv2 packet for any opcode in the table, with exactly its headers.
@@ -71,53 +58,36 @@ fn roce(payload: &'static [u8]) -> impl Strategy<Value = RoceRepr<'static>> {
         any::<(u64, u32, u64, u64, u64, u32, u32, u32)>(),
         0usize..64,
     )
-        .prop_map(
-            move |(code, mut b, reth, syn, (va, rkey, sa, cmp, orig, imm, qkey, src_qp), len)| {
-                let info = TABLE[code as usize].unwrap();
-                let h = info.headers;
-                let payload: &'static [u8] = match info.payload {
-                    Payload::None => &[],
-                    Payload::Fixed(n) => &payload[..n],
-                    Payload::Any => &payload[..len],
-                };
-                b.opcode = code;
-                b.pad_count = if info.payload == Payload::None {
-                    0
-                } else {
-                    b.pad_count
-                };
-                RoceRepr {
-                    bth: b,
-                    deth: h.contains(Headers::DETH).then_some(DethRepr {
-                        qkey,
-                        src_qp: src_qp & 0xff_ffff,
-                    }),
-                    feth: h.contains(Headers::FETH).then_some(FethRepr {
-                        selectivity: (imm & 3) as u8,
-                        placement_type: (imm >> 4 & 0xf) as u8,
-                    }),
-                    reth: h.contains(Headers::RETH).then_some(reth),
-                    atomic_eth: h.contains(Headers::ATOMIC_ETH).then_some(AtomicEthRepr {
-                        va,
-                        rkey,
-                        swap_add: sa,
-                        compare: cmp,
-                    }),
-                    aeth: h.contains(Headers::AETH).then_some(AethRepr {
-                        syndrome: syn,
-                        msn: src_qp & 0xff_ffff,
-                    }),
-                    atomic_ack_eth: h.contains(Headers::ATOMIC_ACK_ETH).then_some(
-                        AtomicAckEthRepr {
-                            original_data: orig,
-                        },
-                    ),
-                    immdt: h.contains(Headers::IMMDT).then_some(ImmDtRepr { imm }),
-                    ieth: h.contains(Headers::IETH).then_some(IethRepr { rkey }),
-                    payload,
-                }
-            },
-        )
+        .prop_map(move |(code, mut b, reth, syn, (va, rkey, sa, cmp, orig, imm, qkey, src_qp), len)| {
+            let info = TABLE[code as usize].unwrap();
+            let h = info.headers;
+            let payload: &'static [u8] = match info.payload {
+                Payload::None => &[],
+                Payload::Fixed(n) => &payload[..n],
+                Payload::Any => &payload[..len],
+            };
+            b.opcode = code;
+            b.pad_count = if info.payload == Payload::None { 0 } else { b.pad_count };
+            RoceRepr {
+                bth: b,
+                deth: h.contains(Headers::DETH).then_some(DethRepr { qkey, src_qp: src_qp & 0xff_ffff }),
+                feth: h
+                    .contains(Headers::FETH)
+                    .then_some(FethRepr { selectivity: (imm & 3) as u8, placement_type: (imm >> 4 & 0xf) as u8 }),
+                reth: h.contains(Headers::RETH).then_some(reth),
+                atomic_eth: h.contains(Headers::ATOMIC_ETH).then_some(AtomicEthRepr {
+                    va,
+                    rkey,
+                    swap_add: sa,
+                    compare: cmp,
+                }),
+                aeth: h.contains(Headers::AETH).then_some(AethRepr { syndrome: syn, msn: src_qp & 0xff_ffff }),
+                atomic_ack_eth: h.contains(Headers::ATOMIC_ACK_ETH).then_some(AtomicAckEthRepr { original_data: orig }),
+                immdt: h.contains(Headers::IMMDT).then_some(ImmDtRepr { imm }),
+                ieth: h.contains(Headers::IETH).then_some(IethRepr { rkey }),
+                payload,
+            }
+        })
 }
 
 static PAYLOAD: [u8; 64] = {
@@ -305,48 +275,41 @@ fn path() -> impl Strategy<Value = PathRepr> {
         any::<bool>(),
         0u8..32,
     )
-        .prop_map(
-            |((ll, rl, lg, rg), fl, rate, (tc, hop), sl, subnet_local, ack)| PathRepr {
-                local_lid: ll,
-                remote_lid: rl,
-                local_gid: lg,
-                remote_gid: rg,
-                flow_label: fl,
-                packet_rate: rate,
-                traffic_class: tc,
-                hop_limit: hop,
-                sl,
-                subnet_local,
-                local_ack_timeout: ack,
-            },
-        )
+        .prop_map(|((ll, rl, lg, rg), fl, rate, (tc, hop), sl, subnet_local, ack)| PathRepr {
+            local_lid: ll,
+            remote_lid: rl,
+            local_gid: lg,
+            remote_gid: rg,
+            flow_label: fl,
+            packet_rate: rate,
+            traffic_class: tc,
+            hop_limit: hop,
+            sl,
+            subnet_local,
+            local_ack_timeout: ack,
+        })
 }
 
 fn mad_header(attribute_id: u16) -> impl Strategy<Value = MadHeaderRepr> {
-    any::<(u8, u8, u8, u16, u16, u64, u16, u32)>().prop_map(
-        move |(bv, cv, m, st, cs, tid, res, am)| MadHeaderRepr {
-            base_version: bv,
-            mgmt_class: MGMT_CLASS_CM,
-            class_version: cv,
-            method: m,
-            status: st,
-            class_specific: cs,
-            transaction_id: tid,
-            attribute_id,
-            reserved: res,
-            attribute_modifier: am,
-        },
-    )
+    any::<(u8, u8, u8, u16, u16, u64, u16, u32)>().prop_map(move |(bv, cv, m, st, cs, tid, res, am)| MadHeaderRepr {
+        base_version: bv,
+        mgmt_class: MGMT_CLASS_CM,
+        class_version: cv,
+        method: m,
+        status: st,
+        class_specific: cs,
+        transaction_id: tid,
+        attribute_id,
+        reserved: res,
+        attribute_modifier: am,
+    })
 }
 
 fn check_mad(header: MadHeaderRepr, message: CmMessage<'_>) -> Result<(), TestCaseError> {
     let m = CmMadRepr { header, message };
     let mut b = [0u8; 256];
     m.emit(&mut b).unwrap();
-    prop_assert_eq!(
-        CmMadRepr::parse(&MadPacket::new_checked(&b[..]).unwrap()).unwrap(),
-        m
-    );
+    prop_assert_eq!(CmMadRepr::parse(&MadPacket::new_checked(&b[..]).unwrap()).unwrap(), m);
     Ok(())
 }
 
@@ -419,10 +382,7 @@ proptest! {
 fn short_and_oversized_buffers_are_typed_errors() {
     let big = [0u8; 300];
     for n in 0..12 {
-        assert!(matches!(
-            BthPacket::new_checked(&big[..n]),
-            Err(Error::Truncated { .. })
-        ));
+        assert!(matches!(BthPacket::new_checked(&big[..n]), Err(Error::Truncated { .. })));
     }
     for n in 0..16 {
         assert!(RocePacket::new_checked(&big[..n]).is_err());
@@ -430,40 +390,20 @@ fn short_and_oversized_buffers_are_typed_errors() {
     for n in 0..256 {
         assert!(MadPacket::new_checked(&big[..n]).is_err());
     }
-    assert_eq!(
-        MadPacket::new_checked(&big[..257]).unwrap_err(),
-        Error::BadLength("a MAD is 256 bytes")
-    );
+    assert_eq!(MadPacket::new_checked(&big[..257]).unwrap_err(), Error::BadLength("a MAD is 256 bytes"));
     assert!(CmaHeader::parse(&big[..35]).is_err());
-    assert!(
-        CmaHeader::parse(&big[..36]).is_err(),
-        "IP version 0 is not an address family"
-    );
+    assert!(CmaHeader::parse(&big[..36]).is_err(), "IP version 0 is not an address family");
     // An MPA frame announcing 513 bytes of private data is refused however long the buffer.
     let mut mpa = vec![0u8; 20 + 600];
     mpa[..16].copy_from_slice(b"MPA ID Req Frame");
     mpa[18..20].copy_from_slice(&513u16.to_be_bytes());
-    assert!(matches!(
-        MpaFramePacket::new_checked(&mpa[..]),
-        Err(Error::BadLength(_))
-    ));
+    assert!(matches!(MpaFramePacket::new_checked(&mpa[..]), Err(Error::BadLength(_))));
     // A RoCEv2 packet whose PadCnt exceeds its payload, or payload on an ACK.
     let mut ack = [0u8; 20];
     ack[0] = 0x11;
     ack[1] = 0x30;
-    assert!(matches!(
-        RocePacket::new_checked(&ack[..]),
-        Err(Error::BadLength(_))
-    ));
-    let ack_with_payload = [
-        0x11u8, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 9, 9, 9, 9, 0, 0, 0, 0,
-    ];
-    assert!(matches!(
-        RocePacket::new_checked(&ack_with_payload[..]),
-        Err(Error::BadLength(_))
-    ));
-    assert_eq!(
-        RocePacket::new_checked(&[0x40u8; 16][..]).unwrap_err(),
-        Error::UnknownOpcode(0x40)
-    );
+    assert!(matches!(RocePacket::new_checked(&ack[..]), Err(Error::BadLength(_))));
+    let ack_with_payload = [0x11u8, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 9, 9, 9, 9, 0, 0, 0, 0];
+    assert!(matches!(RocePacket::new_checked(&ack_with_payload[..]), Err(Error::BadLength(_))));
+    assert_eq!(RocePacket::new_checked(&[0x40u8; 16][..]).unwrap_err(), Error::UnknownOpcode(0x40));
 }

@@ -73,9 +73,7 @@ pub enum Dissected<'a> {
 fn link_slice(f: &Frame) -> Option<Result<LaxSlicedPacket<'_>, ()>> {
     match f.link {
         Linktype::ETHERNET => Some(LaxSlicedPacket::from_ethernet(&f.data).map_err(|_| ())),
-        Linktype::RAW | Linktype::IPV4 | Linktype::IPV6 => {
-            Some(LaxSlicedPacket::from_ip(&f.data).map_err(|_| ()))
-        }
+        Linktype::RAW | Linktype::IPV4 | Linktype::IPV6 => Some(LaxSlicedPacket::from_ip(&f.data).map_err(|_| ())),
         _ => None,
     }
 }
@@ -93,25 +91,13 @@ pub fn dissect(f: &Frame) -> Dissected<'_> {
             let h = v4.header();
             let ecn = h.ecn().value();
             let hdr = IpHeaderBytes::V4(h.slice().to_vec());
-            (
-                IpAddr::from(h.source_addr()),
-                IpAddr::from(h.destination_addr()),
-                hdr,
-                ecn,
-                v4.payload().clone(),
-            )
+            (IpAddr::from(h.source_addr()), IpAddr::from(h.destination_addr()), hdr, ecn, v4.payload().clone())
         }
         Some(LaxNetSlice::Ipv6(v6)) => {
             let h = v6.header();
             let ecn = h.ecn().value();
             let hdr = IpHeaderBytes::V6(h.slice().to_vec());
-            (
-                IpAddr::from(h.source_addr()),
-                IpAddr::from(h.destination_addr()),
-                hdr,
-                ecn,
-                v6.payload().clone(),
-            )
+            (IpAddr::from(h.source_addr()), IpAddr::from(h.destination_addr()), hdr, ecn, v6.payload().clone())
         }
         _ => return Dissected::Other,
     };

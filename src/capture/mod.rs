@@ -37,17 +37,14 @@ pub fn check_bytes(name: &str, bytes: &[u8]) -> FileReport {
                     rep.push(r);
                 }
             }
-            frame::Dissected::Unsupported(link) => {
-                rep.note_once(format!("link type {link} is not decoded"))
-            }
+            frame::Dissected::Unsupported(link) => rep.note_once(format!("link type {link} is not decoded")),
             _ => rep.tally.other_frames += 1,
         }
     }
     rep.notes.extend(streams.finish());
     rep.tally.other_frames += streams.non_rdma_frames();
     if rep.tally.rdma_packets() == 0 {
-        rep.notes
-            .push("no RDMA traffic found (RoCEv2 on UDP 4791, or MPA over TCP)".into());
+        rep.notes.push("no RDMA traffic found (RoCEv2 on UDP 4791, or MPA over TCP)".into());
     }
     rep
 }

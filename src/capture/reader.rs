@@ -44,9 +44,7 @@ pub enum ReadError {
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ReadError::NotACapture => {
-                f.write_str("not a pcap or pcapng file (unknown magic number)")
-            }
+            ReadError::NotACapture => f.write_str("not a pcap or pcapng file (unknown magic number)"),
         }
     }
 }
@@ -72,9 +70,7 @@ pub fn read_frames(bytes: &[u8]) -> Result<Frames, ReadError> {
     loop {
         // Turn the borrowed error into an owned step before touching the reader again.
         let step = match reader.next() {
-            Ok((offset, block)) => {
-                Step::Block(offset, to_frame(block, &mut links, out.frames.len()))
-            }
+            Ok((offset, block)) => Step::Block(offset, to_frame(block, &mut links, out.frames.len())),
             Err(PcapError::Eof) => Step::End,
             Err(PcapError::Incomplete(_)) | Err(PcapError::UnexpectedEof) => Step::Incomplete,
             Err(e) => Step::Damaged(format!("{e:?}")),
@@ -92,17 +88,11 @@ pub fn read_frames(bytes: &[u8]) -> Result<Frames, ReadError> {
                 }
             }
             Step::Incomplete => {
-                out.warning = Some(format!(
-                    "capture ends in a cut-off record after frame {}",
-                    out.frames.len()
-                ));
+                out.warning = Some(format!("capture ends in a cut-off record after frame {}", out.frames.len()));
                 break;
             }
             Step::Damaged(e) => {
-                out.warning = Some(format!(
-                    "capture ends in a damaged record after frame {} ({e})",
-                    out.frames.len()
-                ));
+                out.warning = Some(format!("capture ends in a damaged record after frame {} ({e})", out.frames.len()));
                 break;
             }
         }
@@ -120,12 +110,7 @@ fn to_frame(block: PcapBlockOwned<'_>, links: &mut Vec<Linktype>, count: usize) 
         }
         PcapBlockOwned::Legacy(b) => {
             let link = links.first().copied().unwrap_or(Linktype::ETHERNET);
-            Some(Frame {
-                number,
-                link,
-                data: b.data.to_vec(),
-                orig_len: b.origlen,
-            })
+            Some(Frame { number, link, data: b.data.to_vec(), orig_len: b.origlen })
         }
         PcapBlockOwned::NG(Block::SectionHeader(_)) => {
             links.clear();
@@ -136,25 +121,12 @@ fn to_frame(block: PcapBlockOwned<'_>, links: &mut Vec<Linktype>, count: usize) 
             None
         }
         PcapBlockOwned::NG(Block::EnhancedPacket(p)) => {
-            let link = links
-                .get(p.if_id as usize)
-                .copied()
-                .unwrap_or(Linktype::ETHERNET);
-            Some(Frame {
-                number,
-                link,
-                data: p.packet_data().to_vec(),
-                orig_len: p.origlen,
-            })
+            let link = links.get(p.if_id as usize).copied().unwrap_or(Linktype::ETHERNET);
+            Some(Frame { number, link, data: p.packet_data().to_vec(), orig_len: p.origlen })
         }
         PcapBlockOwned::NG(Block::SimplePacket(p)) => {
             let link = links.first().copied().unwrap_or(Linktype::ETHERNET);
-            Some(Frame {
-                number,
-                link,
-                data: p.packet_data().to_vec(),
-                orig_len: p.origlen,
-            })
+            Some(Frame { number, link, data: p.packet_data().to_vec(), orig_len: p.origlen })
         }
         PcapBlockOwned::NG(_) => None,
     }

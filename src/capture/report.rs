@@ -54,10 +54,7 @@ pub struct Record {
 impl Record {
     /// `icrc` for RoCEv2, `crc` for MPA.
     fn check_label(&self) -> &'static str {
-        if self.summary.starts_with("MPA")
-            || self.summary.starts_with("RDMAP")
-            || self.summary.starts_with("FPDU")
-        {
+        if self.summary.starts_with("MPA") || self.summary.starts_with("RDMAP") || self.summary.starts_with("FPDU") {
             "crc"
         } else {
             "icrc"
@@ -67,21 +64,14 @@ impl Record {
 
 impl fmt::Display for Record {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {} -> {} {}",
-            self.frame, self.src, self.dst, self.summary
-        )?;
+        write!(f, "{} {} -> {} {}", self.frame, self.src, self.dst, self.summary)?;
         let label = self.check_label();
         match &self.check {
             Check::Ok => write!(f, " {label}=ok"),
             Check::NotNegotiated => write!(f, " {label}=none"),
             Check::NoChecksum => Ok(()),
             Check::BadChecksum { carried, computed } => {
-                write!(
-                    f,
-                    " {label}=BAD(carried 0x{carried:08x}, computed 0x{computed:08x})"
-                )
+                write!(f, " {label}=BAD(carried 0x{carried:08x}, computed 0x{computed:08x})")
             }
             Check::Malformed { error } => write!(f, " MALFORMED({error})"),
             Check::Truncated => write!(f, " {label}=unchecked(truncated by snaplen)"),
@@ -177,13 +167,7 @@ pub struct FileReport {
 impl FileReport {
     /// An empty report for `file`.
     pub fn new(file: &str) -> Self {
-        FileReport {
-            file: file.into(),
-            records: Vec::new(),
-            notes: Vec::new(),
-            tally: Tally::default(),
-            error: None,
-        }
+        FileReport { file: file.into(), records: Vec::new(), notes: Vec::new(), tally: Tally::default(), error: None }
     }
 
     /// Adds a record and counts it; `kind` comes from its summary.

@@ -12,29 +12,19 @@ use std::fmt::Write;
 pub fn check(frame: u64, d: &UdpDatagram<'_>) -> Record {
     let (src, dst) = (d.src.to_string(), d.dst.to_string());
     if d.truncated {
-        return Record {
-            frame,
-            src,
-            dst,
-            summary: summarize_truncated(d),
-            check: Check::Truncated,
-        };
+        return Record { frame, src, dst, summary: summarize_truncated(d), check: Check::Truncated };
     }
-    let (summary, parsed) =
-        match RocePacket::new_checked(d.payload).and_then(|p| RoceRepr::parse(&p)) {
-            // A packet to QP1 must hold a MAD (IBTA 13.4.2): one that does not is malformed.
-            Ok(repr) if repr.bth.dest_qp == GSI_QPN => {
-                let mad = MadPacket::new_checked(repr.payload)
-                    .and_then(|p| CmMadRepr::parse(&p).map(|_| ()));
-                (summarize(&repr, d.ecn), mad)
-            }
-            Ok(repr) => (summarize(&repr, d.ecn), Ok(())),
-            Err(e) => (format!("RoCEv2 {} bytes", d.payload.len()), Err(e)),
-        };
-    let check = if let Err(e) = parsed {
-        Check::Malformed {
-            error: e.to_string(),
+    let (summary, parsed) = match RocePacket::new_checked(d.payload).and_then(|p| RoceRepr::parse(&p)) {
+        // A packet to QP1 must hold a MAD (IBTA 13.4.2): one that does not is malformed.
+        Ok(repr) if repr.bth.dest_qp == GSI_QPN => {
+            let mad = MadPacket::new_checked(repr.payload).and_then(|p| CmMadRepr::parse(&p).map(|_| ()));
+            (summarize(&repr, d.ecn), mad)
         }
+        Ok(repr) => (summarize(&repr, d.ecn), Ok(())),
+        Err(e) => (format!("RoCEv2 {} bytes", d.payload.len()), Err(e)),
+    };
+    let check = if let Err(e) = parsed {
+        Check::Malformed { error: e.to_string() }
     } else {
         let ip = match &d.ip_header {
             IpHeaderBytes::V4(h) => IpHeader::V4(h),
@@ -42,22 +32,11 @@ pub fn check(frame: u64, d: &UdpDatagram<'_>) -> Record {
         };
         match icrc::check(ip, d.udp_header, d.payload) {
             Ok(c) if c.is_ok() => Check::Ok,
-            Ok(c) => Check::BadChecksum {
-                carried: c.carried,
-                computed: c.computed,
-            },
-            Err(e) => Check::Malformed {
-                error: e.to_string(),
-            },
+            Ok(c) => Check::BadChecksum { carried: c.carried, computed: c.computed },
+            Err(e) => Check::Malformed { error: e.to_string() },
         }
     };
-    Record {
-        frame,
-        src,
-        dst,
-        summary,
-        check,
-    }
+    Record { frame, src, dst, summary, check }
 }
 
 /// What can be said of a datagram the snaplen cut: its BTH, and how much is missing.
@@ -81,11 +60,7 @@ pub fn summarize(r: &RoceRepr<'_>, ecn: u8) -> String {
         None => format!("opcode=0x{:02x}", r.bth.opcode),
     };
     if let Some(reth) = &r.reth {
-        let _ = write!(
-            s,
-            " va=0x{:x} rkey=0x{:x} dmalen={}",
-            reth.va, reth.rkey, reth.dma_len
-        );
+        let _ = write!(s, " va=0x{:x} rkey=0x{:x} dmalen={}", reth.va, reth.rkey, reth.dma_len);
     }
     if let Some(aeth) = &r.aeth {
         let _ = write!(s, " {aeth}");

@@ -45,14 +45,7 @@ struct Direction {
 
 impl Default for Direction {
     fn default() -> Self {
-        Direction {
-            isn: None,
-            next: 0,
-            pending: BTreeMap::new(),
-            phase: Phase::Start,
-            sent: None,
-            frames: 0,
-        }
+        Direction { isn: None, next: 0, pending: BTreeMap::new(), phase: Phase::Start, sent: None, frames: 0 }
     }
 }
 
@@ -93,11 +86,7 @@ impl Streams {
         if seg.syn {
             let frames = dir.frames;
             let isn = Some(seg.seq.wrapping_add(1));
-            *dir = Direction {
-                isn,
-                frames,
-                ..Direction::default()
-            };
+            *dir = Direction { isn, frames, ..Direction::default() };
             return Vec::new();
         }
         if seg.payload.is_empty() || matches!(dir.phase, Phase::NotMpa | Phase::Lost) {
@@ -192,28 +181,15 @@ impl Streams {
     }
 
     fn mpa_frame(&mut self, frame: u64, key: DirKey, buf: Vec<u8>, out: &mut Vec<Record>) -> Phase {
-        let parsed = MpaFramePacket::new_checked(&buf[..])
-            .and_then(|p| Ok((p.frame_len(), MpaFrameRepr::parse(&p)?)));
+        let parsed = MpaFramePacket::new_checked(&buf[..]).and_then(|p| Ok((p.frame_len(), MpaFrameRepr::parse(&p)?)));
         match parsed {
             Err(Error::Truncated { .. }) => Phase::MpaFrame(buf),
             Err(e) => {
-                out.push(stream_record(
-                    frame,
-                    key,
-                    "MPA frame",
-                    Check::Malformed {
-                        error: e.to_string(),
-                    },
-                ));
+                out.push(stream_record(frame, key, "MPA frame", Check::Malformed { error: e.to_string() }));
                 Phase::Lost
             }
             Ok((len, repr)) => {
-                out.push(stream_record(
-                    frame,
-                    key,
-                    &repr.to_string(),
-                    Check::NoChecksum,
-                ));
+                out.push(stream_record(frame, key, &repr.to_string(), Check::NoChecksum));
                 let neg = self.conns.entry(conn_key(key)).or_default();
                 match repr.kind {
                     FrameKind::Request => neg.request = Some((repr.markers, repr.crc)),
@@ -293,13 +269,7 @@ impl Streams {
 }
 
 fn stream_record(frame: u64, key: DirKey, summary: &str, check: Check) -> Record {
-    Record {
-        frame,
-        src: endpoint(key.0),
-        dst: endpoint(key.1),
-        summary: summary.to_string(),
-        check,
-    }
+    Record { frame, src: endpoint(key.0), dst: endpoint(key.1), summary: summary.to_string(), check }
 }
 
 fn drain_fpdus(frame: u64, key: DirKey, mut d: Deframer, out: &mut Vec<Record>) -> Phase {
@@ -311,12 +281,8 @@ fn drain_fpdus(frame: u64, key: DirKey, mut d: Deframer, out: &mut Vec<Record>) 
                     Err(e) => (format!("FPDU ulpdu_len={}", f.ulpdu.len()), Some(e)),
                 };
                 let check = match (f.crc, parse_err) {
-                    (CrcCheck::Bad { carried, computed }, _) => {
-                        Check::BadChecksum { carried, computed }
-                    }
-                    (_, Some(e)) => Check::Malformed {
-                        error: e.to_string(),
-                    },
+                    (CrcCheck::Bad { carried, computed }, _) => Check::BadChecksum { carried, computed },
+                    (_, Some(e)) => Check::Malformed { error: e.to_string() },
                     (CrcCheck::Ok, None) => Check::Ok,
                     (CrcCheck::NotNegotiated, None) => Check::NotNegotiated,
                 };
@@ -324,14 +290,7 @@ fn drain_fpdus(frame: u64, key: DirKey, mut d: Deframer, out: &mut Vec<Record>) 
             }
             Ok(None) => return Phase::Fpdus(d),
             Err(e) => {
-                out.push(stream_record(
-                    frame,
-                    key,
-                    "FPDU stream",
-                    Check::Malformed {
-                        error: e.to_string(),
-                    },
-                ));
+                out.push(stream_record(frame, key, "FPDU stream", Check::Malformed { error: e.to_string() }));
                 return Phase::Lost;
             }
         }

@@ -25,13 +25,7 @@ pub struct Cq {
 impl Cq {
     /// A queue of `capacity` entries.
     pub fn new(capacity: usize) -> Self {
-        Cq {
-            entries: VecDeque::new(),
-            capacity,
-            overflowed: false,
-            armed: None,
-            event: false,
-        }
+        Cq { entries: VecDeque::new(), capacity, overflowed: false, armed: None, event: false }
     }
     /// Adds a completion; on overflow the completion is lost and the CQ is in error
     /// (IBTA 11.4.2.1 "CQ overrun").
@@ -44,8 +38,7 @@ impl Cq {
             Some(Notify::Any) => true,
             Some(Notify::Solicited) => {
                 wc.status != super::verbs::WcStatus::Success
-                    || (wc.solicited
-                        && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm))
+                    || (wc.solicited && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm))
             }
             None => false,
         };
@@ -88,16 +81,7 @@ mod tests {
     use crate::engine::verbs::WcStatus;
 
     fn wc(opcode: WcOpcode, solicited: bool, status: WcStatus) -> Wc {
-        Wc {
-            wr_id: 1,
-            status,
-            opcode,
-            qpn: 16,
-            byte_len: 0,
-            imm: None,
-            invalidated_rkey: None,
-            solicited,
-        }
+        Wc { wr_id: 1, status, opcode, qpn: 16, byte_len: 0, imm: None, invalidated_rkey: None, solicited }
     }
 
     // IBTA 11.4.2.2: a solicited-only notification ignores unsolicited successes.

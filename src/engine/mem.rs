@@ -90,15 +90,12 @@ impl SharedMem {
     /// Atomic compare-and-swap on the word at `offset` (8-aligned); returns the old value.
     pub fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Option<u64> {
         let w = self.word(offset)?;
-        Some(
-            match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            },
-        )
+        Some(match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(v) | Err(v) => v,
+        })
     }
     fn word(&self, offset: usize) -> Option<&AtomicU64> {
-        (offset.is_multiple_of(WORD) && self.in_bounds(offset, WORD))
-            .then(|| &self.words[offset / WORD])
+        (offset.is_multiple_of(WORD) && self.in_bounds(offset, WORD)).then(|| &self.words[offset / WORD])
     }
     /// A copy of every byte.
     pub fn to_vec(&self) -> Vec<u8> {
@@ -123,12 +120,7 @@ pub struct Access {
 
 impl Access {
     /// Everything allowed.
-    pub const ALL: Access = Access {
-        local_write: true,
-        remote_read: true,
-        remote_write: true,
-        remote_atomic: true,
-    };
+    pub const ALL: Access = Access { local_write: true, remote_read: true, remote_write: true, remote_atomic: true };
 }
 
 /// A protection domain handle.
@@ -199,11 +191,7 @@ pub enum Need {
 impl MrTable {
     /// A table holding at most `max_regions`.
     pub fn new(max_regions: usize) -> Self {
-        MrTable {
-            regions: HashMap::new(),
-            next_index: 0,
-            max_regions,
-        }
+        MrTable { regions: HashMap::new(), next_index: 0, max_regions }
     }
 
     /// Registers `len` bytes. Index bits are a permutation of a counter (not sequential on
@@ -223,23 +211,8 @@ impl MrTable {
         let key = (index << 8) | (rng.next_u64() as u32 & 0xff);
         let addr = (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000;
         let mem = Arc::new(SharedMem::new(len));
-        self.regions.insert(
-            index,
-            Region {
-                pd,
-                access,
-                addr,
-                mem: mem.clone(),
-                key,
-                valid: true,
-            },
-        );
-        Some(Mr {
-            lkey: key,
-            rkey: key,
-            addr,
-            mem,
-        })
+        self.regions.insert(index, Region { pd, access, addr, mem: mem.clone(), key, valid: true });
+        Some(Mr { lkey: key, rkey: key, addr, mem })
     }
 
     /// Deregisters a region.
@@ -267,11 +240,7 @@ impl MrTable {
         len: usize,
         need: Need,
     ) -> Result<(Arc<SharedMem>, usize), MemError> {
-        let r = self
-            .regions
-            .get(&(key >> 8))
-            .filter(|r| r.key == key && r.valid)
-            .ok_or(MemError::BadKey)?;
+        let r = self.regions.get(&(key >> 8)).filter(|r| r.key == key && r.valid).ok_or(MemError::BadKey)?;
         if r.pd != pd {
             return Err(MemError::WrongPd);
         }
@@ -332,61 +301,24 @@ mod tests {
         let b = t.register(Pd(1), 64, Access::ALL, &mut rng).unwrap();
         assert_ne!((b.rkey >> 8).wrapping_sub(a.rkey >> 8), 1);
         assert!(t.deregister(a.rkey));
-        let keys: Vec<u32> = (0..50)
-            .map(|_| t.register(Pd(1), 8, Access::ALL, &mut rng).unwrap().rkey)
-            .collect();
-        assert!(
-            !keys.contains(&a.rkey) || keys.iter().filter(|k| **k >> 8 == a.rkey >> 8).count() <= 1
-        );
-        assert!(
-            t.resolve(a.rkey, Pd(1), a.addr, 1, Need::RemoteRead)
-                .is_err(),
-            "old key is dead"
-        );
+        let keys: Vec<u32> = (0..50).map(|_| t.register(Pd(1), 8, Access::ALL, &mut rng).unwrap().rkey).collect();
+        assert!(!keys.contains(&a.rkey) || keys.iter().filter(|k| **k >> 8 == a.rkey >> 8).count() <= 1);
+        assert!(t.resolve(a.rkey, Pd(1), a.addr, 1, Need::RemoteRead).is_err(), "old key is dead");
     }
 
     #[test]
     fn resolve_checks_pd_access_bounds() {
         let mut t = MrTable::new(10);
         let mut rng = Rng::new(2);
-        let ro = Access {
-            remote_read: true,
-            ..Access::default()
-        };
+        let ro = Access { remote_read: true, ..Access::default() };
         let m = t.register(Pd(1), 100, ro, &mut rng).unwrap();
-        assert!(t
-            .resolve(m.rkey, Pd(1), m.addr + 10, 90, Need::RemoteRead)
-            .is_ok());
-        assert_eq!(
-            t.resolve(m.rkey, Pd(2), m.addr, 1, Need::RemoteRead)
-                .unwrap_err(),
-            MemError::WrongPd
-        );
-        assert_eq!(
-            t.resolve(m.rkey, Pd(1), m.addr, 1, Need::RemoteWrite)
-                .unwrap_err(),
-            MemError::Access
-        );
-        assert_eq!(
-            t.resolve(m.rkey, Pd(1), m.addr + 10, 91, Need::RemoteRead)
-                .unwrap_err(),
-            MemError::Bounds
-        );
-        assert_eq!(
-            t.resolve(m.rkey, Pd(1), m.addr - 1, 1, Need::RemoteRead)
-                .unwrap_err(),
-            MemError::Bounds
-        );
-        assert_eq!(
-            t.resolve(m.rkey ^ 1, Pd(1), m.addr, 1, Need::RemoteRead)
-                .unwrap_err(),
-            MemError::BadKey
-        );
+        assert!(t.resolve(m.rkey, Pd(1), m.addr + 10, 90, Need::RemoteRead).is_ok());
+        assert_eq!(t.resolve(m.rkey, Pd(2), m.addr, 1, Need::RemoteRead).unwrap_err(), MemError::WrongPd);
+        assert_eq!(t.resolve(m.rkey, Pd(1), m.addr, 1, Need::RemoteWrite).unwrap_err(), MemError::Access);
+        assert_eq!(t.resolve(m.rkey, Pd(1), m.addr + 10, 91, Need::RemoteRead).unwrap_err(), MemError::Bounds);
+        assert_eq!(t.resolve(m.rkey, Pd(1), m.addr - 1, 1, Need::RemoteRead).unwrap_err(), MemError::Bounds);
+        assert_eq!(t.resolve(m.rkey ^ 1, Pd(1), m.addr, 1, Need::RemoteRead).unwrap_err(), MemError::BadKey);
         assert!(t.invalidate(m.rkey));
-        assert_eq!(
-            t.resolve(m.rkey, Pd(1), m.addr, 1, Need::RemoteRead)
-                .unwrap_err(),
-            MemError::BadKey
-        );
+        assert_eq!(t.resolve(m.rkey, Pd(1), m.addr, 1, Need::RemoteRead).unwrap_err(), MemError::BadKey);
     }
 }

@@ -138,25 +138,17 @@ impl Device {
 
     /// Registers `len` bytes of memory.
     pub fn reg_mr(&mut self, pd: Pd, len: usize, access: Access) -> Result<Mr, VerbsError> {
-        self.mrs
-            .register(pd, len, access, &mut self.rng)
-            .ok_or(VerbsError::OutOfResources)
+        self.mrs.register(pd, len, access, &mut self.rng).ok_or(VerbsError::OutOfResources)
     }
 
     /// Deregisters a region.
     pub fn dereg_mr(&mut self, mr: &Mr) -> Result<(), VerbsError> {
-        self.mrs
-            .deregister(mr.lkey)
-            .then_some(())
-            .ok_or(VerbsError::NotFound)
+        self.mrs.deregister(mr.lkey).then_some(()).ok_or(VerbsError::NotFound)
     }
 
     /// Local invalidate of an rkey (IBTA 10.6.7.2).
     pub fn invalidate(&mut self, rkey: u32) -> Result<(), VerbsError> {
-        self.mrs
-            .invalidate(rkey)
-            .then_some(())
-            .ok_or(VerbsError::NotFound)
+        self.mrs.invalidate(rkey).then_some(()).ok_or(VerbsError::NotFound)
     }
 
     /// Creates a CQ with room for `capacity` completions.
@@ -169,10 +161,7 @@ impl Device {
 
     /// Takes up to `max` completions.
     pub fn poll_cq(&mut self, cq: u32, max: usize) -> Vec<Wc> {
-        self.cqs
-            .get_mut(&cq)
-            .map(|c| c.poll(max))
-            .unwrap_or_default()
+        self.cqs.get_mut(&cq).map(|c| c.poll(max)).unwrap_or_default()
     }
 
     /// Arms a CQ notification; [`Device::take_cq_event`] reports it.
@@ -208,10 +197,7 @@ impl Device {
 
     /// Destroys a QP.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
-        self.qps
-            .remove(&qpn)
-            .map(|_| ())
-            .ok_or(VerbsError::NotFound)
+        self.qps.remove(&qpn).map(|_| ()).ok_or(VerbsError::NotFound)
     }
 
     /// The state of a QP.
@@ -220,22 +206,14 @@ impl Device {
     }
 
     fn split(&mut self, now: u64) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>) {
-        let ctx = Ctx {
-            now,
-            mrs: &mut self.mrs,
-            cqs: &mut self.cqs,
-            out: &mut self.out,
-            stats: &mut self.stats,
-        };
+        let ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, out: &mut self.out, stats: &mut self.stats };
         (&mut self.qps, ctx)
     }
 
     /// modify-QP.
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), VerbsError> {
         let (qps, mut ctx) = self.split(0);
-        qps.get_mut(&qpn)
-            .ok_or(VerbsError::NotFound)?
-            .modify(attr, &mut ctx)
+        qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?.modify(attr, &mut ctx)
     }
 
     /// Posts a send work request (IBTA 11.4.1.1).
@@ -285,9 +263,7 @@ impl Device {
             ctx.stats.rx_unknown_qp += 1;
             return;
         };
-        if qp.path.dest_gid != src
-            || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-        {
+        if qp.path.dest_gid != src || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             ctx.stats.rx_unknown_qp += 1;
             return;
         }
@@ -326,11 +302,7 @@ impl Device {
     fn fill(&mut self, now: u64) {
         let cursor = self.cursor;
         let (qps, mut ctx) = self.split(now);
-        let order: Vec<u32> = qps
-            .range(cursor + 1..)
-            .chain(qps.range(..=cursor))
-            .map(|(k, _)| *k)
-            .collect();
+        let order: Vec<u32> = qps.range(cursor + 1..).chain(qps.range(..=cursor)).map(|(k, _)| *k).collect();
         for qpn in order {
             let Some(qp) = qps.get_mut(&qpn) else {
                 continue;
@@ -357,9 +329,7 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, ctx: &mut Ctx<'_>) {
             }
         }
         Operation::ReadResponse => {
-            if let Some(aeth) = r
-                .aeth
-                .filter(|a| !matches!(a.syndrome, crate::proto::roce::ext::Syndrome::Ack { .. }))
+            if let Some(aeth) = r.aeth.filter(|a| !matches!(a.syndrome, crate::proto::roce::ext::Syndrome::Ack { .. }))
             {
                 qp.req.on_ack(r.bth.psn, aeth.syndrome, ctx);
             } else {
@@ -372,12 +342,7 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, ctx: &mut Ctx<'_>) {
             }
         }
         _ => {
-            let view = QpView {
-                qpn: qp.path.qpn,
-                pd,
-                recv_cq: qp.init.recv_cq,
-                mtu: qp.path.mtu,
-            };
+            let view = QpView { qpn: qp.path.qpn, pd, recv_cq: qp.init.recv_cq, mtu: qp.path.mtu };
             if qp.resp.handle(r, &view, ctx) {
                 // The NAK must still go out before the QP stops sending.
                 qp.resp.pump(&qp.path, ctx, usize::MAX);

@@ -58,10 +58,7 @@ pub enum SendOp {
 impl SendOp {
     /// True for operations that need responder resources (READ, atomics).
     pub fn is_read_or_atomic(&self) -> bool {
-        matches!(
-            self,
-            SendOp::Read(_) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..)
-        )
+        matches!(self, SendOp::Read(_) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..))
     }
 }
 
@@ -253,11 +250,7 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            max_sge: 16,
-        }
+        QpCaps { max_send_wr: 256, max_recv_wr: 256, max_sge: 16 }
     }
 }
 

@@ -50,13 +50,7 @@ pub struct Deframer {
 impl Deframer {
     /// A deframer for a direction with the negotiated markers and CRC settings.
     pub fn new(markers: bool, crc: bool) -> Self {
-        Deframer {
-            buf: Vec::new(),
-            offset: 0,
-            markers,
-            crc,
-            max_ulpdu_len: usize::from(u16::MAX),
-        }
+        Deframer { buf: Vec::new(), offset: 0, markers, crc, max_ulpdu_len: usize::from(u16::MAX) }
     }
 
     /// Refuses FPDUs whose ULPDU is longer than `len` (the connection's MULPDU limit).
@@ -84,11 +78,8 @@ impl Deframer {
     /// has arrived.
     fn next_ulpdu_len(&self) -> Result<Option<usize>, Error> {
         let mut hdr = [0u8; fpdu::HEADER_LEN];
-        let head_wire = if self.markers {
-            wire_len_with_markers(self.offset, fpdu::HEADER_LEN)
-        } else {
-            fpdu::HEADER_LEN
-        };
+        let head_wire =
+            if self.markers { wire_len_with_markers(self.offset, fpdu::HEADER_LEN) } else { fpdu::HEADER_LEN };
         if self.buf.len() < head_wire {
             return Ok(None);
         }
@@ -109,16 +100,10 @@ impl Deframer {
             return Ok(None);
         };
         if ulpdu_len > self.max_ulpdu_len {
-            return Err(Error::BadLength(
-                "ULPDU_Length above the connection's limit",
-            ));
+            return Err(Error::BadLength("ULPDU_Length above the connection's limit"));
         }
         let plain_len = fpdu::fpdu_len(ulpdu_len);
-        let wire_len = if self.markers {
-            wire_len_with_markers(self.offset, plain_len)
-        } else {
-            plain_len
-        };
+        let wire_len = if self.markers { wire_len_with_markers(self.offset, plain_len) } else { plain_len };
         if self.buf.len() < wire_len {
             return Ok(None);
         }
@@ -136,10 +121,7 @@ impl Deframer {
         let crc = match (self.crc, carried == crc_computed || cfg!(fuzzing)) {
             (false, _) => CrcCheck::NotNegotiated,
             (true, true) => CrcCheck::Ok,
-            (true, false) => CrcCheck::Bad {
-                carried,
-                computed: crc_computed,
-            },
+            (true, false) => CrcCheck::Bad { carried, computed: crc_computed },
         };
         let fpdu = Fpdu {
             ulpdu: plain[fpdu::HEADER_LEN..fpdu::HEADER_LEN + ulpdu_len].to_vec(),
@@ -161,11 +143,7 @@ mod tests {
     fn stream(ulpdus: &[&[u8]], crc: bool, markers: bool) -> Vec<u8> {
         let mut out = Vec::new();
         for u in ulpdus {
-            let r = FpduRepr {
-                ulpdu: u,
-                pad: [0; 3],
-                with_crc: crc,
-            };
+            let r = FpduRepr { ulpdu: u, pad: [0; 3], with_crc: crc };
             let mut plain = vec![0u8; r.buffer_len()];
             r.emit(&mut plain).unwrap();
             if markers {
@@ -211,10 +189,7 @@ mod tests {
         s[5] ^= 0x20;
         let mut d = Deframer::new(false, true);
         d.push(&s);
-        assert!(matches!(
-            d.next_fpdu().unwrap().unwrap().crc,
-            CrcCheck::Bad { .. }
-        ));
+        assert!(matches!(d.next_fpdu().unwrap().unwrap().crc, CrcCheck::Bad { .. }));
     }
 
     #[test]

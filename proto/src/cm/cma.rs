@@ -90,12 +90,7 @@ impl CmaHeader {
         if !v6 && (b[4..16].iter().any(|&x| x != 0) || b[20..32].iter().any(|&x| x != 0)) {
             return Err(Error::BadValue("IP CM header IPv4 padding"));
         }
-        Ok(CmaHeader {
-            version: b[0],
-            src_port: be16(b, 2),
-            src: addr(&b[4..20], v6),
-            dst: addr(&b[20..36], v6),
-        })
+        Ok(CmaHeader { version: b[0], src_port: be16(b, 2), src: addr(&b[4..20], v6), dst: addr(&b[20..36], v6) })
     }
     /// Writes the header; both addresses must be of one family.
     pub fn emit(&self, b: &mut [u8]) -> Result<()> {

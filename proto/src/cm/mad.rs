@@ -116,12 +116,7 @@ impl MadHeaderRepr {
     /// Writes the header.
     pub fn emit(&self, b: &mut [u8]) -> Result<()> {
         Error::check_len(HEADER_LEN, b.len())?;
-        b[..4].copy_from_slice(&[
-            self.base_version,
-            self.mgmt_class,
-            self.class_version,
-            self.method,
-        ]);
+        b[..4].copy_from_slice(&[self.base_version, self.mgmt_class, self.class_version, self.method]);
         put16(b, 4, self.status);
         put16(b, 6, self.class_specific);
         put64(b, 8, self.transaction_id);
@@ -137,11 +132,7 @@ impl fmt::Display for MadHeaderRepr {
         write!(
             f,
             "MAD class=0x{:02x} v{} method=0x{:02x} tid=0x{:x} attr=0x{:04x}",
-            self.mgmt_class,
-            self.class_version,
-            self.method,
-            self.transaction_id,
-            self.attribute_id
+            self.mgmt_class, self.class_version, self.method, self.transaction_id, self.attribute_id
         )
     }
 }

@@ -61,11 +61,7 @@ impl PathRepr {
         put16(b, 2, self.remote_lid);
         b[4..20].copy_from_slice(&self.local_gid);
         b[20..36].copy_from_slice(&self.remote_gid);
-        put32(
-            b,
-            36,
-            (self.flow_label & 0xf_ffff) << 12 | u32::from(self.packet_rate & 0x3f),
-        );
+        put32(b, 36, (self.flow_label & 0xf_ffff) << 12 | u32::from(self.packet_rate & 0x3f));
         b[40] = self.traffic_class;
         b[41] = self.hop_limit;
         b[42] = (self.sl & 0xf) << 4 | (self.subnet_local as u8) << 3;
@@ -75,15 +71,8 @@ impl PathRepr {
 
 impl fmt::Display for PathRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (l, r) = (
-            core::net::Ipv6Addr::from(self.local_gid),
-            core::net::Ipv6Addr::from(self.remote_gid),
-        );
-        write!(
-            f,
-            "path {l} -> {r} tc={} hop={} sl={}",
-            self.traffic_class, self.hop_limit, self.sl
-        )
+        let (l, r) = (core::net::Ipv6Addr::from(self.local_gid), core::net::Ipv6Addr::from(self.remote_gid));
+        write!(f, "path {l} -> {r} tc={} hop={} sl={}", self.traffic_class, self.hop_limit, self.sl)
     }
 }
 
@@ -172,11 +161,8 @@ impl<'a> ReqRepr<'a> {
         put24(b, 44, self.starting_psn);
         b[47] = (self.local_cm_response_timeout & 0x1f) << 3 | self.retry_count & 0x7;
         put16(b, 48, self.pkey);
-        b[50] =
-            (self.path_mtu & 0xf) << 4 | (self.rdc_exists as u8) << 3 | self.rnr_retry_count & 0x7;
-        b[51] = (self.max_cm_retries & 0xf) << 4
-            | (self.srq as u8) << 3
-            | self.extended_transport_type & 0x7;
+        b[50] = (self.path_mtu & 0xf) << 4 | (self.rdc_exists as u8) << 3 | self.rnr_retry_count & 0x7;
+        b[51] = (self.max_cm_retries & 0xf) << 4 | (self.srq as u8) << 3 | self.extended_transport_type & 0x7;
         self.primary_path.emit(&mut b[52..96]);
         self.alternate_path.emit(&mut b[96..140]);
         b[140..DATA_LEN].copy_from_slice(self.private_data);
@@ -322,11 +308,8 @@ impl<'a> CmMessage<'a> {
         if b.len() != DATA_LEN {
             return Err(Error::BadLength("a CM message is 232 bytes"));
         }
-        let ids = |b: &'a [u8]| IdsRepr {
-            local_comm_id: be32(b, 0),
-            remote_comm_id: be32(b, 4),
-            private_data: &b[8..],
-        };
+        let ids =
+            |b: &'a [u8]| IdsRepr { local_comm_id: be32(b, 0), remote_comm_id: be32(b, 4), private_data: &b[8..] };
         Ok(match attribute_id {
             attr::REQ => CmMessage::Req(ReqRepr::parse(b)),
             attr::REP => CmMessage::Rep(RepRepr::parse(b)),
@@ -444,31 +427,11 @@ impl fmt::Display for CmMessage<'_> {
                 m.responder_resources,
                 m.initiator_depth
             ),
-            CmMessage::Rtu(m) => write!(
-                f,
-                "CM RTU lcid=0x{:08x} rcid=0x{:08x}",
-                m.local_comm_id, m.remote_comm_id
-            ),
-            CmMessage::Drep(m) => write!(
-                f,
-                "CM DREP lcid=0x{:08x} rcid=0x{:08x}",
-                m.local_comm_id, m.remote_comm_id
-            ),
-            CmMessage::Rej(m) => write!(
-                f,
-                "CM REJ lcid=0x{:08x} reason={}",
-                m.local_comm_id, m.reason
-            ),
-            CmMessage::Mra(m) => write!(
-                f,
-                "CM MRA lcid=0x{:08x} timeout={}",
-                m.local_comm_id, m.service_timeout
-            ),
-            CmMessage::Dreq(m) => write!(
-                f,
-                "CM DREQ lcid=0x{:08x} qpn=0x{:x}",
-                m.local_comm_id, m.remote_qpn
-            ),
+            CmMessage::Rtu(m) => write!(f, "CM RTU lcid=0x{:08x} rcid=0x{:08x}", m.local_comm_id, m.remote_comm_id),
+            CmMessage::Drep(m) => write!(f, "CM DREP lcid=0x{:08x} rcid=0x{:08x}", m.local_comm_id, m.remote_comm_id),
+            CmMessage::Rej(m) => write!(f, "CM REJ lcid=0x{:08x} reason={}", m.local_comm_id, m.reason),
+            CmMessage::Mra(m) => write!(f, "CM MRA lcid=0x{:08x} timeout={}", m.local_comm_id, m.service_timeout),
+            CmMessage::Dreq(m) => write!(f, "CM DREQ lcid=0x{:08x} qpn=0x{:x}", m.local_comm_id, m.remote_qpn),
             CmMessage::Other(_) => f.write_str("CM (other attribute)"),
         }
     }

@@ -20,11 +20,7 @@ pub struct DdpPacket<T: AsRef<[u8]>> {
 /// Length of the DDP header that starts `b`, from its T bit.
 pub fn header_len(b: &[u8]) -> Result<usize> {
     Error::check_len(1, b.len())?;
-    Ok(if b[0] & 0x80 != 0 {
-        TAGGED_LEN
-    } else {
-        UNTAGGED_LEN
-    })
+    Ok(if b[0] & 0x80 != 0 { TAGGED_LEN } else { UNTAGGED_LEN })
 }
 
 impl<T: AsRef<[u8]>> DdpPacket<T> {
@@ -138,24 +134,11 @@ impl DdpRepr {
             return Err(Error::BadValue("DDP reserved bits"));
         }
         let buffer = if p.tagged() {
-            DdpBuffer::Tagged {
-                stag: p.stag(),
-                to: p.tagged_offset(),
-            }
+            DdpBuffer::Tagged { stag: p.stag(), to: p.tagged_offset() }
         } else {
-            DdpBuffer::Untagged {
-                rsvd_ulp: p.rsvd_ulp32(),
-                qn: p.qn(),
-                msn: p.msn(),
-                mo: p.mo(),
-            }
+            DdpBuffer::Untagged { rsvd_ulp: p.rsvd_ulp32(), qn: p.qn(), msn: p.msn(), mo: p.mo() }
         };
-        Ok(DdpRepr {
-            last: p.last(),
-            version: p.version(),
-            rsvd_ulp: p.rsvd_ulp(),
-            buffer,
-        })
+        Ok(DdpRepr { last: p.last(), version: p.version(), rsvd_ulp: p.rsvd_ulp(), buffer })
     }
     /// Header length.
     pub fn header_len(&self) -> usize {
@@ -175,12 +158,7 @@ impl DdpRepr {
                 put32(buf, 2, stag);
                 put64(buf, 6, to);
             }
-            DdpBuffer::Untagged {
-                rsvd_ulp,
-                qn,
-                msn,
-                mo,
-            } => {
+            DdpBuffer::Untagged { rsvd_ulp, qn, msn, mo } => {
                 put32(buf, 2, rsvd_ulp);
                 put32(buf, 6, qn);
                 put32(buf, 10, msn);
@@ -194,12 +172,8 @@ impl DdpRepr {
 impl fmt::Display for DdpRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.buffer {
-            DdpBuffer::Tagged { stag, to } => {
-                write!(f, "DDP tagged stag=0x{stag:08x} to=0x{to:x}")?
-            }
-            DdpBuffer::Untagged { qn, msn, mo, .. } => {
-                write!(f, "DDP untagged qn={qn} msn={msn} mo={mo}")?
-            }
+            DdpBuffer::Tagged { stag, to } => write!(f, "DDP tagged stag=0x{stag:08x} to=0x{to:x}")?,
+            DdpBuffer::Untagged { qn, msn, mo, .. } => write!(f, "DDP untagged qn={qn} msn={msn} mo={mo}")?,
         }
         if self.last {
             f.write_str(" last")?;

@@ -108,11 +108,7 @@ impl<'a> FpduRepr<'a> {
         let ulpdu: &'a [u8] = &p.buf[HEADER_LEN..HEADER_LEN + p.ulpdu_len()];
         let mut pad = [0u8; 3];
         pad[..p.pad().len()].copy_from_slice(p.pad());
-        Ok(FpduRepr {
-            ulpdu,
-            pad,
-            with_crc,
-        })
+        Ok(FpduRepr { ulpdu, pad, with_crc })
     }
     /// Bytes on the wire without markers.
     pub fn buffer_len(&self) -> usize {
@@ -120,8 +116,7 @@ impl<'a> FpduRepr<'a> {
     }
     /// Writes the FPDU (zero pad, CRC filled or zero) into `buf[..self.buffer_len()]`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        let len =
-            u16::try_from(self.ulpdu.len()).map_err(|_| Error::BadLength("ULPDU over 65535"))?;
+        let len = u16::try_from(self.ulpdu.len()).map_err(|_| Error::BadLength("ULPDU over 65535"))?;
         let total = self.buffer_len();
         Error::check_len(total, buf.len())?;
         put16(buf, 0, len);
@@ -140,12 +135,7 @@ impl<'a> FpduRepr<'a> {
 
 impl fmt::Display for FpduRepr<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "FPDU ulpdu_len={} crc={}",
-            self.ulpdu.len(),
-            self.with_crc as u8
-        )
+        write!(f, "FPDU ulpdu_len={} crc={}", self.ulpdu.len(), self.with_crc as u8)
     }
 }
 
@@ -163,9 +153,7 @@ impl MarkerRepr {
         if be16(b, 0) != 0 {
             return Err(Error::BadValue("marker reserved field"));
         }
-        Ok(MarkerRepr {
-            fpdu_ptr: be16(b, 2),
-        })
+        Ok(MarkerRepr { fpdu_ptr: be16(b, 2) })
     }
     /// Writes a marker.
     pub fn emit(&self, b: &mut [u8]) -> Result<()> {
@@ -274,21 +262,14 @@ mod tests {
     #[test]
     fn emit_then_verify_crc() {
         let ulpdu = [0x41u8, 0x43, 1, 2, 3];
-        let r = FpduRepr {
-            ulpdu: &ulpdu,
-            pad: [0; 3],
-            with_crc: true,
-        };
+        let r = FpduRepr { ulpdu: &ulpdu, pad: [0; 3], with_crc: true };
         let mut buf = [0u8; 12];
         r.emit(&mut buf).unwrap();
         let p = FpduPacket::new_checked(&buf[..]).unwrap();
         assert!(p.verify_crc().is_ok());
         assert_eq!(p.ulpdu(), &ulpdu);
         buf[4] ^= 1;
-        assert!(FpduPacket::new_checked(&buf[..])
-            .unwrap()
-            .verify_crc()
-            .is_err());
+        assert!(FpduPacket::new_checked(&buf[..]).unwrap().verify_crc().is_err());
     }
 
     #[test]

@@ -126,16 +126,8 @@ impl IrdOrd {
         if self.ird > IRD_ORD_MASK || self.ord > IRD_ORD_MASK {
             return Err(Error::BadValue("IRD/ORD above 0x3fff"));
         }
-        put16(
-            b,
-            0,
-            self.ird | (self.peer_to_peer as u16) << 15 | (self.send_rtr as u16) << 14,
-        );
-        put16(
-            b,
-            2,
-            self.ord | (self.write_rtr as u16) << 15 | (self.read_rtr as u16) << 14,
-        );
+        put16(b, 0, self.ird | (self.peer_to_peer as u16) << 15 | (self.send_rtr as u16) << 14);
+        put16(b, 2, self.ord | (self.write_rtr as u16) << 15 | (self.read_rtr as u16) << 14);
         Ok(())
     }
 }
@@ -188,9 +180,7 @@ impl<'a> MpaFrameRepr<'a> {
         let stray_enhanced = if enhanced { 0 } else { flags & flag::ENHANCED };
         let (ird_ord, private_data) = if enhanced {
             if pd.len() < IRD_ORD_LEN {
-                return Err(Error::BadLength(
-                    "enhanced MPA frame without its IRD/ORD word",
-                ));
+                return Err(Error::BadLength("enhanced MPA frame without its IRD/ORD word"));
             }
             (Some(IrdOrd::parse(pd)?), &pd[IRD_ORD_LEN..])
         } else {
@@ -209,12 +199,7 @@ impl<'a> MpaFrameRepr<'a> {
     }
     /// Length of the private-data field on the wire.
     pub fn pd_len(&self) -> usize {
-        self.private_data.len()
-            + if self.ird_ord.is_some() {
-                IRD_ORD_LEN
-            } else {
-                0
-            }
+        self.private_data.len() + if self.ird_ord.is_some() { IRD_ORD_LEN } else { 0 }
     }
     /// Bytes the frame takes in the stream.
     pub fn buffer_len(&self) -> usize {
@@ -253,11 +238,7 @@ impl fmt::Display for MpaFrameRepr<'_> {
             FrameKind::Request => "REQUEST",
             FrameKind::Reply => "REPLY",
         };
-        write!(
-            f,
-            "MPA {kind} rev={} m={} c={}",
-            self.revision, self.markers as u8, self.crc as u8
-        )?;
+        write!(f, "MPA {kind} rev={} m={} c={}", self.revision, self.markers as u8, self.crc as u8)?;
         if self.reject {
             f.write_str(" REJECT")?;
         }
@@ -282,14 +263,7 @@ mod tests {
         assert_eq!(r.kind, FrameKind::Request);
         assert!(r.crc && !r.markers && !r.reject);
         assert_eq!(r.revision, 2);
-        assert_eq!(
-            r.ird_ord,
-            Some(IrdOrd {
-                ird: 1,
-                ord: 1,
-                ..Default::default()
-            })
-        );
+        assert_eq!(r.ird_ord, Some(IrdOrd { ird: 1, ord: 1, ..Default::default() }));
         assert!(r.private_data.is_empty());
         let mut out = [0u8; 24];
         r.emit(&mut out).unwrap();
@@ -300,33 +274,17 @@ mod tests {
     fn rejects_bad_keys_and_long_private_data() {
         let mut bad = SIW_CRC_REQUEST;
         bad[4] = b'X';
-        assert_eq!(
-            MpaFramePacket::new_checked(&bad[..]).unwrap_err(),
-            Error::BadValue("MPA key")
-        );
+        assert_eq!(MpaFramePacket::new_checked(&bad[..]).unwrap_err(), Error::BadValue("MPA key"));
         let mut long = [0u8; 20];
         long[..16].copy_from_slice(KEY_REPLY);
         long[18..20].copy_from_slice(&513u16.to_be_bytes());
-        assert!(matches!(
-            MpaFramePacket::new_checked(&long[..]),
-            Err(Error::BadLength(_))
-        ));
-        assert!(matches!(
-            MpaFramePacket::new_checked(&SIW_CRC_REQUEST[..23]),
-            Err(Error::Truncated { .. })
-        ));
+        assert!(matches!(MpaFramePacket::new_checked(&long[..]), Err(Error::BadLength(_))));
+        assert!(matches!(MpaFramePacket::new_checked(&SIW_CRC_REQUEST[..23]), Err(Error::Truncated { .. })));
     }
 
     #[test]
     fn p2p_rtr_bits() {
-        let io = IrdOrd {
-            ird: 16,
-            ord: 8,
-            peer_to_peer: true,
-            send_rtr: false,
-            write_rtr: true,
-            read_rtr: true,
-        };
+        let io = IrdOrd { ird: 16, ord: 8, peer_to_peer: true, send_rtr: false, write_rtr: true, read_rtr: true };
         let mut b = [0u8; 4];
         io.emit(&mut b).unwrap();
         assert_eq!(b, [0x80, 0x10, 0xc0, 0x08]);

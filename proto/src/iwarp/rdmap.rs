@@ -103,10 +103,7 @@ impl Control {
         if b & 0x30 != 0 {
             return Err(Error::BadValue("RDMAP reserved bits"));
         }
-        Ok(Control {
-            version: b >> 6,
-            opcode: Opcode::from_bits(b & 0x0f)?,
-        })
+        Ok(Control { version: b >> 6, opcode: Opcode::from_bits(b & 0x0f)? })
     }
     /// Encodes the octet.
     pub fn to_byte(self) -> u8 {
@@ -330,10 +327,7 @@ impl<'a> TerminateRepr<'a> {
             put16(b, at, n);
             at += 2;
         }
-        for h in [self.ddp_header, self.rdmap_header, Some(self.trailing)]
-            .into_iter()
-            .flatten()
-        {
+        for h in [self.ddp_header, self.rdmap_header, Some(self.trailing)].into_iter().flatten() {
             b[at..at + h.len()].copy_from_slice(h);
             at += h.len();
         }
@@ -384,9 +378,7 @@ impl<'a> MessageRepr<'a> {
         let control = Control::from_byte(ddp.rsvd_ulp)?;
         let tagged = matches!(ddp.buffer, DdpBuffer::Tagged { .. });
         if tagged != control.opcode.is_tagged() {
-            return Err(Error::BadValue(
-                "RDMAP opcode in the wrong DDP buffer model",
-            ));
+            return Err(Error::BadValue("RDMAP opcode in the wrong DDP buffer model"));
         }
         let rest: &'a [u8] = &ulpdu[p.header_len()..];
         let body = match control.opcode {
@@ -413,10 +405,7 @@ impl<'a> MessageRepr<'a> {
     /// Writes the ULPDU.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         Error::check_len(self.buffer_len(), buf.len())?;
-        let ddp = DdpRepr {
-            rsvd_ulp: self.control.to_byte(),
-            ..self.ddp
-        };
+        let ddp = DdpRepr { rsvd_ulp: self.control.to_byte(), ..self.ddp };
         ddp.emit(buf)?;
         let rest = &mut buf[ddp.header_len()..self.buffer_len()];
         match self.body {
@@ -462,10 +451,7 @@ mod tests {
         t.emit(&mut b).unwrap();
         assert_eq!(&b[..4], &[0x11, 0x01, 0xc0, 0x00]);
         assert_eq!(TerminateRepr::parse(&b).unwrap(), t);
-        assert_eq!(
-            describe(t.layer, t.etype, t.ecode),
-            "tagged buffer: base or bounds violation"
-        );
+        assert_eq!(describe(t.layer, t.etype, t.ecode), "tagged buffer: base or bounds violation");
     }
 
     #[test]

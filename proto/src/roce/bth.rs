@@ -160,10 +160,7 @@ impl BthRepr {
             return Err(Error::BadValue("BTH field out of range"));
         }
         buf[field::OPCODE] = self.opcode;
-        buf[field::FLAGS] = (self.solicited as u8) << 7
-            | (self.mig_req as u8) << 6
-            | self.pad_count << 4
-            | self.tver;
+        buf[field::FLAGS] = (self.solicited as u8) << 7 | (self.mig_req as u8) << 6 | self.pad_count << 4 | self.tver;
         put16(buf, field::PKEY, self.pkey);
         buf[field::FECN_BECN] = (self.fecn as u8) << 7 | (self.becn as u8) << 6;
         put24(buf, field::DEST_QP, self.dest_qp);
@@ -175,11 +172,7 @@ impl BthRepr {
 
 impl fmt::Display for BthRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "BTH op=0x{:02x} qp=0x{:x} psn={}",
-            self.opcode, self.dest_qp, self.psn
-        )?;
+        write!(f, "BTH op=0x{:02x} qp=0x{:x} psn={}", self.opcode, self.dest_qp, self.psn)?;
         write!(f, " pkey=0x{:04x} pad={}", self.pkey, self.pad_count)?;
         for (set, name) in [
             (self.solicited, " SE"),
@@ -201,9 +194,7 @@ mod tests {
     use super::*;
 
     // rxe-head.pcap frame 4 (RC SEND_ONLY, QP 0x11): the BTH as captured.
-    const SEND_ONLY_BTH: [u8; 12] = [
-        0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x31, 0xa9, 0xf1,
-    ];
+    const SEND_ONLY_BTH: [u8; 12] = [0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x31, 0xa9, 0xf1];
 
     #[test]
     fn deconstruct() {
@@ -232,27 +223,14 @@ mod tests {
         p.set_ack_req(false);
         p.set_dest_qp(0x12_3456);
         p.set_ecn(true, false);
-        assert_eq!(
-            (p.psn(), p.ack_req(), p.dest_qp()),
-            (Psn::new(0xff_ffff), false, 0x12_3456)
-        );
+        assert_eq!((p.psn(), p.ack_req(), p.dest_qp()), (Psn::new(0xff_ffff), false, 0x12_3456));
         assert!(p.fecn() && !p.becn());
-        assert_eq!(
-            (p.opcode(), p.pkey()),
-            (0x04, 0xffff),
-            "other fields untouched"
-        );
+        assert_eq!((p.opcode(), p.pkey()), (0x04, 0xffff), "other fields untouched");
     }
 
     #[test]
     fn short_buffer_is_a_typed_error() {
         let e = BthPacket::new_checked(&SEND_ONLY_BTH[..11]).unwrap_err();
-        assert_eq!(
-            e,
-            Error::Truncated {
-                needed: 12,
-                available: 11
-            }
-        );
+        assert_eq!(e, Error::Truncated { needed: 12, available: 11 });
     }
 }

@@ -63,11 +63,7 @@ pub struct RethRepr {
 impl RethRepr {
     /// Reads a checked RETH.
     pub fn parse<T: AsRef<[u8]>>(p: &RethPacket<T>) -> Result<Self> {
-        Ok(RethRepr {
-            va: p.va(),
-            rkey: p.rkey(),
-            dma_len: p.dma_len(),
-        })
+        Ok(RethRepr { va: p.va(), rkey: p.rkey(), dma_len: p.dma_len() })
     }
     /// Writes the RETH into the first 16 bytes of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
@@ -81,11 +77,7 @@ impl RethRepr {
 
 impl fmt::Display for RethRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "RETH va=0x{:x} rkey=0x{:08x} len={}",
-            self.va, self.rkey, self.dma_len
-        )
+        write!(f, "RETH va=0x{:x} rkey=0x{:08x} len={}", self.va, self.rkey, self.dma_len)
     }
 }
 
@@ -195,10 +187,7 @@ pub struct AethRepr {
 impl AethRepr {
     /// Reads a checked AETH.
     pub fn parse<T: AsRef<[u8]>>(p: &AethPacket<T>) -> Result<Self> {
-        Ok(AethRepr {
-            syndrome: Syndrome::from_byte(p.syndrome_byte())?,
-            msn: p.msn(),
-        })
+        Ok(AethRepr { syndrome: Syndrome::from_byte(p.syndrome_byte())?, msn: p.msn() })
     }
     /// Writes the AETH into the first 4 bytes of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
@@ -260,12 +249,7 @@ pub struct AtomicEthRepr {
 impl AtomicEthRepr {
     /// Reads a checked AtomicETH.
     pub fn parse<T: AsRef<[u8]>>(p: &AtomicEthPacket<T>) -> Result<Self> {
-        Ok(AtomicEthRepr {
-            va: p.va(),
-            rkey: p.rkey(),
-            swap_add: p.swap_add(),
-            compare: p.compare(),
-        })
+        Ok(AtomicEthRepr { va: p.va(), rkey: p.rkey(), swap_add: p.swap_add(), compare: p.compare() })
     }
     /// Writes the AtomicETH into the first 28 bytes of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
@@ -365,10 +349,7 @@ pub struct DethRepr {
 impl DethRepr {
     /// Reads a checked DETH.
     pub fn parse<T: AsRef<[u8]>>(p: &DethPacket<T>) -> Result<Self> {
-        Ok(DethRepr {
-            qkey: p.qkey(),
-            src_qp: p.src_qp(),
-        })
+        Ok(DethRepr { qkey: p.qkey(), src_qp: p.src_qp() })
     }
     /// Writes the DETH into the first 8 bytes of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
@@ -382,11 +363,7 @@ impl DethRepr {
 
 impl fmt::Display for DethRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "DETH qkey=0x{:08x} src_qp=0x{:x}",
-            self.qkey, self.src_qp
-        )
+        write!(f, "DETH qkey=0x{:08x} src_qp=0x{:x}", self.qkey, self.src_qp)
     }
 }
 
@@ -418,10 +395,7 @@ pub struct FethRepr {
 impl FethRepr {
     /// Reads a checked FETH.
     pub fn parse<T: AsRef<[u8]>>(p: &FethPacket<T>) -> Result<Self> {
-        Ok(FethRepr {
-            selectivity: p.selectivity(),
-            placement_type: p.placement_type(),
-        })
+        Ok(FethRepr { selectivity: p.selectivity(), placement_type: p.placement_type() })
     }
     /// Writes the FETH into the first 4 bytes of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
@@ -434,11 +408,7 @@ impl FethRepr {
 
 impl fmt::Display for FethRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "FETH sel={} plt=0x{:x}",
-            self.selectivity, self.placement_type
-        )
+        write!(f, "FETH sel={} plt=0x{:x}", self.selectivity, self.placement_type)
     }
 }
 
@@ -448,34 +418,13 @@ mod tests {
 
     #[test]
     fn aeth_syndromes_decode_per_table_43() {
-        assert_eq!(
-            Syndrome::from_byte(0x1f).unwrap(),
-            Syndrome::Ack { credits: 31 }
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x2e).unwrap(),
-            Syndrome::RnrNak { timer: 14 }
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x60).unwrap(),
-            Syndrome::Nak(NakCode::PsnSequenceError)
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x61).unwrap(),
-            Syndrome::Nak(NakCode::InvalidRequest)
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x62).unwrap(),
-            Syndrome::Nak(NakCode::RemoteAccessError)
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x63).unwrap(),
-            Syndrome::Nak(NakCode::RemoteOperationalError)
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x64).unwrap(),
-            Syndrome::Nak(NakCode::InvalidRdRequest)
-        );
+        assert_eq!(Syndrome::from_byte(0x1f).unwrap(), Syndrome::Ack { credits: 31 });
+        assert_eq!(Syndrome::from_byte(0x2e).unwrap(), Syndrome::RnrNak { timer: 14 });
+        assert_eq!(Syndrome::from_byte(0x60).unwrap(), Syndrome::Nak(NakCode::PsnSequenceError));
+        assert_eq!(Syndrome::from_byte(0x61).unwrap(), Syndrome::Nak(NakCode::InvalidRequest));
+        assert_eq!(Syndrome::from_byte(0x62).unwrap(), Syndrome::Nak(NakCode::RemoteAccessError));
+        assert_eq!(Syndrome::from_byte(0x63).unwrap(), Syndrome::Nak(NakCode::RemoteOperationalError));
+        assert_eq!(Syndrome::from_byte(0x64).unwrap(), Syndrome::Nak(NakCode::InvalidRdRequest));
         assert!(Syndrome::from_byte(0x40).is_err());
         assert!(Syndrome::from_byte(0x80).is_err());
         for b in (0u8..0x40).chain(0x60..0x80) {
@@ -488,13 +437,7 @@ mod tests {
         // rxe-head.pcap frame 1: the DETH of a CM REQ sent to QP1 with the GSI Q_Key.
         let raw = [0x80, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01];
         let repr = DethRepr::parse(&DethPacket::new_checked(&raw[..]).unwrap()).unwrap();
-        assert_eq!(
-            repr,
-            DethRepr {
-                qkey: 0x8001_0000,
-                src_qp: 1
-            }
-        );
+        assert_eq!(repr, DethRepr { qkey: 0x8001_0000, src_qp: 1 });
         let mut out = [0xaa; 8];
         repr.emit(&mut out).unwrap();
         assert_eq!(out, raw);
@@ -505,12 +448,6 @@ mod tests {
         assert!(RethPacket::new_checked(&[0u8; 15][..]).is_err());
         assert!(AtomicEthPacket::new_checked(&[0u8; 27][..]).is_err());
         assert!(AethPacket::new_checked(&[0u8; 3][..]).is_err());
-        assert!(RethRepr {
-            va: 0,
-            rkey: 0,
-            dma_len: 0
-        }
-        .emit(&mut [0u8; 4])
-        .is_err());
+        assert!(RethRepr { va: 0, rkey: 0, dma_len: 0 }.emit(&mut [0u8; 4]).is_err());
     }
 }

@@ -43,11 +43,7 @@ impl fmt::Display for IcrcCheck {
         if self.is_ok() {
             f.write_str("ok")
         } else {
-            write!(
-                f,
-                "BAD(carried 0x{:08x}, computed 0x{:08x})",
-                self.carried, self.computed
-            )
+            write!(f, "BAD(carried 0x{:08x}, computed 0x{:08x})", self.carried, self.computed)
         }
     }
 }
@@ -120,10 +116,7 @@ pub fn carried(packet: &[u8]) -> Result<u32> {
 
 /// Computes and compares, returning both values.
 pub fn check(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<IcrcCheck> {
-    Ok(IcrcCheck {
-        carried: carried(packet)?,
-        computed: compute(ip, udp_header, packet)?,
-    })
+    Ok(IcrcCheck { carried: carried(packet)?, computed: compute(ip, udp_header, packet)? })
 }
 
 /// Verifies the ICRC. Under `cfg(fuzzing)` every ICRC passes, so that a fuzzer reaches
@@ -133,10 +126,7 @@ pub fn verify(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<()> 
     if c.is_ok() || cfg!(fuzzing) {
         Ok(())
     } else {
-        Err(Error::BadChecksum {
-            carried: c.carried,
-            computed: c.computed,
-        })
+        Err(Error::BadChecksum { carried: c.carried, computed: c.computed })
     }
 }
 
@@ -155,25 +145,19 @@ mod tests {
     // rxe-head.pcap frame 5: an RC ACKNOWLEDGE from 10.77.0.2 to 10.77.0.3, as captured.
     // The IPv4 Identification (0x0091) is rxe's running counter.
     const IP: [u8; 20] = [
-        0x45, 0x00, 0x00, 0x30, 0x00, 0x91, 0x40, 0x00, 0x40, 0x11, 0x25, 0x8e, 0x0a, 0x4d, 0x00,
-        0x02, 0x0a, 0x4d, 0x00, 0x03,
+        0x45, 0x00, 0x00, 0x30, 0x00, 0x91, 0x40, 0x00, 0x40, 0x11, 0x25, 0x8e, 0x0a, 0x4d, 0x00, 0x02, 0x0a, 0x4d,
+        0x00, 0x03,
     ];
     const UDP: [u8; 8] = [0xe8, 0xea, 0x12, 0xb7, 0x00, 0x1c, 0x00, 0x00];
     const ACK: [u8; 20] = [
-        0x11, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x00, 0x31, 0xa9, 0xf1, 0x1f, 0x00, 0x00,
-        0x01, 0x11, 0xf7, 0x89, 0xa1,
+        0x11, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x00, 0x31, 0xa9, 0xf1, 0x1f, 0x00, 0x00, 0x01, 0x11, 0xf7,
+        0x89, 0xa1,
     ];
 
     #[test]
     fn known_answer_from_rxe() {
         let c = check(IpHeader::V4(&IP), &UDP, &ACK).unwrap();
-        assert_eq!(
-            c,
-            IcrcCheck {
-                carried: 0xa189_f711,
-                computed: 0xa189_f711
-            }
-        );
+        assert_eq!(c, IcrcCheck { carried: 0xa189_f711, computed: 0xa189_f711 });
         let mut refilled = ACK;
         refilled[16..].fill(0);
         fill(IpHeader::V4(&IP), &UDP, &mut refilled).unwrap();
@@ -207,9 +191,7 @@ mod tests {
     #[test]
     fn masking_ignores_variant_fields_only() {
         let udp = [0xc0, 0x00, 0x12, 0xb7, 0x00, 0x1c, 0x00, 0x00];
-        let pkt = [
-            0x11, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0x31, 0xa9, 0xf1, 0x1f, 0, 0, 1, 0, 0, 0, 0,
-        ];
+        let pkt = [0x11, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0x31, 0xa9, 0xf1, 0x1f, 0, 0, 1, 0, 0, 0, 0];
         let base = compute(IpHeader::V4(&IP), &udp, &pkt).unwrap();
         let mut ip2 = IP;
         ip2[1] = 0x02; // ECN CE
@@ -233,10 +215,7 @@ mod tests {
         fill(IpHeader::V4(&IP), &udp, &mut pkt).unwrap();
         assert!(verify(IpHeader::V4(&IP), &udp, &pkt).is_ok());
         pkt[13] ^= 0x10;
-        assert!(matches!(
-            verify(IpHeader::V4(&IP), &udp, &pkt),
-            Err(Error::BadChecksum { .. })
-        ));
+        assert!(matches!(verify(IpHeader::V4(&IP), &udp, &pkt), Err(Error::BadChecksum { .. })));
     }
 
     #[test]

@@ -177,15 +177,7 @@ const fn row(
         3 => Transport::Ud,
         _ => Transport::Cnp,
     };
-    OpcodeInfo {
-        code,
-        name,
-        transport,
-        operation,
-        position,
-        headers,
-        payload,
-    }
+    OpcodeInfo { code, name, transport, operation, position, headers, payload }
 }
 
 use Headers as H;
@@ -200,194 +192,40 @@ macro_rules! connected_rows {
             row($base | 0x00, "SEND_FIRST", Op::Send, First, H::NONE, Any),
             row($base | 0x01, "SEND_MIDDLE", Op::Send, Middle, H::NONE, Any),
             row($base | 0x02, "SEND_LAST", Op::Send, Last, H::NONE, Any),
-            row(
-                $base | 0x03,
-                "SEND_LAST_WITH_IMMEDIATE",
-                Op::Send,
-                Last,
-                H::IMMDT,
-                Any,
-            ),
+            row($base | 0x03, "SEND_LAST_WITH_IMMEDIATE", Op::Send, Last, H::IMMDT, Any),
             row($base | 0x04, "SEND_ONLY", Op::Send, Only, H::NONE, Any),
-            row(
-                $base | 0x05,
-                "SEND_ONLY_WITH_IMMEDIATE",
-                Op::Send,
-                Only,
-                H::IMMDT,
-                Any,
-            ),
-            row(
-                $base | 0x06,
-                "RDMA_WRITE_FIRST",
-                Op::Write,
-                First,
-                H::RETH,
-                Any,
-            ),
-            row(
-                $base | 0x07,
-                "RDMA_WRITE_MIDDLE",
-                Op::Write,
-                Middle,
-                H::NONE,
-                Any,
-            ),
-            row(
-                $base | 0x08,
-                "RDMA_WRITE_LAST",
-                Op::Write,
-                Last,
-                H::NONE,
-                Any,
-            ),
-            row(
-                $base | 0x09,
-                "RDMA_WRITE_LAST_WITH_IMMEDIATE",
-                Op::Write,
-                Last,
-                H::IMMDT,
-                Any,
-            ),
-            row(
-                $base | 0x0a,
-                "RDMA_WRITE_ONLY",
-                Op::Write,
-                Only,
-                H::RETH,
-                Any,
-            ),
-            row(
-                $base | 0x0b,
-                "RDMA_WRITE_ONLY_WITH_IMMEDIATE",
-                Op::Write,
-                Only,
-                H::RETH.with(H::IMMDT),
-                Any,
-            ),
+            row($base | 0x05, "SEND_ONLY_WITH_IMMEDIATE", Op::Send, Only, H::IMMDT, Any),
+            row($base | 0x06, "RDMA_WRITE_FIRST", Op::Write, First, H::RETH, Any),
+            row($base | 0x07, "RDMA_WRITE_MIDDLE", Op::Write, Middle, H::NONE, Any),
+            row($base | 0x08, "RDMA_WRITE_LAST", Op::Write, Last, H::NONE, Any),
+            row($base | 0x09, "RDMA_WRITE_LAST_WITH_IMMEDIATE", Op::Write, Last, H::IMMDT, Any),
+            row($base | 0x0a, "RDMA_WRITE_ONLY", Op::Write, Only, H::RETH, Any),
+            row($base | 0x0b, "RDMA_WRITE_ONLY_WITH_IMMEDIATE", Op::Write, Only, H::RETH.with(H::IMMDT), Any),
         ]
     };
 }
 
 const RC_ONLY: [OpcodeInfo; 14] = [
-    row(
-        0x0c,
-        "RDMA_READ_REQUEST",
-        Op::ReadRequest,
-        Only,
-        H::RETH,
-        NoPayload,
-    ),
-    row(
-        0x0d,
-        "RDMA_READ_RESPONSE_FIRST",
-        Op::ReadResponse,
-        First,
-        H::AETH,
-        Any,
-    ),
-    row(
-        0x0e,
-        "RDMA_READ_RESPONSE_MIDDLE",
-        Op::ReadResponse,
-        Middle,
-        H::NONE,
-        Any,
-    ),
-    row(
-        0x0f,
-        "RDMA_READ_RESPONSE_LAST",
-        Op::ReadResponse,
-        Last,
-        H::AETH,
-        Any,
-    ),
-    row(
-        0x10,
-        "RDMA_READ_RESPONSE_ONLY",
-        Op::ReadResponse,
-        Only,
-        H::AETH,
-        Any,
-    ),
-    row(
-        0x11,
-        "ACKNOWLEDGE",
-        Op::Acknowledge,
-        Only,
-        H::AETH,
-        NoPayload,
-    ),
-    row(
-        0x12,
-        "ATOMIC_ACKNOWLEDGE",
-        Op::AtomicAcknowledge,
-        Only,
-        H::AETH.with(H::ATOMIC_ACK_ETH),
-        NoPayload,
-    ),
-    row(
-        0x13,
-        "COMPARE_SWAP",
-        Op::CompareSwap,
-        Only,
-        H::ATOMIC_ETH,
-        NoPayload,
-    ),
-    row(
-        0x14,
-        "FETCH_ADD",
-        Op::FetchAdd,
-        Only,
-        H::ATOMIC_ETH,
-        NoPayload,
-    ),
-    row(
-        0x16,
-        "SEND_LAST_WITH_INVALIDATE",
-        Op::Send,
-        Last,
-        H::IETH,
-        Any,
-    ),
-    row(
-        0x17,
-        "SEND_ONLY_WITH_INVALIDATE",
-        Op::Send,
-        Only,
-        H::IETH,
-        Any,
-    ),
-    row(
-        0x1c,
-        "FLUSH",
-        Op::Flush,
-        Only,
-        H::FETH.with(H::RETH),
-        NoPayload,
-    ),
-    row(
-        0x1d,
-        "ATOMIC_WRITE",
-        Op::AtomicWrite,
-        Only,
-        H::RETH,
-        Fixed(8),
-    ),
+    row(0x0c, "RDMA_READ_REQUEST", Op::ReadRequest, Only, H::RETH, NoPayload),
+    row(0x0d, "RDMA_READ_RESPONSE_FIRST", Op::ReadResponse, First, H::AETH, Any),
+    row(0x0e, "RDMA_READ_RESPONSE_MIDDLE", Op::ReadResponse, Middle, H::NONE, Any),
+    row(0x0f, "RDMA_READ_RESPONSE_LAST", Op::ReadResponse, Last, H::AETH, Any),
+    row(0x10, "RDMA_READ_RESPONSE_ONLY", Op::ReadResponse, Only, H::AETH, Any),
+    row(0x11, "ACKNOWLEDGE", Op::Acknowledge, Only, H::AETH, NoPayload),
+    row(0x12, "ATOMIC_ACKNOWLEDGE", Op::AtomicAcknowledge, Only, H::AETH.with(H::ATOMIC_ACK_ETH), NoPayload),
+    row(0x13, "COMPARE_SWAP", Op::CompareSwap, Only, H::ATOMIC_ETH, NoPayload),
+    row(0x14, "FETCH_ADD", Op::FetchAdd, Only, H::ATOMIC_ETH, NoPayload),
+    row(0x16, "SEND_LAST_WITH_INVALIDATE", Op::Send, Last, H::IETH, Any),
+    row(0x17, "SEND_ONLY_WITH_INVALIDATE", Op::Send, Only, H::IETH, Any),
+    row(0x1c, "FLUSH", Op::Flush, Only, H::FETH.with(H::RETH), NoPayload),
+    row(0x1d, "ATOMIC_WRITE", Op::AtomicWrite, Only, H::RETH, Fixed(8)),
     // Annex A17.9.3: BTH, 16 reserved bytes, ICRC.
     row(0x81, "CNP", Op::Cnp, Only, H::NONE, Fixed(16)),
 ];
 
 const UD_ROWS: [OpcodeInfo; 2] = [
     row(0x64, "SEND_ONLY", Op::Send, Only, H::DETH, Any),
-    row(
-        0x65,
-        "SEND_ONLY_WITH_IMMEDIATE",
-        Op::Send,
-        Only,
-        H::DETH.with(H::IMMDT),
-        Any,
-    ),
+    row(0x65, "SEND_ONLY_WITH_IMMEDIATE", Op::Send, Only, H::DETH.with(H::IMMDT), Any),
 ];
 
 const RC_CONNECTED: [OpcodeInfo; 12] = connected_rows!(0x00);
@@ -452,10 +290,7 @@ mod tests {
     #[test]
     fn table_matches_ibta_table_38_samples() {
         let w = OpcodeInfo::lookup(0x0a).unwrap();
-        assert_eq!(
-            (w.name, w.transport, w.headers),
-            ("RDMA_WRITE_ONLY", Transport::Rc, H::RETH)
-        );
+        assert_eq!((w.name, w.transport, w.headers), ("RDMA_WRITE_ONLY", Transport::Rc, H::RETH));
         let uc = OpcodeInfo::lookup(0x2b).unwrap();
         assert_eq!(uc.transport, Transport::Uc);
         assert_eq!(uc.headers_len(), 20);
@@ -465,10 +300,7 @@ mod tests {
         assert_eq!(aack.headers_len(), 12);
         assert_eq!(OpcodeInfo::lookup(0x13).unwrap().headers_len(), 28);
         assert_eq!(OpcodeInfo::lookup(0x1c).unwrap().headers_len(), 20);
-        assert_eq!(
-            OpcodeInfo::lookup(0x81).unwrap().payload,
-            Payload::Fixed(16)
-        );
+        assert_eq!(OpcodeInfo::lookup(0x81).unwrap().payload, Payload::Fixed(16));
     }
 
     #[test]

@@ -35,9 +35,7 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
         }
         let payload_len = data_len - pad;
         match info.payload {
-            Payload::None if data_len != 0 => {
-                return Err(Error::BadLength("payload on an opcode that carries none"))
-            }
+            Payload::None if data_len != 0 => return Err(Error::BadLength("payload on an opcode that carries none")),
             Payload::Fixed(n) if payload_len != n => {
                 return Err(Error::BadLength("payload length fixed by the opcode"))
             }
@@ -120,10 +118,7 @@ pub struct RoceRepr<'a> {
     pub payload: &'a [u8],
 }
 
-fn parse_opt<'a, R>(
-    bytes: Option<&'a [u8]>,
-    f: impl FnOnce(&'a [u8]) -> Result<R>,
-) -> Result<Option<R>> {
+fn parse_opt<'a, R>(bytes: Option<&'a [u8]>, f: impl FnOnce(&'a [u8]) -> Result<R>) -> Result<Option<R>> {
     bytes.map(f).transpose()
 }
 
@@ -134,30 +129,18 @@ impl<'a> RoceRepr<'a> {
         let hdr = |h| p.header_range(h).map(|r| &buf[r]);
         Ok(RoceRepr {
             bth: BthRepr::parse(&p.bth())?,
-            deth: parse_opt(hdr(Headers::DETH), |b| {
-                DethRepr::parse(&DethPacket::new_checked(b)?)
-            })?,
-            feth: parse_opt(hdr(Headers::FETH), |b| {
-                FethRepr::parse(&FethPacket::new_checked(b)?)
-            })?,
-            reth: parse_opt(hdr(Headers::RETH), |b| {
-                RethRepr::parse(&RethPacket::new_checked(b)?)
-            })?,
+            deth: parse_opt(hdr(Headers::DETH), |b| DethRepr::parse(&DethPacket::new_checked(b)?))?,
+            feth: parse_opt(hdr(Headers::FETH), |b| FethRepr::parse(&FethPacket::new_checked(b)?))?,
+            reth: parse_opt(hdr(Headers::RETH), |b| RethRepr::parse(&RethPacket::new_checked(b)?))?,
             atomic_eth: parse_opt(hdr(Headers::ATOMIC_ETH), |b| {
                 AtomicEthRepr::parse(&AtomicEthPacket::new_checked(b)?)
             })?,
-            aeth: parse_opt(hdr(Headers::AETH), |b| {
-                AethRepr::parse(&AethPacket::new_checked(b)?)
-            })?,
+            aeth: parse_opt(hdr(Headers::AETH), |b| AethRepr::parse(&AethPacket::new_checked(b)?))?,
             atomic_ack_eth: parse_opt(hdr(Headers::ATOMIC_ACK_ETH), |b| {
                 AtomicAckEthRepr::parse(&AtomicAckEthPacket::new_checked(b)?)
             })?,
-            immdt: parse_opt(hdr(Headers::IMMDT), |b| {
-                ImmDtRepr::parse(&ImmDtPacket::new_checked(b)?)
-            })?,
-            ieth: parse_opt(hdr(Headers::IETH), |b| {
-                IethRepr::parse(&IethPacket::new_checked(b)?)
-            })?,
+            immdt: parse_opt(hdr(Headers::IMMDT), |b| ImmDtRepr::parse(&ImmDtPacket::new_checked(b)?))?,
+            ieth: parse_opt(hdr(Headers::IETH), |b| IethRepr::parse(&IethPacket::new_checked(b)?))?,
             payload: {
                 let (s, e) = p.data_range();
                 &buf[s..e]
@@ -191,11 +174,7 @@ impl<'a> RoceRepr<'a> {
 
     /// Bytes the packet takes on the wire, ICRC included.
     pub fn buffer_len(&self) -> usize {
-        bth::LEN
-            + self.present().len()
-            + self.payload.len()
-            + usize::from(self.bth.pad_count)
-            + ICRC_LEN
+        bth::LEN + self.present().len() + self.payload.len() + usize::from(self.bth.pad_count) + ICRC_LEN
     }
 
     fn check_consistent(&self) -> Result<()> {
@@ -207,9 +186,7 @@ impl<'a> RoceRepr<'a> {
             Payload::None if !self.payload.is_empty() || self.bth.pad_count != 0 => {
                 Err(Error::BadLength("payload on an opcode that carries none"))
             }
-            Payload::Fixed(n) if self.payload.len() != n => {
-                Err(Error::BadLength("payload length fixed by the opcode"))
-            }
+            Payload::Fixed(n) if self.payload.len() != n => Err(Error::BadLength("payload length fixed by the opcode")),
             _ => Ok(()),
         }
     }

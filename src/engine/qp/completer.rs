@@ -61,15 +61,24 @@ impl Requester {
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
         let pending = self.wqes.iter().any(|w| w.started && w.done.is_none());
-        self.timer = if pending {
-            super::ack_timeout_ns(self.timeout).map(|t| now + t)
-        } else {
-            None
-        };
+        self.timer = if pending { super::ack_timeout_ns(self.timeout).map(|t| now + t) } else { None };
+    }
+
+    /// True when `psn` belongs to a request that is sent and not yet finished.
+    fn outstanding(&self, psn: Psn) -> bool {
+        self.wqes.iter().any(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts))
     }
 
     /// An ACK or NAK (IBTA 9.7.5.2.8).
     pub fn on_ack(&mut self, psn: Psn, syndrome: Syndrome, ctx: &mut Ctx<'_>) {
+        // A NAK for a request no longer outstanding is stale (a reordered or duplicated
+        // packet): it says nothing about what is in flight now.
+        if !matches!(syndrome, Syndrome::Ack { .. }) && !self.outstanding(psn) {
+            if self.ack_through(psn.sub(1)) {
+                self.progress(ctx.now);
+            }
+            return;
+        }
         match syndrome {
             Syndrome::Ack { .. } => {
                 if self.ack_through(psn) {
@@ -111,10 +120,7 @@ impl Requester {
 
     /// The WQE holding `psn` (or the first unfinished one) completes with `status`.
     fn fail_at(&mut self, psn: Psn, status: WcStatus) {
-        let at = self
-            .wqes
-            .iter()
-            .position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts));
+        let at = self.wqes.iter().position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts));
         let at = at.or_else(|| self.wqes.iter().position(|w| w.done.is_none()));
         if let Some(i) = at {
             self.wqes[i].done = Some(status);
@@ -135,8 +141,11 @@ impl Requester {
             if psn.in_window(w.first_psn, w.npkts) {
                 return w.wr.op.is_read_or_atomic().then_some(i);
             }
-            if w.wr.op.is_read_or_atomic() {
-                return None; // an earlier READ/atomic is unanswered: wait for the timer
+            // Only a request wholly before the response is implicitly acknowledged; a stale
+            // response (a duplicate of an earlier READ) acknowledges nothing.
+            let before = w.end_psn().sub(1).serial_cmp(psn).is_lt();
+            if w.wr.op.is_read_or_atomic() || !before {
+                return None;
             }
             self.wqes[i].done = Some(WcStatus::Success);
         }
@@ -161,8 +170,7 @@ impl Requester {
         let want = if last { w.len - offset } else { path.mtu };
         let pos_ok = matches!(
             (pos, last),
-            (Some(Position::Last | Position::Only), true)
-                | (Some(Position::First | Position::Middle), false)
+            (Some(Position::Last | Position::Only), true) | (Some(Position::First | Position::Middle), false)
         );
         if !pos_ok || r.payload.len() != want {
             ctx.stats.bad_responses += 1;
@@ -185,14 +193,9 @@ impl Requester {
             return;
         };
         let w = &mut self.wqes[i];
-        if w.wr.op.is_read_or_atomic() && !matches!(w.wr.op, SendOp::Read(_)) && w.first_psn == psn
-        {
+        if w.wr.op.is_read_or_atomic() && !matches!(w.wr.op, SendOp::Read(_)) && w.first_psn == psn {
             let ok = scatter(w, 0, &original.to_le_bytes(), pd, ctx.mrs);
-            w.done = Some(if ok {
-                WcStatus::Success
-            } else {
-                WcStatus::LocProtErr
-            });
+            w.done = Some(if ok { WcStatus::Success } else { WcStatus::LocProtErr });
             self.progress(ctx.now);
         }
     }
@@ -204,11 +207,7 @@ impl Requester {
         let Some(w) = self.wqes.iter().find(|w| w.started && w.done.is_none()) else {
             return;
         };
-        let resume = if matches!(w.wr.op, SendOp::Read(_)) {
-            w.first_psn.add(w.done_pkts)
-        } else {
-            w.first_psn
-        };
+        let resume = if matches!(w.wr.op, SendOp::Read(_)) { w.first_psn.add(w.done_pkts) } else { w.first_psn };
         if self.retry_left == 0 {
             self.fail_at(resume, WcStatus::RetryExcErr);
             return;
@@ -236,8 +235,7 @@ fn scatter(w: &SendWqe, mut offset: usize, mut data: &[u8], pd: Pd, mrs: &MrTabl
             continue;
         }
         let n = (len - offset).min(data.len());
-        let Ok((mem, base)) = mrs.resolve(s.lkey, pd, s.addr + offset as u64, n, Need::LocalWrite)
-        else {
+        let Ok((mem, base)) = mrs.resolve(s.lkey, pd, s.addr + offset as u64, n, Need::LocalWrite) else {
             return false;
         };
         mem.write(base, &data[..n]);

@@ -117,11 +117,7 @@ impl Path {
         let mut buf = vec![0u8; repr.buffer_len()];
         if repr.emit(&mut buf).is_ok() {
             ctx.stats.tx_packets += 1;
-            ctx.out.push_back(Transmit {
-                dst: self.dest_gid,
-                src_qpn: self.qpn,
-                packet: buf,
-            });
+            ctx.out.push_back(Transmit { dst: self.dest_gid, src_qpn: self.qpn, packet: buf });
         }
     }
 }
@@ -143,20 +139,8 @@ pub struct Qp {
 impl Qp {
     /// A new QP in RESET.
     pub fn new(qpn: u32, init: QpInit) -> Self {
-        let path = Path {
-            qpn,
-            dest_gid: [0; 16],
-            dest_qpn: 0,
-            mtu: Mtu::M1024.bytes(),
-            pkey: 0xffff,
-        };
-        Qp {
-            init,
-            state: QpState::Reset,
-            path,
-            req: Requester::new(init.caps),
-            resp: Responder::new(init.caps),
-        }
+        let path = Path { qpn, dest_gid: [0; 16], dest_qpn: 0, mtu: Mtu::M1024.bytes(), pkey: 0xffff };
+        Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp: Responder::new(init.caps) }
     }
 
     /// The QP's protection domain.

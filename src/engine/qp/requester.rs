@@ -3,9 +3,7 @@
 
 use super::{Ctx, Path};
 use crate::engine::mem::{MrTable, Need, Pd};
-use crate::engine::verbs::{
-    QpAttr, QpCaps, SendOp, SendWr, Sge, VerbsError, Wc, WcOpcode, WcStatus,
-};
+use crate::engine::verbs::{QpAttr, QpCaps, SendOp, SendWr, Sge, VerbsError, Wc, WcOpcode, WcStatus};
 use crate::proto::roce::ext::{AtomicEthRepr, IethRepr, ImmDtRepr, RethRepr};
 use crate::proto::roce::{Psn, RoceRepr};
 use std::collections::VecDeque;
@@ -130,13 +128,7 @@ impl Requester {
     }
 
     /// Queues a work request (IBTA 11.4.1.1); local protection errors complete in error.
-    pub fn post(
-        &mut self,
-        wr: SendWr,
-        pd: Pd,
-        mrs: &MrTable,
-        mtu: usize,
-    ) -> Result<(), VerbsError> {
+    pub fn post(&mut self, wr: SendWr, pd: Pd, mrs: &MrTable, mtu: usize) -> Result<(), VerbsError> {
         if self.wqes.len() >= self.caps.max_send_wr {
             return Err(VerbsError::QueueFull);
         }
@@ -180,10 +172,7 @@ impl Requester {
     }
 
     fn outstanding_rd_atomic(&self) -> usize {
-        self.wqes
-            .iter()
-            .filter(|w| w.started && w.done.is_none() && w.wr.op.is_read_or_atomic())
-            .count()
+        self.wqes.iter().filter(|w| w.started && w.done.is_none() && w.wr.op.is_read_or_atomic()).count()
     }
 
     fn inflight_psns(&self) -> u32 {
@@ -212,9 +201,12 @@ impl Requester {
             build_and_send(w, path, ctx);
             w.next_pkt += 1;
             sent += 1;
-            if self.timer.is_none() {
-                self.timer = super::ack_timeout_ns(self.timeout).map(|t| ctx.now + t);
-            }
+        }
+        // Whatever is outstanding is covered by the timer (IBTA 9.7.6.1.3), whether it was
+        // sent just now or before an RNR wait.
+        let outstanding = self.wqes.iter().any(|w| w.started && w.done.is_none());
+        if outstanding && self.timer.is_none() {
+            self.timer = super::ack_timeout_ns(self.timeout).map(|t| ctx.now + t);
         }
         sent
     }
@@ -227,9 +219,7 @@ impl Requester {
         if w.started || w.done.is_some() {
             return true;
         }
-        if (w.wr.op.is_read_or_atomic() && ord_full)
-            || inflight + w.npkts > MAX_INFLIGHT_PSNS && inflight > 0
-        {
+        if (w.wr.op.is_read_or_atomic() && ord_full) || inflight + w.npkts > MAX_INFLIGHT_PSNS && inflight > 0 {
             return false;
         }
         w.started = true;
@@ -240,10 +230,8 @@ impl Requester {
 
     /// Go-back-N (IBTA 9.7.4.1.5): resend from `psn`, which lies in a started WQE.
     pub fn rewind(&mut self, psn: Psn) {
-        let Some(i) = self
-            .wqes
-            .iter()
-            .position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts))
+        let Some(i) =
+            self.wqes.iter().position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts))
         else {
             return;
         };
@@ -251,22 +239,15 @@ impl Requester {
             if !w.started || w.done.is_some() {
                 continue;
             }
-            w.next_pkt = if j == i && !w.wr.op.is_read_or_atomic() {
-                w.first_psn.distance_to(psn).max(0) as u32
-            } else {
-                0
-            };
+            w.next_pkt =
+                if j == i && !w.wr.op.is_read_or_atomic() { w.first_psn.distance_to(psn).max(0) as u32 } else { 0 };
         }
         self.send_idx = i;
     }
 
     /// Completions for everything still queued, flushed (IBTA 10.3.1.7).
     pub fn flush(&mut self, qpn: u32) -> Vec<Wc> {
-        let out = self
-            .wqes
-            .drain(..)
-            .map(|w| wc(&w, qpn, WcStatus::WrFlushErr))
-            .collect();
+        let out = self.wqes.drain(..).map(|w| wc(&w, qpn, WcStatus::WrFlushErr)).collect();
         self.send_idx = 0;
         self.timer = None;
         self.rnr_until = None;
@@ -298,8 +279,7 @@ pub fn wc(w: &SendWqe, qpn: u32, status: WcStatus) -> Wc {
 
 fn check_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, need: Need) -> Result<(), ()> {
     for s in sgl {
-        mrs.resolve(s.lkey, pd, s.addr, s.length as usize, need)
-            .map_err(|_| ())?;
+        mrs.resolve(s.lkey, pd, s.addr, s.length as usize, need).map_err(|_| ())?;
     }
     Ok(())
 }
@@ -307,9 +287,7 @@ fn check_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, need: Need) -> Result<(), ()> {
 fn gather(sgl: &[Sge], pd: Pd, mrs: &MrTable) -> Result<Vec<u8>, ()> {
     let mut data = Vec::with_capacity(sgl.iter().map(|s| s.length as usize).sum());
     for s in sgl {
-        let (mem, off) = mrs
-            .resolve(s.lkey, pd, s.addr, s.length as usize, Need::LocalRead)
-            .map_err(|_| ())?;
+        let (mem, off) = mrs.resolve(s.lkey, pd, s.addr, s.length as usize, Need::LocalRead).map_err(|_| ())?;
         let start = data.len();
         data.resize(start + s.length as usize, 0);
         mem.read(off, &mut data[start..]);
@@ -340,18 +318,12 @@ fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>) {
         SendOp::Read(remote) => {
             // A resumed READ asks only for what has not arrived (IBTA 9.7.4.1.5).
             let skip = w.done_pkts as usize * path.mtu;
-            let reth = RethRepr {
-                va: remote.addr + skip as u64,
-                rkey: remote.rkey,
-                dma_len: (w.len - skip) as u32,
-            };
+            let reth = RethRepr { va: remote.addr + skip as u64, rkey: remote.rkey, dma_len: (w.len - skip) as u32 };
             let mut bth = path.bth(0x0c, w.first_psn.add(w.done_pkts), 0);
             bth.ack_req = true;
             path.send(ctx, &bare(bth, Some(reth), None));
         }
-        SendOp::CompareSwap(remote, compare, swap) => {
-            send_atomic(path, ctx, w, 0x13, remote, swap, compare)
-        }
+        SendOp::CompareSwap(remote, compare, swap) => send_atomic(path, ctx, w, 0x13, remote, swap, compare),
         SendOp::FetchAdd(remote, add) => send_atomic(path, ctx, w, 0x14, remote, add, 0),
         op => send_data(w, op, path, ctx),
     }
@@ -369,12 +341,7 @@ fn send_atomic(
     let mut bth = path.bth(opcode, w.first_psn, 0);
     bth.ack_req = true;
     let mut repr = bare(bth, None, None);
-    repr.atomic_eth = Some(AtomicEthRepr {
-        va: r.addr,
-        rkey: r.rkey,
-        swap_add,
-        compare,
-    });
+    repr.atomic_eth = Some(AtomicEthRepr { va: r.addr, rkey: r.rkey, swap_add, compare });
     path.send(ctx, &repr);
 }
 
@@ -388,11 +355,9 @@ fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>) {
     bth.ack_req = last || k % ACK_REQ_EVERY == ACK_REQ_EVERY - 1;
     bth.solicited = last && w.wr.solicited;
     let reth = match op {
-        SendOp::Write(r) | SendOp::WriteImm(r, _) if k == 0 => Some(RethRepr {
-            va: r.addr,
-            rkey: r.rkey,
-            dma_len: w.len as u32,
-        }),
+        SendOp::Write(r) | SendOp::WriteImm(r, _) if k == 0 => {
+            Some(RethRepr { va: r.addr, rkey: r.rkey, dma_len: w.len as u32 })
+        }
         _ => None,
     };
     let mut repr = bare(bth, reth, None);

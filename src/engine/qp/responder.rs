@@ -34,15 +34,8 @@ struct RecvWqe {
 /// A message being received over several packets.
 #[derive(Debug)]
 enum Inbound {
-    Send {
-        wqe: RecvWqe,
-        received: usize,
-    },
-    Write {
-        mem: Arc<SharedMem>,
-        offset: usize,
-        remaining: usize,
-    },
+    Send { wqe: RecvWqe, received: usize },
+    Write { mem: Arc<SharedMem>, offset: usize, remaining: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -153,11 +146,7 @@ impl Responder {
         if let Some(Inbound::Send { wqe, .. }) = self.cur.take() {
             out.push(recv_wc(&wqe.wr, qpn, WcStatus::WrFlushErr, 0));
         }
-        out.extend(
-            self.rq
-                .drain(..)
-                .map(|w| recv_wc(&w.wr, qpn, WcStatus::WrFlushErr, 0)),
-        );
+        out.extend(self.rq.drain(..).map(|w| recv_wc(&w.wr, qpn, WcStatus::WrFlushErr, 0)));
         self.replies.clear();
         out
     }
@@ -199,16 +188,13 @@ impl Responder {
             Err(Refusal::Drop) => false,
             Err(Refusal::Rnr) => {
                 ctx.stats.rnr_naks_sent += 1;
-                let syn = Syndrome::RnrNak {
-                    timer: self.min_rnr_timer,
-                };
+                let syn = Syndrome::RnrNak { timer: self.min_rnr_timer };
                 self.replies.push_back(Reply::Nak(r.bth.psn, syn));
                 false
             }
             Err(Refusal::Nak(code)) => {
                 ctx.stats.naks_sent += 1;
-                self.replies
-                    .push_back(Reply::Nak(r.bth.psn, Syndrome::Nak(code)));
+                self.replies.push_back(Reply::Nak(r.bth.psn, Syndrome::Nak(code)));
                 true
             }
         }
@@ -246,19 +232,12 @@ impl Responder {
         if needs_wqe && self.rq.is_empty() {
             return Err(Refusal::Rnr);
         }
-        if matches!(
-            op,
-            Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd
-        ) {
+        if matches!(op, Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd) {
             if !self.access_allows(op) {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError));
             }
             // IBTA 9.7.5.1.3: more READs in progress than IRD allows is an invalid request.
-            let reading = self
-                .replies
-                .iter()
-                .filter(|x| matches!(x, Reply::Read(_)))
-                .count();
+            let reading = self.replies.iter().filter(|x| matches!(x, Reply::Read(_))).count();
             if reading >= usize::from(self.max_dest_rd_atomic) {
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
@@ -295,14 +274,7 @@ impl Responder {
         }
     }
 
-    fn execute(
-        &mut self,
-        r: &RoceRepr<'_>,
-        op: Operation,
-        pos: Position,
-        q: &QpView,
-        ctx: &mut Ctx<'_>,
-    ) -> Check {
+    fn execute(&mut self, r: &RoceRepr<'_>, op: Operation, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         match op {
             Operation::Send => self.exec_send(r, pos, q, ctx)?,
             Operation::Write => self.exec_write(r, pos, q, ctx)?,
@@ -320,13 +292,7 @@ impl Responder {
         }
     }
 
-    fn exec_send(
-        &mut self,
-        r: &RoceRepr<'_>,
-        pos: Position,
-        q: &QpView,
-        ctx: &mut Ctx<'_>,
-    ) -> Check {
+    fn exec_send(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         if matches!(pos, Position::First | Position::Only) {
             let Some(wqe) = self.rq.pop_front() else {
                 return Err(Refusal::Rnr);
@@ -337,9 +303,7 @@ impl Responder {
             return Err(Refusal::Drop);
         };
         // IBTA 9.7.5.1.4: a message longer than the receive buffers is a local length error.
-        if *received + r.payload.len() > wqe.capacity
-            || !scatter_recv(&wqe.wr.sgl, *received, r.payload, q, ctx)
-        {
+        if *received + r.payload.len() > wqe.capacity || !scatter_recv(&wqe.wr.sgl, *received, r.payload, q, ctx) {
             let wqe = match self.cur.take() {
                 Some(Inbound::Send { wqe, .. }) => wqe,
                 _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
@@ -367,13 +331,7 @@ impl Responder {
         Ok(())
     }
 
-    fn exec_write(
-        &mut self,
-        r: &RoceRepr<'_>,
-        pos: Position,
-        q: &QpView,
-        ctx: &mut Ctx<'_>,
-    ) -> Check {
+    fn exec_write(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         if let Some(reth) = r.reth {
             // IBTA 9.7.5.1.5 (C9-88): rkey, PD, access and bounds; nothing is written otherwise.
             if !self.access.remote_write {
@@ -381,30 +339,15 @@ impl Responder {
             }
             let (mem, offset) = ctx
                 .mrs
-                .resolve(
-                    reth.rkey,
-                    q.pd,
-                    reth.va,
-                    reth.dma_len as usize,
-                    Need::RemoteWrite,
-                )
+                .resolve(reth.rkey, q.pd, reth.va, reth.dma_len as usize, Need::RemoteWrite)
                 .map_err(access_nak)?;
             let remaining = reth.dma_len as usize;
             if pos == Position::Only && r.payload.len() != remaining {
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
-            self.cur = Some(Inbound::Write {
-                mem,
-                offset,
-                remaining,
-            });
+            self.cur = Some(Inbound::Write { mem, offset, remaining });
         }
-        let Some(Inbound::Write {
-            mem,
-            offset,
-            remaining,
-        }) = &mut self.cur
-        else {
+        let Some(Inbound::Write { mem, offset, remaining }) = &mut self.cur else {
             return Err(Refusal::Drop);
         };
         let last = matches!(pos, Position::Last | Position::Only);
@@ -437,35 +380,16 @@ impl Responder {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         };
         let len = reth.dma_len as usize;
-        let (mem, offset) = ctx
-            .mrs
-            .resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead)
-            .map_err(access_nak)?;
+        let (mem, offset) = ctx.mrs.resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead).map_err(access_nak)?;
         let npkts = len.div_ceil(q.mtu).max(1) as u32;
         let psn = r.bth.psn;
-        self.resources.push_back(Resource {
-            first_psn: psn,
-            npkts,
-            kind: ResourceKind::Read,
-        });
-        self.replies.push_back(Reply::Read(ReadJob {
-            psn,
-            mem,
-            offset,
-            remaining: len,
-            first: true,
-        }));
+        self.resources.push_back(Resource { first_psn: psn, npkts, kind: ResourceKind::Read });
+        self.replies.push_back(Reply::Read(ReadJob { psn, mem, offset, remaining: len, first: true }));
         self.advance(npkts, true);
         Ok(())
     }
 
-    fn exec_atomic(
-        &mut self,
-        r: &RoceRepr<'_>,
-        op: Operation,
-        q: &QpView,
-        ctx: &mut Ctx<'_>,
-    ) -> Check {
+    fn exec_atomic(&mut self, r: &RoceRepr<'_>, op: Operation, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         let Some(a) = r.atomic_eth else {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         };
@@ -473,21 +397,14 @@ impl Responder {
             // IBTA 9.4.5: an atomic must be naturally aligned.
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
-        let (mem, offset) = ctx
-            .mrs
-            .resolve(a.rkey, q.pd, a.va, 8, Need::RemoteAtomic)
-            .map_err(access_nak)?;
+        let (mem, offset) = ctx.mrs.resolve(a.rkey, q.pd, a.va, 8, Need::RemoteAtomic).map_err(access_nak)?;
         let original = match op {
             Operation::FetchAdd => mem.fetch_add(offset, a.swap_add),
             _ => mem.compare_swap(offset, a.compare, a.swap_add),
         }
         .ok_or(Refusal::Nak(NakCode::RemoteAccessError))?;
         let psn = r.bth.psn;
-        self.resources.push_back(Resource {
-            first_psn: psn,
-            npkts: 1,
-            kind: ResourceKind::Atomic { original },
-        });
+        self.resources.push_back(Resource { first_psn: psn, npkts: 1, kind: ResourceKind::Atomic { original } });
         self.advance(1, true);
         self.replies.push_back(Reply::AtomicAck { psn, original });
         Ok(())
@@ -499,46 +416,21 @@ impl Responder {
         ctx.stats.duplicates_received += 1;
         let psn = r.bth.psn;
         let Some(info) = r.info() else { return };
-        let res = self
-            .resources
-            .iter()
-            .rev()
-            .find(|x| psn.in_window(x.first_psn, x.npkts))
-            .cloned();
+        let res = self.resources.iter().rev().find(|x| psn.in_window(x.first_psn, x.npkts)).cloned();
         match (info.operation, res) {
-            (
-                Operation::ReadRequest,
-                Some(Resource {
-                    kind: ResourceKind::Read,
-                    ..
-                }),
-            ) => {
+            (Operation::ReadRequest, Some(Resource { kind: ResourceKind::Read, .. })) => {
                 let Some(reth) = r.reth else { return };
                 let len = reth.dma_len as usize;
-                let Ok((mem, offset)) =
-                    ctx.mrs
-                        .resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead)
-                else {
+                let Ok((mem, offset)) = ctx.mrs.resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead) else {
                     return;
                 };
                 // A resumed READ supersedes any response still going out for it.
-                self.replies
-                    .retain(|x| !matches!(x, Reply::Read(j) if j.psn.in_window(psn, 1 << 23)));
-                self.replies.push_back(Reply::Read(ReadJob {
-                    psn,
-                    mem,
-                    offset,
-                    remaining: len,
-                    first: true,
-                }));
+                self.replies.retain(|x| !matches!(x, Reply::Read(j) if j.psn.in_window(psn, 1 << 23)));
+                self.replies.push_back(Reply::Read(ReadJob { psn, mem, offset, remaining: len, first: true }));
             }
             (
                 Operation::CompareSwap | Operation::FetchAdd,
-                Some(Resource {
-                    kind: ResourceKind::Atomic { original },
-                    first_psn,
-                    ..
-                }),
+                Some(Resource { kind: ResourceKind::Atomic { original }, first_psn, .. }),
             ) if first_psn == psn => self.replies.push_back(Reply::AtomicAck { psn, original }),
             (Operation::Send | Operation::Write, _) => self.push_ack(),
             _ => {}
@@ -561,33 +453,19 @@ impl Responder {
             };
             match front {
                 Reply::Ack => {
-                    let aeth = AethRepr {
-                        syndrome: Syndrome::Ack { credits: 31 },
-                        msn: self.msn,
-                    };
-                    path.send(
-                        ctx,
-                        &bare(path.bth(0x11, self.epsn.sub(1), 0), None, Some(aeth)),
-                    );
+                    let aeth = AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn: self.msn };
+                    path.send(ctx, &bare(path.bth(0x11, self.epsn.sub(1), 0), None, Some(aeth)));
                     self.replies.pop_front();
                 }
                 Reply::Nak(psn, syndrome) => {
-                    let aeth = AethRepr {
-                        syndrome: *syndrome,
-                        msn: self.msn,
-                    };
+                    let aeth = AethRepr { syndrome: *syndrome, msn: self.msn };
                     path.send(ctx, &bare(path.bth(0x11, *psn, 0), None, Some(aeth)));
                     self.replies.pop_front();
                 }
                 Reply::AtomicAck { psn, original } => {
-                    let aeth = AethRepr {
-                        syndrome: Syndrome::Ack { credits: 31 },
-                        msn: self.msn,
-                    };
+                    let aeth = AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn: self.msn };
                     let mut repr = bare(path.bth(0x12, *psn, 0), None, Some(aeth));
-                    repr.atomic_ack_eth = Some(AtomicAckEthRepr {
-                        original_data: *original,
-                    });
+                    repr.atomic_ack_eth = Some(AtomicAckEthRepr { original_data: *original });
                     path.send(ctx, &repr);
                     self.replies.pop_front();
                 }
@@ -620,10 +498,7 @@ fn send_read_packet(job: &mut ReadJob, msn: u32, path: &Path, ctx: &mut Ctx<'_>)
     };
     let mut data = vec![0u8; n];
     job.mem.read(job.offset, &mut data);
-    let aeth = (opcode != 0x0e).then_some(AethRepr {
-        syndrome: Syndrome::Ack { credits: 31 },
-        msn,
-    });
+    let aeth = (opcode != 0x0e).then_some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn });
     let mut repr = bare(path.bth(opcode, job.psn, n), None, aeth);
     repr.payload = &data;
     path.send(ctx, &repr);
@@ -656,13 +531,7 @@ fn access_nak(_: MemError) -> Refusal {
     Refusal::Nak(NakCode::RemoteAccessError)
 }
 
-fn scatter_recv(
-    sgl: &[Sge],
-    mut offset: usize,
-    mut data: &[u8],
-    q: &QpView,
-    ctx: &mut Ctx<'_>,
-) -> bool {
+fn scatter_recv(sgl: &[Sge], mut offset: usize, mut data: &[u8], q: &QpView, ctx: &mut Ctx<'_>) -> bool {
     for s in sgl {
         let len = s.length as usize;
         if offset >= len {
@@ -673,10 +542,7 @@ fn scatter_recv(
             return true;
         }
         let n = (len - offset).min(data.len());
-        let Ok((mem, base)) =
-            ctx.mrs
-                .resolve(s.lkey, q.pd, s.addr + offset as u64, n, Need::LocalWrite)
-        else {
+        let Ok((mem, base)) = ctx.mrs.resolve(s.lkey, q.pd, s.addr + offset as u64, n, Need::LocalWrite) else {
             return false;
         };
         mem.write(base, &data[..n]);

@@ -62,12 +62,7 @@ struct Transition {
 }
 
 const fn t(from: QpState, to: QpState, required: u32, optional: u32) -> Transition {
-    Transition {
-        from,
-        to,
-        required,
-        optional,
-    }
+    Transition { from, to, required, optional }
 }
 
 const RTS_TUNABLE: u32 = MIN_RNR_TIMER | ACCESS | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC;
@@ -76,18 +71,8 @@ const RTS_TUNABLE: u32 = MIN_RNR_TIMER | ACCESS | TIMEOUT | RETRY_CNT | RNR_RETR
 const TABLE: [Transition; 8] = [
     t(S::Reset, S::Init, ACCESS, PKEY),
     t(S::Init, S::Init, 0, ACCESS | PKEY),
-    t(
-        S::Init,
-        S::Rtr,
-        AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
-        ACCESS | PKEY,
-    ),
-    t(
-        S::Rtr,
-        S::Rts,
-        SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC,
-        MIN_RNR_TIMER | ACCESS,
-    ),
+    t(S::Init, S::Rtr, AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER, ACCESS | PKEY),
+    t(S::Rtr, S::Rts, SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC, MIN_RNR_TIMER | ACCESS),
     t(S::Rts, S::Rts, 0, RTS_TUNABLE),
     t(S::Rts, S::Sqd, 0, 0),
     t(S::Sqd, S::Rts, 0, RTS_TUNABLE),
@@ -111,10 +96,7 @@ pub fn mask_of(a: &QpAttr) -> u32 {
         a.access.is_some(),
         a.pkey.is_some(),
     ];
-    present
-        .iter()
-        .enumerate()
-        .fold(0, |m, (i, &p)| m | (p as u32) << i)
+    present.iter().enumerate().fold(0, |m, (i, &p)| m | (p as u32) << i)
 }
 
 fn first_name(bits: u32) -> &'static str {
@@ -126,16 +108,9 @@ pub fn check(from: QpState, a: &QpAttr) -> Result<QpState, VerbsError> {
     let to = a.state.unwrap_or(from);
     let mask = mask_of(a);
     if matches!(to, S::Reset | S::Err) {
-        return if mask == 0 {
-            Ok(to)
-        } else {
-            Err(VerbsError::InvalidAttribute(first_name(mask)))
-        };
+        return if mask == 0 { Ok(to) } else { Err(VerbsError::InvalidAttribute(first_name(mask))) };
     }
-    let row = TABLE
-        .iter()
-        .find(|r| r.from == from && r.to == to)
-        .ok_or(VerbsError::IllegalTransition { from, to })?;
+    let row = TABLE.iter().find(|r| r.from == from && r.to == to).ok_or(VerbsError::IllegalTransition { from, to })?;
     let missing = row.required & !mask;
     if missing != 0 {
         return Err(VerbsError::MissingAttribute(first_name(missing)));
@@ -181,29 +156,14 @@ mod tests {
     use crate::engine::verbs::Mtu;
 
     fn to(s: QpState) -> QpAttr {
-        QpAttr {
-            state: Some(s),
-            ..QpAttr::default()
-        }
+        QpAttr { state: Some(s), ..QpAttr::default() }
     }
 
     // IBTA 10.3.1: the legal paths, and what each needs.
     #[test]
     fn reset_init_rtr_rts() {
-        assert_eq!(
-            check(
-                S::Reset,
-                &QpAttr {
-                    access: Some(Access::ALL),
-                    ..to(S::Init)
-                }
-            ),
-            Ok(S::Init)
-        );
-        assert_eq!(
-            check(S::Reset, &to(S::Init)),
-            Err(VerbsError::MissingAttribute("access"))
-        );
+        assert_eq!(check(S::Reset, &QpAttr { access: Some(Access::ALL), ..to(S::Init) }), Ok(S::Init));
+        assert_eq!(check(S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("access")));
         let rtr = QpAttr {
             dest_gid: Some([0; 16]),
             path_mtu: Some(Mtu::M1024),
@@ -215,25 +175,10 @@ mod tests {
         };
         assert_eq!(check(S::Init, &rtr), Ok(S::Rtr));
         assert_eq!(
-            check(
-                S::Init,
-                &QpAttr {
-                    rq_psn: None,
-                    ..rtr.clone()
-                }
-            ),
+            check(S::Init, &QpAttr { rq_psn: None, ..rtr.clone() }),
             Err(VerbsError::MissingAttribute("rq_psn"))
         );
-        assert_eq!(
-            check(
-                S::Init,
-                &QpAttr {
-                    sq_psn: Some(1),
-                    ..rtr
-                }
-            ),
-            Err(VerbsError::InvalidAttribute("sq_psn"))
-        );
+        assert_eq!(check(S::Init, &QpAttr { sq_psn: Some(1), ..rtr }), Err(VerbsError::InvalidAttribute("sq_psn")));
         let rts = QpAttr {
             sq_psn: Some(9),
             timeout: Some(14),
@@ -244,13 +189,7 @@ mod tests {
         };
         assert_eq!(check(S::Rtr, &rts), Ok(S::Rts));
         assert_eq!(
-            check(
-                S::Rtr,
-                &QpAttr {
-                    retry_cnt: Some(8),
-                    ..rts
-                }
-            ),
+            check(S::Rtr, &QpAttr { retry_cnt: Some(8), ..rts }),
             Err(VerbsError::InvalidAttribute("retry_cnt"))
         );
     }
@@ -281,13 +220,7 @@ mod tests {
             assert_eq!(check(from, &to(S::Reset)), Ok(S::Reset));
         }
         assert_eq!(
-            check(
-                S::Rts,
-                &QpAttr {
-                    timeout: Some(3),
-                    ..to(S::Err)
-                }
-            ),
+            check(S::Rts, &QpAttr { timeout: Some(3), ..to(S::Err) }),
             Err(VerbsError::InvalidAttribute("timeout"))
         );
     }
@@ -295,26 +228,8 @@ mod tests {
     #[test]
     fn sq_drain_and_recovery() {
         assert_eq!(check(S::Rts, &to(S::Sqd)), Ok(S::Sqd));
-        assert_eq!(
-            check(
-                S::Sqd,
-                &QpAttr {
-                    timeout: Some(10),
-                    ..to(S::Rts)
-                }
-            ),
-            Ok(S::Rts)
-        );
+        assert_eq!(check(S::Sqd, &QpAttr { timeout: Some(10), ..to(S::Rts) }), Ok(S::Rts));
         assert_eq!(check(S::Sqe, &to(S::Rts)), Ok(S::Rts));
-        assert_eq!(
-            check(
-                S::Rts,
-                &QpAttr {
-                    min_rnr_timer: Some(1),
-                    ..QpAttr::default()
-                }
-            ),
-            Ok(S::Rts)
-        );
+        assert_eq!(check(S::Rts, &QpAttr { min_rnr_timer: Some(1), ..QpAttr::default() }), Ok(S::Rts));
     }
 }

@@ -1,0 +1,254 @@
+//! A deterministic network simulator: devices joined by one link that, driven by one seed,
+//! loses, duplicates, reorders, delays, corrupts, rate-limits and partitions. Time is
+//! virtual (ns); nothing here reads a clock.
+//!
+//! Each packet is framed with a real IPv4/UDP header and a real ICRC on the way in, and
+//! the ICRC is checked on the way out, as a NIC would: a corrupted packet must fail it.
+
+pub mod swarm;
+
+use crate::engine::rng::Rng;
+use crate::engine::verbs::Gid;
+use crate::engine::{Device, Transmit};
+use crate::proto::roce::icrc::{self, IpHeader};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// What the link does to packets. Probabilities are per packet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Faults {
+    /// Lose the packet.
+    pub loss: f64,
+    /// Deliver it twice.
+    pub duplicate: f64,
+    /// Hold it back so later packets overtake it.
+    pub reorder: f64,
+    /// Flip 1 to 3 bits of it.
+    pub corrupt: f64,
+    /// One-way delay range, ns.
+    pub delay_ns: (u64, u64),
+    /// Serialization rate, bytes per µs (None: unlimited).
+    pub rate_bytes_per_us: Option<u64>,
+    /// Partitions: every `period` ns the link is down for `down` ns.
+    pub partition: Option<(u64, u64)>,
+}
+
+impl Faults {
+    /// A clean link with a fixed 10 µs delay.
+    pub fn none() -> Self {
+        Faults {
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            corrupt: 0.0,
+            delay_ns: (10_000, 10_000),
+            rate_bytes_per_us: None,
+            partition: None,
+        }
+    }
+}
+
+/// Counters of what the link did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Packets offered.
+    pub sent: u64,
+    /// Packets delivered.
+    pub delivered: u64,
+    /// Lost by the loss fault.
+    pub lost: u64,
+    /// Lost to a partition.
+    pub partitioned: u64,
+    /// Duplicated.
+    pub duplicated: u64,
+    /// Held back to reorder.
+    pub reordered: u64,
+    /// Corrupted.
+    pub corrupted: u64,
+    /// Dropped at delivery because the ICRC failed.
+    pub icrc_failed: u64,
+    /// Corrupted packets whose ICRC still passed (must stay 0).
+    pub corruption_missed: u64,
+}
+
+struct InFlight {
+    to: usize,
+    src: Gid,
+    frame: Vec<u8>,
+    corrupted: bool,
+}
+
+const IP_UDP: usize = 28;
+
+/// Devices on a simulated link.
+pub struct Sim {
+    /// Virtual time, ns.
+    pub now: u64,
+    /// The devices; a packet goes to the one whose GID it names.
+    pub devices: Vec<Device>,
+    /// Current faults.
+    pub faults: Faults,
+    /// Counters.
+    pub stats: LinkStats,
+    rng: Rng,
+    queue: BinaryHeap<Reverse<(u64, u64)>>,
+    slots: HashMap<u64, InFlight>,
+    seq: u64,
+    busy_until: Vec<u64>,
+    ip_id: u16,
+}
+
+impl Sim {
+    /// A simulator over `devices`, its faults drawn from `seed`.
+    pub fn new(devices: Vec<Device>, faults: Faults, seed: u64) -> Self {
+        let n = devices.len();
+        Sim {
+            now: 0,
+            devices,
+            faults,
+            stats: LinkStats::default(),
+            rng: Rng::new(seed),
+            queue: BinaryHeap::new(),
+            slots: HashMap::new(),
+            seq: 0,
+            busy_until: vec![0; n],
+            ip_id: 1,
+        }
+    }
+
+    /// Frames a packet as IPv4/UDP with its ICRC, as a transport would.
+    fn frame(&mut self, src: Gid, t: &Transmit) -> Vec<u8> {
+        let mut f = vec![0u8; IP_UDP + t.packet.len()];
+        let total = f.len() as u16;
+        f[0] = 0x45;
+        f[2..4].copy_from_slice(&total.to_be_bytes());
+        f[4..6].copy_from_slice(&self.ip_id.to_be_bytes());
+        self.ip_id = self.ip_id.wrapping_add(1);
+        f[6] = 0x40;
+        f[8] = 64;
+        f[9] = 17;
+        f[12..16].copy_from_slice(&src[12..]);
+        f[16..20].copy_from_slice(&t.dst[12..]);
+        let sport = 0xc000 | (t.src_qpn as u16 & 0x3fff);
+        f[20..22].copy_from_slice(&sport.to_be_bytes());
+        f[22..24].copy_from_slice(&4791u16.to_be_bytes());
+        f[24..26].copy_from_slice(&(total - 20).to_be_bytes());
+        f[IP_UDP..].copy_from_slice(&t.packet);
+        let (hdr, pkt) = f.split_at_mut(IP_UDP);
+        let _ = icrc::fill(IpHeader::V4(&hdr[..20]), &hdr[20..28], pkt);
+        f
+    }
+
+    fn partitioned(&self) -> bool {
+        self.faults.partition.is_some_and(|(period, down)| period > 0 && self.now % period < down)
+    }
+
+    fn offer(&mut self, from: usize, t: Transmit) {
+        self.stats.sent += 1;
+        let Some(to) = self.devices.iter().position(|d| d.gid() == t.dst) else { return };
+        if self.partitioned() {
+            self.stats.partitioned += 1;
+            return;
+        }
+        if self.rng.chance(self.faults.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        let src = self.devices[from].gid();
+        let frame = self.frame(src, &t);
+        let copies = if self.rng.chance(self.faults.duplicate) { 2 } else { 1 };
+        self.stats.duplicated += copies - 1;
+        let serialize = self.faults.rate_bytes_per_us.map_or(0, |r| frame.len() as u64 * 1000 / r.max(1));
+        let start = self.now.max(self.busy_until[from]);
+        self.busy_until[from] = start + serialize;
+        for _ in 0..copies {
+            self.schedule(to, src, frame.clone(), start + serialize);
+        }
+    }
+
+    fn schedule(&mut self, to: usize, src: Gid, mut frame: Vec<u8>, ready: u64) {
+        let (lo, hi) = self.faults.delay_ns;
+        let mut at = ready + lo + self.rng.below(hi.saturating_sub(lo) + 1);
+        if self.rng.chance(self.faults.reorder) {
+            self.stats.reordered += 1;
+            at += self.rng.below(4 * hi.max(1) + 1);
+        }
+        let corrupted = self.rng.chance(self.faults.corrupt);
+        if corrupted {
+            self.stats.corrupted += 1;
+            // 1 to 3 distinct bits, none in BTH byte 4: FECN/BECN may change in flight and the
+            // ICRC masks them (Annex A17.3.3).
+            let bits = (frame.len() - IP_UDP) as u64 * 8;
+            let mut flipped: Vec<u64> = Vec::new();
+            while flipped.len() < 1 + self.rng.below(3) as usize {
+                let bit = self.rng.below(bits);
+                if bit / 8 != 4 && !flipped.contains(&bit) {
+                    flipped.push(bit);
+                }
+            }
+            for bit in flipped {
+                frame[IP_UDP + bit as usize / 8] ^= 1 << (bit % 8);
+            }
+        }
+        self.seq += 1;
+        self.slots.insert(self.seq, InFlight { to, src, frame, corrupted });
+        self.queue.push(Reverse((at, self.seq)));
+    }
+
+    fn deliver(&mut self, seq: u64) {
+        let Some(p) = self.slots.remove(&seq) else { return };
+        let (hdr, pkt) = p.frame.split_at(IP_UDP);
+        if icrc::verify(IpHeader::V4(&hdr[..20]), &hdr[20..28], pkt).is_err() {
+            self.stats.icrc_failed += 1;
+            return;
+        }
+        if p.corrupted {
+            self.stats.corruption_missed += 1;
+        }
+        self.stats.delivered += 1;
+        self.devices[p.to].handle_packet(self.now, p.src, pkt);
+    }
+
+    /// Moves every device's pending packets onto the link.
+    pub fn flush_transmits(&mut self) {
+        for i in 0..self.devices.len() {
+            while let Some(t) = self.devices[i].poll_transmit(self.now) {
+                self.offer(i, t);
+            }
+        }
+    }
+
+    /// Advances to the next event (a delivery or a timer) and runs it. False when nothing
+    /// is left to happen.
+    pub fn step(&mut self) -> bool {
+        self.flush_transmits();
+        let next_packet = self.queue.peek().map(|Reverse((t, _))| *t);
+        let next_timer = self.devices.iter().filter_map(|d| d.poll_timeout()).min();
+        let Some(next) = [next_packet, next_timer].into_iter().flatten().min() else { return false };
+        self.now = self.now.max(next);
+        while let Some(Reverse((t, seq))) = self.queue.peek().copied() {
+            if t > self.now {
+                break;
+            }
+            self.queue.pop();
+            self.deliver(seq);
+        }
+        for d in &mut self.devices {
+            if d.poll_timeout().is_some_and(|t| t <= self.now) {
+                d.handle_timeout(self.now);
+            }
+        }
+        self.flush_transmits();
+        true
+    }
+
+    /// Runs until nothing is left to happen or `until` ns.
+    pub fn run_until(&mut self, until: u64) {
+        while self.now < until && self.step() {}
+    }
+
+    /// Packets in flight.
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+}

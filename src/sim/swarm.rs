@@ -1,0 +1,566 @@
+//! The swarm test: one seed picks a workload (every RC opcode, sizes from 0 to hundreds of
+//! KiB, several QPs, random signaling, receives withheld to force RNR) and a fault mix,
+//! then runs it on two devices and checks invariants after every step:
+//! every work request completes once, in order, successfully; remote memory holds what was
+//! written; a READ returns exactly the region's bytes; each atomic is applied once;
+//! every corrupted packet fails its ICRC; once faults stop, everything finishes.
+
+use super::{Faults, LinkStats, Sim};
+use crate::engine::mem::{Access, Mr};
+use crate::engine::rng::Rng;
+use crate::engine::verbs::*;
+use crate::engine::{Device, DeviceConfig};
+use std::collections::VecDeque;
+use std::fmt;
+
+const RING: usize = 1 << 21;
+const PATTERN: usize = 1 << 20;
+const MAX_WQE: usize = 64;
+
+/// Why a seed failed.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// What went wrong.
+    pub what: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seed {} failed: {}\nreproduce with: softrdma sim --seed {}", self.seed, self.what, self.seed)
+    }
+}
+
+/// What a passing seed did.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Work requests completed.
+    pub work_requests: u64,
+    /// Bytes moved by them.
+    pub bytes: u64,
+    /// Virtual time taken, ns.
+    pub virtual_ns: u64,
+    /// What the link did.
+    pub link: LinkStats,
+    /// The fault mix.
+    pub faults: Faults,
+    /// QPs.
+    pub qps: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Send { imm: Option<u32> },
+    Write { remote: usize, imm: Option<u32> },
+    Read { remote: usize },
+    FetchAdd { add: u64, expect: u64 },
+    CompareSwap { compare: u64, swap: u64, expect: u64 },
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    wr_id: u64,
+    kind: Kind,
+    len: usize,
+    local: usize,
+    data: Vec<u8>,
+    signaled: bool,
+}
+
+/// A message the responder must see arrive, in order.
+#[derive(Debug, Clone)]
+struct Incoming {
+    len: usize,
+    imm: Option<u32>,
+    write_imm: bool,
+    data: Vec<u8>,
+    buf: Option<usize>,
+}
+
+/// One direction of one connection: requests from `req` to `resp`.
+struct Flow {
+    req: usize,
+    resp: usize,
+    qpn: u32,
+    peer_qpn: u32,
+    send_cq: u32,
+    src: Mr,
+    dst: Mr,
+    todo: VecDeque<Op>,
+    pending: VecDeque<Op>,
+    incoming: VecDeque<Incoming>,
+    recv_next: usize,
+    local_next: usize,
+    remote_next: usize,
+    recv_ring_next: usize,
+    atomic_model: u64,
+    done_ops: u64,
+    bytes: u64,
+}
+
+fn pattern_byte(i: usize) -> u8 {
+    (i.wrapping_mul(31) ^ (i >> 7)) as u8
+}
+
+fn fill_random(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+fn pick_len(rng: &mut Rng) -> usize {
+    match rng.below(100) {
+        0..=39 => rng.below(257) as usize,
+        40..=79 => rng.below(8193) as usize,
+        80..=96 => rng.below(65_537) as usize,
+        _ => rng.below(512 * 1024 + 1) as usize,
+    }
+}
+
+/// Picks the fault mix of a seed: each fault is on or off, at a random strength.
+pub fn pick_faults(rng: &mut Rng) -> Faults {
+    let on =
+        |p: f64, max: f64, rng: &mut Rng| if rng.chance(p) { max * (rng.below(1000) as f64 / 1000.0) } else { 0.0 };
+    let loss = on(0.6, 0.05, rng);
+    let duplicate = on(0.5, 0.05, rng);
+    let reorder = on(0.5, 0.1, rng);
+    let corrupt = on(0.5, 0.03, rng);
+    let lo = 1_000 + rng.below(20_000);
+    let delay_ns = (lo, lo + rng.below(50_000));
+    let rate_bytes_per_us = rng.chance(0.4).then(|| 100 + rng.below(5_000));
+    let partition = rng.chance(0.3).then(|| (5_000_000 + rng.below(20_000_000), 100_000 + rng.below(1_500_000)));
+    Faults { loss, duplicate, reorder, corrupt, delay_ns, rate_bytes_per_us, partition }
+}
+
+fn device(i: usize, seed: u64) -> Device {
+    let gid = gid_from_ipv4([10, 0, 0, 1 + i as u8]);
+    Device::new(DeviceConfig { gid, seed: seed ^ (0x5eed << i), max_qps: 64, max_mrs: 256 })
+}
+
+/// Connects a QP on device `a` to one on device `b` (RESET → INIT → RTR → RTS both ways).
+pub fn connect(sim: &mut Sim, a: usize, b: usize, rng: &mut Rng, mtu: Mtu) -> Result<(u32, u32, u32, u32), VerbsError> {
+    let make = |d: &mut Device| -> Result<(u32, u32), VerbsError> {
+        let pd = crate::engine::mem::Pd(1);
+        let cq = d.create_cq(4096);
+        let qpn = d.create_qp(QpInit {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            caps: QpCaps { max_send_wr: MAX_WQE, max_recv_wr: MAX_WQE, max_sge: 4 },
+        })?;
+        Ok((qpn, cq))
+    };
+    let (qa, cqa) = make(&mut sim.devices[a])?;
+    let (qb, cqb) = make(&mut sim.devices[b])?;
+    let (psn_a, psn_b) = (sim.devices[a].random_psn(), sim.devices[b].random_psn());
+    let ord = 1 + rng.below(8) as u8;
+    let rnr_timer = 1 + rng.below(14) as u8;
+    for (d, q, peer, peer_q, my_psn, peer_psn) in [(a, qa, b, qb, psn_a, psn_b), (b, qb, a, qa, psn_b, psn_a)] {
+        let peer_gid = sim.devices[peer].gid();
+        let dev = &mut sim.devices[d];
+        dev.modify_qp(q, &QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })?;
+        dev.modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                dest_gid: Some(peer_gid),
+                dest_qpn: Some(peer_q),
+                rq_psn: Some(peer_psn),
+                path_mtu: Some(mtu),
+                max_dest_rd_atomic: Some(ord),
+                min_rnr_timer: Some(rnr_timer),
+                ..QpAttr::default()
+            },
+        )?;
+        dev.modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(my_psn),
+                timeout: Some(12),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(ord),
+                ..QpAttr::default()
+            },
+        )?;
+    }
+    Ok((qa, cqa, qb, cqb))
+}
+
+fn make_flow(
+    sim: &mut Sim,
+    req: usize,
+    resp: usize,
+    qpn: u32,
+    peer_qpn: u32,
+    cqs: (u32, u32),
+) -> Result<Flow, VerbsError> {
+    let pd = crate::engine::mem::Pd(1);
+    let src = sim.devices[req].reg_mr(pd, RING, Access::ALL)?;
+    let dst = sim.devices[resp].reg_mr(pd, RING * 2 + PATTERN + 64, Access::ALL)?;
+    let pattern: Vec<u8> = (0..PATTERN).map(pattern_byte).collect();
+    dst.mem.write(RING * 2, &pattern);
+    Ok(Flow {
+        req,
+        resp,
+        qpn,
+        peer_qpn,
+        send_cq: cqs.0,
+        src,
+        dst,
+        todo: VecDeque::new(),
+        pending: VecDeque::new(),
+        incoming: VecDeque::new(),
+        recv_next: 0,
+        local_next: 0,
+        remote_next: 0,
+        recv_ring_next: 0,
+        atomic_model: 0,
+        done_ops: 0,
+        bytes: 0,
+    })
+}
+
+fn plan(flow: &mut Flow, rng: &mut Rng, n: usize, base_id: u64) {
+    for i in 0..n {
+        let len = pick_len(rng);
+        let imm = rng.chance(0.3).then(|| rng.next_u64() as u32);
+        let kind = match rng.below(6) {
+            0 | 1 => Kind::Send { imm },
+            2 => Kind::Write { remote: 0, imm },
+            3 => Kind::Read { remote: 0 },
+            4 => Kind::FetchAdd { add: rng.next_u64() >> rng.below(64), expect: 0 },
+            _ => Kind::CompareSwap { compare: 0, swap: rng.next_u64(), expect: 0 },
+        };
+        let len = if matches!(kind, Kind::FetchAdd { .. } | Kind::CompareSwap { .. }) { 8 } else { len };
+        let data =
+            if matches!(kind, Kind::Send { .. } | Kind::Write { .. }) { fill_random(rng, len) } else { Vec::new() };
+        flow.todo.push_back(Op { wr_id: base_id + i as u64, kind, len, local: 0, data, signaled: rng.chance(0.7) });
+    }
+    if let Some(last) = flow.todo.back_mut() {
+        last.signaled = true; // the last one must complete visibly
+    }
+}
+
+fn ring_alloc(next: &mut usize, len: usize, align: usize) -> usize {
+    let mut at = next.div_ceil(align) * align;
+    if at + len > RING {
+        at = 0;
+    }
+    *next = at + len;
+    at
+}
+
+fn outstanding_bytes(flow: &Flow) -> usize {
+    flow.pending.iter().map(|o| o.len).sum()
+}
+
+/// Posts the next planned work request of `flow` if the queue and the rings have room.
+fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, String> {
+    let Some(op) = flow.todo.front() else { return Ok(false) };
+    if flow.pending.len() >= MAX_WQE || outstanding_bytes(flow) + op.len > RING / 2 {
+        return Ok(false);
+    }
+    let Some(mut op) = flow.todo.pop_front() else { return Ok(false) };
+    op.local = ring_alloc(&mut flow.local_next, op.len, 8);
+    let remote = Remote { addr: flow.dst.addr, rkey: flow.dst.rkey };
+    let sge = Sge { addr: flow.src.addr + op.local as u64, length: op.len as u32, lkey: flow.src.lkey };
+    let at = |off: usize| Remote { addr: remote.addr + off as u64, ..remote };
+    let atomic_at = at(RING * 2 + PATTERN + 8 * (flow.qpn as usize % 8));
+    let sendop = match &mut op.kind {
+        Kind::Send { imm } => {
+            flow.src.mem.write(op.local, &op.data);
+            flow.incoming.push_back(Incoming {
+                len: op.len,
+                imm: *imm,
+                write_imm: false,
+                data: op.data.clone(),
+                buf: None,
+            });
+            imm.map_or(SendOp::Send, SendOp::SendImm)
+        }
+        Kind::Write { remote: r, imm } => {
+            flow.src.mem.write(op.local, &op.data);
+            *r = ring_alloc(&mut flow.remote_next, op.len, 1);
+            if let Some(i) = imm {
+                flow.incoming.push_back(Incoming {
+                    len: 0,
+                    imm: Some(*i),
+                    write_imm: true,
+                    data: Vec::new(),
+                    buf: None,
+                });
+                SendOp::WriteImm(at(*r), *i)
+            } else {
+                SendOp::Write(at(*r))
+            }
+        }
+        Kind::Read { remote: r } => {
+            *r = rng.below((PATTERN - op.len) as u64 + 1) as usize;
+            SendOp::Read(at(RING * 2 + *r))
+        }
+        Kind::FetchAdd { add, expect } => {
+            *expect = flow.atomic_model;
+            flow.atomic_model = flow.atomic_model.wrapping_add(*add);
+            SendOp::FetchAdd(atomic_at, *add)
+        }
+        Kind::CompareSwap { compare, swap, expect } => {
+            *expect = flow.atomic_model;
+            *compare = if rng.chance(0.5) { flow.atomic_model } else { rng.next_u64() };
+            if *compare == flow.atomic_model {
+                flow.atomic_model = *swap;
+            }
+            SendOp::CompareSwap(atomic_at, *compare, *swap)
+        }
+    };
+    let wr = SendWr { wr_id: op.wr_id, op: sendop, sgl: vec![sge], signaled: op.signaled, solicited: rng.chance(0.1) };
+    sim.devices[flow.req].post_send(flow.qpn, wr).map_err(|e| format!("post_send: {e:?}"))?;
+    flow.pending.push_back(op);
+    Ok(true)
+}
+
+/// Posts a receive for the next message that has none, sized exactly or with room to spare.
+fn post_recv(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, String> {
+    let Some(inc) = flow.incoming.get_mut(flow.recv_next) else { return Ok(false) };
+    let size = inc.len + if rng.chance(0.5) { rng.below(64) as usize } else { 0 };
+    let at = ring_alloc(&mut flow.recv_ring_next, size, 8);
+    inc.buf = Some(at);
+    let sge = Sge { addr: flow.dst.addr + (RING + at) as u64, length: size as u32, lkey: flow.dst.lkey };
+    let wr = RecvWr { wr_id: flow.recv_next as u64, sgl: vec![sge] };
+    match sim.devices[flow.resp].post_recv(flow.peer_qpn, wr) {
+        Ok(()) => {
+            flow.recv_next += 1;
+            Ok(true)
+        }
+        Err(VerbsError::QueueFull) => Ok(false),
+        Err(e) => Err(format!("post_recv: {e:?}")),
+    }
+}
+
+fn check_effect(flow: &Flow, op: &Op) -> Result<(), String> {
+    match &op.kind {
+        Kind::Write { remote, .. } => {
+            let mut got = vec![0u8; op.len];
+            flow.dst.mem.read(*remote, &mut got);
+            if got != op.data {
+                let first = got.iter().zip(&op.data).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(format!(
+                    "WRITE wr {} ({} bytes at {remote}): remote memory differs from byte {first}",
+                    op.wr_id, op.len
+                ));
+            }
+        }
+        Kind::Read { remote } => {
+            let mut got = vec![0u8; op.len];
+            flow.src.mem.read(op.local, &mut got);
+            let want: Vec<u8> = (*remote..*remote + op.len).map(pattern_byte).collect();
+            if got != want {
+                return Err(format!("READ wr {} ({} bytes at {}): wrong bytes", op.wr_id, op.len, remote));
+            }
+        }
+        Kind::FetchAdd { expect, .. } | Kind::CompareSwap { expect, .. } => {
+            let mut b = [0u8; 8];
+            flow.src.mem.read(op.local, &mut b);
+            let got = u64::from_le_bytes(b);
+            if got != *expect {
+                return Err(format!("atomic wr {}: original {got:#x}, model says {expect:#x}", op.wr_id));
+            }
+        }
+        Kind::Send { .. } => {}
+    }
+    Ok(())
+}
+
+/// Checks send completions: in order, exactly once, successful, with their effects.
+fn check_send_cq(flow: &mut Flow, wcs: &[Wc]) -> Result<(), String> {
+    for wc in wcs {
+        if wc.status != WcStatus::Success {
+            return Err(format!("wr {} completed with {:?}", wc.wr_id, wc.status));
+        }
+        loop {
+            let Some(op) = flow.pending.pop_front() else {
+                return Err(format!("completion for wr {} that is not outstanding", wc.wr_id));
+            };
+            check_effect(flow, &op)?;
+            flow.done_ops += 1;
+            flow.bytes += op.len as u64;
+            if op.wr_id == wc.wr_id {
+                break;
+            }
+            if op.signaled {
+                return Err(format!("wr {} completed before signaled wr {}", wc.wr_id, op.wr_id));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks receive completions: in posting order, with the sender's bytes and immediate.
+fn check_recv_cq(flow: &mut Flow, wcs: &[Wc]) -> Result<(), String> {
+    for wc in wcs {
+        if wc.status != WcStatus::Success {
+            return Err(format!("receive completed with {:?}", wc.status));
+        }
+        let Some(inc) = flow.incoming.pop_front() else { return Err("receive completion with no message sent".into()) };
+        flow.recv_next = flow.recv_next.saturating_sub(1);
+        let opcode = if inc.write_imm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv };
+        if wc.opcode != opcode || wc.imm != inc.imm || (!inc.write_imm && wc.byte_len as usize != inc.len) {
+            return Err(format!(
+                "receive {:?} imm {:?} len {} != expected {:?} {:?} {}",
+                wc.opcode, wc.imm, wc.byte_len, opcode, inc.imm, inc.len
+            ));
+        }
+        if let Some(at) = inc.buf.filter(|_| !inc.write_imm) {
+            let mut got = vec![0u8; inc.len];
+            flow.dst.mem.read(RING + at, &mut got);
+            if got != inc.data {
+                return Err(format!("received {} bytes differ from those sent", inc.len));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds the devices, connections and workload of a seed.
+fn setup(seed: u64) -> Result<(Sim, Vec<Flow>, Rng), String> {
+    let mut rng = Rng::new(seed);
+    let faults = pick_faults(&mut rng);
+    let mut sim = Sim::new(vec![device(0, seed), device(1, seed)], faults, rng.next_u64());
+    let mtu = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096][rng.below(5) as usize];
+    let nqps = 1 + rng.below(3) as usize;
+    let mut flows = Vec::new();
+    for i in 0..nqps {
+        let (qa, cqa, qb, cqb) = connect(&mut sim, 0, 1, &mut rng, mtu).map_err(|e| format!("connect: {e:?}"))?;
+        let ops = 5 + rng.below(40) as usize;
+        for (req, resp, q, pq, cq, pcq) in [(0, 1, qa, qb, cqa, cqb), (1, 0, qb, qa, cqb, cqa)] {
+            let mut f = make_flow(&mut sim, req, resp, q, pq, (cq, pcq)).map_err(|e| format!("{e:?}"))?;
+            plan(&mut f, &mut rng, ops, (i as u64) << 32 | (req as u64) << 24);
+            flows.push(f);
+        }
+    }
+    Ok((sim, flows, rng))
+}
+
+/// Runs one seed.
+pub fn run(seed: u64) -> Result<Report, Failure> {
+    run_with(seed, None)
+}
+
+/// Runs one seed's workload, with `faults` instead of the seed's own when given.
+pub fn run_with(seed: u64, faults: Option<Faults>) -> Result<Report, Failure> {
+    run_inner(seed, faults).map_err(|what| Failure { seed, what })
+}
+
+fn run_inner(seed: u64, forced: Option<Faults>) -> Result<Report, String> {
+    let (mut sim, mut flows, mut rng) = setup(seed)?;
+    if let Some(f) = forced {
+        sim.faults = f;
+    }
+    let faults = sim.faults.clone();
+    let recv_eagerness = [0.02, 0.2, 1.0][rng.below(3) as usize];
+    let fault_end = 50_000_000 + rng.below(100_000_000);
+    let deadline = fault_end + 30_000_000_000;
+    let mut faults_on = true;
+    loop {
+        for f in flows.iter_mut() {
+            while post_next(&mut sim, f, &mut rng)? {}
+            if rng.chance(recv_eagerness) {
+                post_recv(&mut sim, f, &mut rng)?;
+            }
+        }
+        let moved = sim.step();
+        poll_and_check(&mut sim, &mut flows)?;
+        if sim.stats.corruption_missed > 0 {
+            return Err("a corrupted packet passed its ICRC".into());
+        }
+        if faults_on && sim.now >= fault_end {
+            faults_on = false;
+            sim.faults = Faults { delay_ns: sim.faults.delay_ns, ..Faults::none() };
+        }
+        let finished = flows.iter().all(|f| f.todo.is_empty() && f.pending.is_empty() && f.incoming.is_empty());
+        if finished {
+            break;
+        }
+        if !moved {
+            // Nothing in flight and no timer: only withheld receives can be missing.
+            let mut posted = false;
+            for f in flows.iter_mut() {
+                posted |= post_recv(&mut sim, f, &mut rng)?;
+            }
+            if !posted && flows.iter().all(|f| f.todo.is_empty() || f.pending.len() >= MAX_WQE) {
+                return Err(stuck(&sim, &flows, "idle with work outstanding"));
+            }
+        }
+        if sim.now > deadline {
+            return Err(stuck(&sim, &flows, "not finished 30 s after the faults stopped"));
+        }
+    }
+    for f in &flows {
+        let mut b = [0u8; 8];
+        f.dst.mem.read(RING * 2 + PATTERN + 8 * (f.qpn as usize % 8), &mut b);
+        if u64::from_le_bytes(b) != f.atomic_model {
+            return Err(format!(
+                "atomic word of QP {} is {:#x}, model {:#x}",
+                f.qpn,
+                u64::from_le_bytes(b),
+                f.atomic_model
+            ));
+        }
+    }
+    Ok(Report {
+        work_requests: flows.iter().map(|f| f.done_ops).sum(),
+        bytes: flows.iter().map(|f| f.bytes).sum(),
+        virtual_ns: sim.now,
+        link: sim.stats.clone(),
+        faults,
+        qps: flows.len() / 2,
+    })
+}
+
+fn poll_and_check(sim: &mut Sim, flows: &mut [Flow]) -> Result<(), String> {
+    for i in 0..flows.len() {
+        let (req, send_cq) = (flows[i].req, flows[i].send_cq);
+        let wcs = sim.devices[req].poll_cq(send_cq, usize::MAX);
+        for wc in wcs {
+            // Send and receive completions share a CQ per QP: route by opcode and QP.
+            let owner = flows.iter().position(|f| {
+                let is_recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                if is_recv {
+                    f.resp == req && f.peer_qpn == wc.qpn
+                } else {
+                    f.req == req && f.qpn == wc.qpn
+                }
+            });
+            let Some(o) = owner else { return Err(format!("completion for unknown QP {}", wc.qpn)) };
+            if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                check_recv_cq(&mut flows[o], &[wc])?;
+            } else {
+                check_send_cq(&mut flows[o], &[wc])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn stuck(sim: &Sim, flows: &[Flow], why: &str) -> String {
+    let mut s = format!("{why} at t={} ns", sim.now);
+    for f in flows {
+        s += &format!(
+            "; QP {}->{}: {} to post, {} outstanding, {} messages unreceived ({} receives posted), state {:?}",
+            f.qpn,
+            f.peer_qpn,
+            f.todo.len(),
+            f.pending.len(),
+            f.incoming.len(),
+            f.recv_next,
+            sim.devices[f.req].qp_state(f.qpn)
+        );
+    }
+    s
+}
