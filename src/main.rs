@@ -71,6 +71,9 @@ fn sim_one(seed: u64) -> ExitCode {
             );
             println!("faults: {:?}", r.faults);
             println!("link: {:?}", r.link);
+            for (i, d) in r.devices.iter().enumerate() {
+                println!("device {i}: {d:?}");
+            }
             ExitCode::SUCCESS
         }
         Err(f) => {

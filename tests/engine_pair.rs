@@ -119,3 +119,25 @@ fn atomics_return_the_original_value_once() {
     p.mb.mem.read(64, &mut b[..8]);
     assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), 7);
 }
+
+#[test]
+fn lost_read_responses_are_asked_for_again() {
+    let mut p = pair(Mtu::M256);
+    let data: Vec<u8> = (0..600).map(|i| i as u8).collect();
+    p.mb.mem.write(0, &data);
+    let mut dropped = 0;
+    p.sim.tamper = Some(Box::new(move |from, pkt| {
+        // Lose the first two READ responses from B.
+        if from == 1 && (0x0d..=0x10).contains(&pkt[0]) && dropped < 2 {
+            dropped += 1;
+            return false;
+        }
+        true
+    }));
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Read(remote(&p.mb, 0)), vec![sge(&p.ma, 0, 600)])).unwrap();
+    let wc = wait(&mut p, 0);
+    assert_eq!(wc.status, WcStatus::Success, "{}", p.sim.devices[0].qp_summary(p.qa));
+    let mut got = vec![0u8; 600];
+    p.ma.mem.read(0, &mut got);
+    assert_eq!(got, data);
+}

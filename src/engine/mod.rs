@@ -200,6 +200,40 @@ impl Device {
         self.qps.remove(&qpn).map(|_| ()).ok_or(VerbsError::NotFound)
     }
 
+    /// A one-line account of a QP's send and receive state, for failure reports.
+    pub fn qp_summary(&self, qpn: u32) -> String {
+        let Some(q) = self.qps.get(&qpn) else { return format!("QP {qpn}: none") };
+        let r = &q.req;
+        let wqes: Vec<String> = r
+            .wqes
+            .iter()
+            .take(6)
+            .map(|w| {
+                format!(
+                    "{:?}@{}+{} next={} done_pkts={} done={:?}",
+                    w.wc_opcode(),
+                    w.first_psn,
+                    w.npkts,
+                    w.next_pkt,
+                    w.done_pkts,
+                    w.done
+                )
+            })
+            .collect();
+        format!(
+            "QP {qpn} {:?}: next_psn={} send_idx={} acked={:?} rewound_to={:?} timer={:?} retry_left={} {} wqes [{}]",
+            q.state,
+            r.next_psn,
+            r.send_idx,
+            r.acked,
+            r.rewound_to,
+            r.timer,
+            r.retry_left,
+            q.resp.summary(),
+            wqes.join(", ")
+        )
+    }
+
     /// The state of a QP.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.qps.get(&qpn).map(|q| q.state)

@@ -96,6 +96,11 @@ pub struct Sim {
     seq: u64,
     busy_until: Vec<u64>,
     ip_id: u16,
+    /// Sees every packet before the faults (sender index, packet BTH..ICRC); returning
+    /// false drops it. For tests that lose or alter one particular packet.
+    pub tamper: Option<Box<dyn FnMut(usize, &mut Vec<u8>) -> bool>>,
+    /// The last packets delivered or dropped, for failure reports.
+    pub trace: std::collections::VecDeque<String>,
 }
 
 impl Sim {
@@ -113,6 +118,8 @@ impl Sim {
             seq: 0,
             busy_until: vec![0; n],
             ip_id: 1,
+            tamper: None,
+            trace: std::collections::VecDeque::new(),
         }
     }
 
@@ -143,8 +150,14 @@ impl Sim {
         self.faults.partition.is_some_and(|(period, down)| period > 0 && self.now % period < down)
     }
 
-    fn offer(&mut self, from: usize, t: Transmit) {
+    fn offer(&mut self, from: usize, mut t: Transmit) {
         self.stats.sent += 1;
+        if let Some(f) = self.tamper.as_mut() {
+            if !f(from, &mut t.packet) {
+                self.stats.lost += 1;
+                return;
+            }
+        }
         let Some(to) = self.devices.iter().position(|d| d.gid() == t.dst) else { return };
         if self.partitioned() {
             self.stats.partitioned += 1;
@@ -206,6 +219,22 @@ impl Sim {
             self.stats.corruption_missed += 1;
         }
         self.stats.delivered += 1;
+        if self.trace.len() >= 60 {
+            self.trace.pop_front();
+        }
+        let aeth = if matches!(pkt[0], 0x0d | 0x0f | 0x10 | 0x11 | 0x12) {
+            format!(" aeth={:02x}", pkt[12])
+        } else {
+            String::new()
+        };
+        self.trace.push_back(format!(
+            "t={} to={} op={:02x} qp={} psn={:06x}{aeth}",
+            self.now,
+            p.to,
+            pkt[0],
+            u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]]),
+            u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]])
+        ));
         self.devices[p.to].handle_packet(self.now, p.src, pkt);
     }
 

@@ -47,6 +47,8 @@ pub struct Report {
     pub faults: Faults,
     /// QPs.
     pub qps: usize,
+    /// Each device's counters.
+    pub devices: Vec<crate::engine::Stats>,
 }
 
 #[derive(Debug, Clone)]
@@ -462,20 +464,44 @@ fn run_inner(seed: u64, forced: Option<Faults>) -> Result<Report, String> {
     if let Some(f) = forced {
         sim.faults = f;
     }
+    drive(&mut sim, &mut flows, &mut rng).map_err(|e| {
+        let mut devices: Vec<String> = sim.devices.iter().map(|d| format!("{:?}", d.stats)).collect();
+        for f in &flows {
+            devices.push(sim.devices[f.req].qp_summary(f.qpn));
+        }
+        if std::env::var_os("SOFTRDMA_SIM_TRACE").is_some() {
+            devices.extend(sim.trace.iter().cloned());
+        }
+        format!(
+            "{e}\n  at t={} ns, faults {:?}\n  link {:?}\n  devices {}",
+            sim.now,
+            sim.faults,
+            sim.stats,
+            devices.join("\n          ")
+        )
+    })
+}
+
+fn drive(sim: &mut Sim, flows: &mut [Flow], rng: &mut Rng) -> Result<Report, String> {
     let faults = sim.faults.clone();
     let recv_eagerness = [0.02, 0.2, 1.0][rng.below(3) as usize];
     let fault_end = 50_000_000 + rng.below(100_000_000);
     let deadline = fault_end + 30_000_000_000;
     let mut faults_on = true;
+    let tracing = std::env::var_os("SOFTRDMA_SIM_TRACE").is_some();
+    let mut snapshot = String::new();
     loop {
         for f in flows.iter_mut() {
-            while post_next(&mut sim, f, &mut rng)? {}
+            while post_next(sim, f, rng)? {}
             if rng.chance(recv_eagerness) {
-                post_recv(&mut sim, f, &mut rng)?;
+                post_recv(sim, f, rng)?;
             }
         }
         let moved = sim.step();
-        poll_and_check(&mut sim, &mut flows)?;
+        if tracing {
+            snapshot = flows.iter().map(|f| sim.devices[f.req].qp_summary(f.qpn)).collect::<Vec<_>>().join("\n  ");
+        }
+        poll_and_check(sim, flows).map_err(|e| format!("{e}\n  state one step before:\n  {snapshot}"))?;
         if sim.stats.corruption_missed > 0 {
             return Err("a corrupted packet passed its ICRC".into());
         }
@@ -491,17 +517,17 @@ fn run_inner(seed: u64, forced: Option<Faults>) -> Result<Report, String> {
             // Nothing in flight and no timer: only withheld receives can be missing.
             let mut posted = false;
             for f in flows.iter_mut() {
-                posted |= post_recv(&mut sim, f, &mut rng)?;
+                posted |= post_recv(sim, f, rng)?;
             }
             if !posted && flows.iter().all(|f| f.todo.is_empty() || f.pending.len() >= MAX_WQE) {
-                return Err(stuck(&sim, &flows, "idle with work outstanding"));
+                return Err(stuck(sim, flows, "idle with work outstanding"));
             }
         }
         if sim.now > deadline {
-            return Err(stuck(&sim, &flows, "not finished 30 s after the faults stopped"));
+            return Err(stuck(sim, flows, "not finished 30 s after the faults stopped"));
         }
     }
-    for f in &flows {
+    for f in flows.iter() {
         let mut b = [0u8; 8];
         f.dst.mem.read(RING * 2 + PATTERN + 8 * (f.qpn as usize % 8), &mut b);
         if u64::from_le_bytes(b) != f.atomic_model {
@@ -520,6 +546,7 @@ fn run_inner(seed: u64, forced: Option<Faults>) -> Result<Report, String> {
         link: sim.stats.clone(),
         faults,
         qps: flows.len() / 2,
+        devices: sim.devices.iter().map(|d| d.stats.clone()).collect(),
     })
 }
 

@@ -43,6 +43,12 @@ impl Requester {
     /// 9.7.5.2.1); stops at the first READ/atomic, whose data only its response brings.
     fn ack_through(&mut self, psn: Psn) -> bool {
         let mut progress = false;
+        // Any advance of the acknowledged PSN is progress (IBTA 9.7.6.1.3), even inside a
+        // message that has not finished.
+        if self.acked.is_none_or(|a| a.serial_cmp(psn).is_lt()) && self.outstanding_or_before(psn) {
+            progress = self.acked.is_some();
+            self.acked = Some(psn);
+        }
         for w in self.wqes.iter_mut() {
             if w.done.is_some() {
                 continue;
@@ -62,6 +68,11 @@ impl Requester {
         self.rnr_left = self.rnr_retry;
         let pending = self.wqes.iter().any(|w| w.started && w.done.is_none());
         self.timer = if pending { super::ack_timeout_ns(self.timeout).map(|t| now + t) } else { None };
+    }
+
+    /// True when `psn` is at or before the last PSN sent: an acknowledgement of it is real.
+    fn outstanding_or_before(&self, psn: Psn) -> bool {
+        psn.serial_cmp(self.next_psn).is_lt()
     }
 
     /// True when `psn` belongs to a request that is sent and not yet finished.
@@ -84,6 +95,7 @@ impl Requester {
                 if self.ack_through(psn) {
                     self.progress(ctx.now);
                 }
+                self.reread_if_skipped(psn);
             }
             Syndrome::RnrNak { timer } => {
                 self.ack_through(psn.sub(1));
@@ -104,7 +116,11 @@ impl Requester {
                     self.progress(ctx.now);
                 }
                 ctx.stats.seq_naks_received += 1;
-                self.rewind(psn);
+                // The same hole NAKed again while its resend is under way: stale packets
+                // sent before the rewind provoked it. A NAK further on is new information.
+                if self.rewound_to != Some(psn) || !self.already_resending(psn) {
+                    self.rewind(psn);
+                }
             }
             Syndrome::Nak(code) => {
                 self.ack_through(psn.sub(1));
@@ -115,6 +131,19 @@ impl Requester {
                 };
                 self.fail_at(psn, status);
             }
+        }
+    }
+
+    /// An ACK beyond an unanswered READ or atomic means its responses were lost
+    /// (IBTA 9.7.5.2.1): ask again at once rather than wait for the timer.
+    fn reread_if_skipped(&mut self, psn: Psn) {
+        let Some(w) = self.wqes.iter().find(|w| w.done.is_none()) else { return };
+        if !w.started || !w.wr.op.is_read_or_atomic() {
+            return;
+        }
+        let resume = w.first_psn.add(w.done_pkts);
+        if resume.serial_cmp(psn).is_le() && !self.already_resending(resume) {
+            self.rewind(resume);
         }
     }
 
@@ -160,8 +189,13 @@ impl Requester {
         };
         let w = &mut self.wqes[i];
         let SendOp::Read(_) = w.wr.op else { return };
-        if psn != w.first_psn.add(w.done_pkts) {
+        let expected = w.first_psn.add(w.done_pkts);
+        if psn != expected {
             ctx.stats.out_of_order_responses += 1;
+            // A response is missing (IBTA 9.7.5.2.4): ask again for the rest at once.
+            if expected.serial_cmp(psn).is_lt() && !self.already_resending(expected) {
+                self.rewind(expected);
+            }
             return;
         }
         let last = w.done_pkts + 1 == w.npkts;

@@ -10,8 +10,9 @@ use std::collections::VecDeque;
 
 /// AckReq on at least every this many packets of a long message (IBTA 9.7.2).
 pub const ACK_REQ_EVERY: u32 = 16;
-/// PSNs in flight at most, far below the 2^23 window (IBTA 9.7.1.1).
-pub const MAX_INFLIGHT_PSNS: u32 = 8192;
+/// PSNs in flight at most (far below the 2^23 window of IBTA 9.7.1.1): go-back-N resends
+/// everything after a loss, so the window bounds the cost of one.
+pub const MAX_INFLIGHT_PSNS: u32 = 256;
 
 /// One posted send work request and its progress.
 #[derive(Debug)]
@@ -86,6 +87,10 @@ pub struct Requester {
     pub timer: Option<u64>,
     /// After an RNR NAK: no sending before this time.
     pub rnr_until: Option<u64>,
+    /// The PSN of the last go-back-N, while packets from it are being resent.
+    pub rewound_to: Option<Psn>,
+    /// The highest PSN the responder has acknowledged.
+    pub acked: Option<Psn>,
     caps: QpCaps,
 }
 
@@ -104,6 +109,8 @@ impl Requester {
             max_rd_atomic: 1,
             timer: None,
             rnr_until: None,
+            rewound_to: None,
+            acked: None,
             caps,
         }
     }
@@ -235,6 +242,19 @@ impl Requester {
         else {
             return;
         };
+        // Within a SEND/WRITE, resume after what the responder already acknowledged
+        // (IBTA 9.7.4.1.5); a READ or atomic needs its responses whatever was ACKed.
+        let w = &self.wqes[i];
+        let psn = match self.acked {
+            Some(a)
+                if !w.wr.op.is_read_or_atomic()
+                    && a.serial_cmp(psn).is_ge()
+                    && a.next().in_window(w.first_psn, w.npkts) =>
+            {
+                a.next()
+            }
+            _ => psn,
+        };
         for (j, w) in self.wqes.iter_mut().enumerate().skip(i) {
             if !w.started || w.done.is_some() {
                 continue;
@@ -243,6 +263,27 @@ impl Requester {
                 if j == i && !w.wr.op.is_read_or_atomic() { w.first_psn.distance_to(psn).max(0) as u32 } else { 0 };
         }
         self.send_idx = i;
+        self.rewound_to = Some(psn);
+    }
+
+    /// The PSN of the next packet the requester will put on the wire.
+    pub fn send_cursor(&self) -> Psn {
+        match self.wqes.get(self.send_idx) {
+            Some(w) if w.started && !w.wr.op.is_read_or_atomic() => w.first_psn.add(w.next_pkt),
+            Some(w) if w.started => w.first_psn.add(w.done_pkts),
+            _ => self.next_psn,
+        }
+    }
+
+    /// True when a go-back-N to `psn` would only repeat one already under way: `psn` lies
+    /// between the last rewind point and what has been resent since. Packets sent before
+    /// that rewind, still in flight, make the responder NAK again; following each such NAK
+    /// would resend the window over and over.
+    pub fn already_resending(&self, psn: Psn) -> bool {
+        match self.rewound_to {
+            Some(r) => r.serial_cmp(psn).is_le() && psn.serial_cmp(self.send_cursor()).is_lt(),
+            None => false,
+        }
     }
 
     /// Completions for everything still queued, flushed (IBTA 10.3.1.7).

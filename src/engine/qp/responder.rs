@@ -480,6 +480,31 @@ impl Responder {
         sent
     }
 
+    /// A short account for failure reports.
+    pub fn summary(&self) -> String {
+        let res: Vec<String> = self.resources.iter().map(|r| format!("{}+{}", r.first_psn, r.npkts)).collect();
+        let replies: Vec<String> = self
+            .replies
+            .iter()
+            .take(4)
+            .map(|r| match r {
+                Reply::Ack => "ack".to_string(),
+                Reply::Nak(p, s) => format!("nak{p}{s:?}"),
+                Reply::AtomicAck { psn, .. } => format!("aack{psn}"),
+                Reply::Read(j) => format!("read{}:{}", j.psn, j.remaining),
+            })
+            .collect();
+        format!(
+            "epsn={} rq={} cur={} resources=[{}] replies({})=[{}]",
+            self.epsn,
+            self.rq.len(),
+            self.cur.is_some(),
+            res.join(","),
+            self.replies.len(),
+            replies.join(",")
+        )
+    }
+
     /// True when replies wait to be sent.
     pub fn has_replies(&self) -> bool {
         !self.replies.is_empty()
