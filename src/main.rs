@@ -84,24 +84,45 @@ fn sim_one(seed: u64) -> ExitCode {
 }
 
 fn sim_many(from: u64, count: u64) -> ExitCode {
-    let (mut wrs, mut packets, mut corrupted) = (0u64, 0u64, 0u64);
-    for seed in from..from.saturating_add(count) {
-        match softrdma::sim::swarm::run(seed) {
-            Ok(r) => {
-                wrs += r.work_requests;
-                packets += r.link.sent;
-                corrupted += r.link.corrupted;
-            }
-            Err(f) => {
-                eprintln!("{f}");
-                return ExitCode::FAILURE;
-            }
-        }
-        if (seed - from + 1) % 1000 == 0 {
-            eprintln!("{} seeds ok", seed - from + 1);
-        }
-    }
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let next = AtomicU64::new(from);
     let end = from.saturating_add(count);
+    let failed = AtomicBool::new(false);
+    let totals = std::sync::Mutex::new((0u64, 0u64, 0u64));
+    let done = AtomicU64::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= end || failed.load(Ordering::Relaxed) {
+                    break;
+                }
+                match softrdma::sim::swarm::run(seed) {
+                    Ok(r) => {
+                        if let Ok(mut t) = totals.lock() {
+                            t.0 += r.work_requests;
+                            t.1 += r.link.sent;
+                            t.2 += r.link.corrupted;
+                        }
+                    }
+                    Err(f) => {
+                        if !failed.swap(true, Ordering::Relaxed) {
+                            eprintln!("{f}");
+                        }
+                    }
+                }
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if n % 1000 == 0 {
+                    eprintln!("{n} seeds ok");
+                }
+            });
+        }
+    });
+    if failed.load(Ordering::Relaxed) {
+        return ExitCode::FAILURE;
+    }
+    let (wrs, packets, corrupted) = totals.lock().map(|t| *t).unwrap_or_default();
     println!(
         "{count} seeds ok ({from}..{end}): {wrs} work requests, {packets} packets, {corrupted} corrupted and caught"
     );

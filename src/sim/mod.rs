@@ -29,7 +29,7 @@ pub struct Faults {
     pub delay_ns: (u64, u64),
     /// Serialization rate, bytes per µs (None: unlimited).
     pub rate_bytes_per_us: Option<u64>,
-    /// Partitions: every `period` ns the link is down for `down` ns.
+    /// Partitions: about every `period` ns (random phase) the link is down for `down` ns.
     pub partition: Option<(u64, u64)>,
 }
 
@@ -47,6 +47,9 @@ impl Faults {
         }
     }
 }
+
+/// A test's hook on every packet: (sender index, packet) -> keep it.
+pub type Tamper = Box<dyn FnMut(usize, &mut Vec<u8>) -> bool>;
 
 /// Counters of what the link did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,10 +98,12 @@ pub struct Sim {
     slots: HashMap<u64, InFlight>,
     seq: u64,
     busy_until: Vec<u64>,
+    last_arrival: Vec<u64>,
+    partition_window: (u64, u64),
     ip_id: u16,
     /// Sees every packet before the faults (sender index, packet BTH..ICRC); returning
     /// false drops it. For tests that lose or alter one particular packet.
-    pub tamper: Option<Box<dyn FnMut(usize, &mut Vec<u8>) -> bool>>,
+    pub tamper: Option<Tamper>,
     /// The last packets delivered or dropped, for failure reports.
     pub trace: std::collections::VecDeque<String>,
 }
@@ -117,6 +122,8 @@ impl Sim {
             slots: HashMap::new(),
             seq: 0,
             busy_until: vec![0; n],
+            last_arrival: vec![0; n],
+            partition_window: (0, 0),
             ip_id: 1,
             tamper: None,
             trace: std::collections::VecDeque::new(),
@@ -146,8 +153,15 @@ impl Sim {
         f
     }
 
-    fn partitioned(&self) -> bool {
-        self.faults.partition.is_some_and(|(period, down)| period > 0 && self.now % period < down)
+    /// True inside a partition. Partitions come every `period` ns on average, at random
+    /// phases, so that they cannot line up with the engine's timers.
+    fn partitioned(&mut self) -> bool {
+        let Some((period, down)) = self.faults.partition else { return false };
+        while self.now >= self.partition_window.1 {
+            let start = self.partition_window.1 + period / 2 + self.rng.below(period.max(1));
+            self.partition_window = (start, start + down);
+        }
+        self.now >= self.partition_window.0
     }
 
     fn offer(&mut self, from: usize, mut t: Transmit) {
@@ -185,6 +199,11 @@ impl Sim {
         if self.rng.chance(self.faults.reorder) {
             self.stats.reordered += 1;
             at += self.rng.below(4 * hi.max(1) + 1);
+        } else {
+            // A link keeps its order: jitter delays a packet, it does not let later ones
+            // overtake it. Only the reorder fault does that.
+            at = at.max(self.last_arrival[to] + 1);
+            self.last_arrival[to] = at;
         }
         let corrupted = self.rng.chance(self.faults.corrupt);
         if corrupted {
