@@ -113,7 +113,7 @@ fn sim_many(from: u64, count: u64) -> ExitCode {
                     }
                 }
                 let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                if n % 1000 == 0 {
+                if n.is_multiple_of(1000) {
                     eprintln!("{n} seeds ok");
                 }
             });
