@@ -234,6 +234,11 @@ impl Device {
         )
     }
 
+    /// The next PSN the QP's requester will assign and the PSN its responder expects.
+    pub fn qp_psns(&self, qpn: u32) -> Option<(u32, u32)> {
+        self.qps.get(&qpn).map(|q| (q.req.next_psn.value(), q.resp.epsn.value()))
+    }
+
     /// The state of a QP.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.qps.get(&qpn).map(|q| q.state)
@@ -256,7 +261,13 @@ impl Device {
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
             return Err(VerbsError::InvalidRequest);
         }
-        qp.req.post(wr, qp.init.pd, &self.mrs, qp.path.mtu)
+        qp.req.post(wr, qp.init.pd, &self.mrs, qp.path.mtu)?;
+        // A request that failed its local checks completes now, if nothing is ahead of it.
+        let (qps, mut ctx) = self.split(0);
+        if let Some(qp) = qps.get_mut(&qpn) {
+            settle(qp, &mut ctx);
+        }
+        Ok(())
     }
 
     /// Posts a receive work request.

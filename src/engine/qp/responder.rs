@@ -180,7 +180,10 @@ impl Responder {
         match result {
             Ok(()) => {
                 self.nak_sent = false;
-                if r.bth.ack_req {
+                // READ responses and atomic ACKs are themselves the acknowledgement.
+                let answered =
+                    matches!(info.operation, Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd);
+                if r.bth.ack_req && !answered {
                     self.push_ack();
                 }
                 false

@@ -1,0 +1,346 @@
+//! One test per transport rule: packets injected or lost on purpose, and the packets and
+//! completions that come out checked. Each cites the IBTA vol.1 section it enforces.
+
+mod common;
+
+use common::*;
+use softrdma::engine::qp::RNR_TIMER_NS;
+use softrdma::engine::verbs::*;
+use softrdma::proto::roce::ext::{AtomicEthRepr, NakCode, RethRepr, Syndrome};
+use softrdma::proto::roce::Psn;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+fn syndrome_of(out: &[softrdma::proto::roce::RoceRepr<'static>]) -> Vec<(u8, u32, Syndrome)> {
+    out.iter().filter_map(|r| r.aeth.map(|a| (r.bth.opcode, r.bth.psn.value(), a.syndrome))).collect()
+}
+
+// IBTA 9.7.5.1.5 (C9-88): a bad R_Key gets a remote access error NAK and nothing is written;
+// 10.3.1.7: the requester's QP goes to ERR and flushes what follows.
+#[test]
+fn bad_rkey_is_a_remote_access_error_and_writes_nothing() {
+    let mut p = pair(Attrs::default());
+    p.ma.mem.write(0, &[0xaa; 64]);
+    let bad = Remote { addr: p.mb.addr, rkey: p.mb.rkey ^ 0x100 };
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Write(bad), vec![sge(&p.ma, 0, 64)])).unwrap();
+    p.sim.devices[0].post_send(p.qa, wr(2, SendOp::Send, vec![sge(&p.ma, 0, 8)])).unwrap();
+    p.settle();
+    let wcs = p.completions(0);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(p.mb.mem.to_vec()[..64], [0u8; 64]);
+    assert_eq!(p.sim.devices[0].qp_state(p.qa), Some(QpState::Err));
+    assert_eq!(p.sim.devices[1].qp_state(p.qb), Some(QpState::Err), "responder errors too");
+}
+
+// IBTA 9.7.5.1.5: the range must lie inside the region.
+#[test]
+fn out_of_bounds_write_is_refused() {
+    let mut p = pair(Attrs::default());
+    let end = Remote { addr: p.mb.addr + (1 << 20) - 10, rkey: p.mb.rkey };
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Write(end), vec![sge(&p.ma, 0, 11)])).unwrap();
+    assert_eq!(p.wait(0).status, WcStatus::RemAccessErr);
+}
+
+// IBTA 9.7.5.1.1: a PSN ahead of the expected one gets one sequence-error NAK, then silence
+// until the expected PSN arrives.
+#[test]
+fn out_of_sequence_naks_once_then_stays_silent() {
+    let mut p = pair(Attrs::default());
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 1, sgl: vec![sge(&p.mb, 0, 64)] }).unwrap();
+    let e = p.b_epsn();
+    let out = p.inject_to_b(&request(&p, 0x04, e.add(2), b"late"));
+    assert_eq!(syndrome_of(&out), vec![(0x11, e.value(), Syndrome::Nak(NakCode::PsnSequenceError))]);
+    assert!(p.inject_to_b(&request(&p, 0x04, e.add(3), b"later")).is_empty(), "silence");
+    let out = p.inject_to_b(&request(&p, 0x04, e, b"first"));
+    assert_eq!(syndrome_of(&out), vec![(0x11, e.value(), Syndrome::Ack { credits: 31 })]);
+    let out = p.inject_to_b(&request(&p, 0x04, e.add(5), b"gap again"));
+    assert_eq!(syndrome_of(&out), vec![(0x11, e.next().value(), Syndrome::Nak(NakCode::PsnSequenceError))]);
+}
+
+// IBTA 9.7.5.1.2: a MIDDLE with no message in progress is an invalid request.
+#[test]
+fn middle_without_first_is_an_invalid_request() {
+    let mut p = pair(Attrs::default());
+    let e = p.b_epsn();
+    let out = p.inject_to_b(&request(&p, 0x01, e, &[0; 256]));
+    assert_eq!(syndrome_of(&out), vec![(0x11, e.value(), Syndrome::Nak(NakCode::InvalidRequest))]);
+    assert_eq!(p.sim.devices[1].qp_state(p.qb), Some(QpState::Err));
+}
+
+// IBTA 9.7.5.1.4: a FIRST must carry exactly one MTU.
+#[test]
+fn short_first_packet_is_an_invalid_request() {
+    let mut p = pair(Attrs::default());
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 1, sgl: vec![sge(&p.mb, 0, 4096)] }).unwrap();
+    let e = p.b_epsn();
+    let out = p.inject_to_b(&request(&p, 0x00, e, &[0; 100]));
+    assert_eq!(syndrome_of(&out), vec![(0x11, e.value(), Syndrome::Nak(NakCode::InvalidRequest))]);
+}
+
+// IBTA 9.7.5.1.1: a duplicate SEND is acknowledged again and not delivered twice.
+#[test]
+fn duplicate_send_is_reacked_not_redelivered() {
+    let mut p = pair(Attrs::default());
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 1, sgl: vec![sge(&p.mb, 0, 64)] }).unwrap();
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 2, sgl: vec![sge(&p.mb, 64, 64)] }).unwrap();
+    let e = p.b_epsn();
+    let first = p.inject_to_b(&request(&p, 0x04, e, b"hello"));
+    let again = p.inject_to_b(&request(&p, 0x04, e, b"hello"));
+    assert_eq!(syndrome_of(&first), vec![(0x11, e.value(), Syndrome::Ack { credits: 31 })]);
+    assert_eq!(syndrome_of(&again), vec![(0x11, e.value(), Syndrome::Ack { credits: 31 })]);
+    let recvs = p.completions(1);
+    assert_eq!(recvs.len(), 1);
+    assert_eq!((recvs[0].wr_id, recvs[0].byte_len), (1, 5));
+}
+
+// IBTA 9.7.5.1.1 (C9-99): a duplicate atomic is answered from the saved result and never
+// executed again.
+#[test]
+fn duplicate_atomic_is_answered_from_its_saved_result() {
+    let mut p = pair(Attrs::default());
+    p.mb.mem.write(8, &100u64.to_le_bytes());
+    let e = p.b_epsn();
+    let mut fadd = request(&p, 0x14, e, &[]);
+    fadd.atomic_eth = Some(AtomicEthRepr { va: p.mb.addr + 8, rkey: p.mb.rkey, swap_add: 5, compare: 0 });
+    for _ in 0..3 {
+        let out = p.inject_to_b(&fadd);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].bth.opcode, 0x12);
+        assert_eq!(out[0].atomic_ack_eth.map(|a| a.original_data), Some(100));
+    }
+    let mut b = [0u8; 8];
+    p.mb.mem.read(8, &mut b);
+    assert_eq!(u64::from_le_bytes(b), 105, "applied exactly once");
+}
+
+// IBTA 9.7.5.1.1 (C9-98): a duplicate READ is executed again, from the PSN and RETH of the
+// duplicate, so the requester can resume mid-way.
+#[test]
+fn duplicate_read_is_reexecuted_from_its_resource() {
+    let mut p = pair(Attrs::default());
+    p.mb.mem.write(0, &[1u8; 600]);
+    let e = p.b_epsn();
+    let mut read = request(&p, 0x0c, e, &[]);
+    read.reth = Some(RethRepr { va: p.mb.addr, rkey: p.mb.rkey, dma_len: 600 });
+    let out = p.inject_to_b(&read);
+    let ops: Vec<_> = out.iter().map(|r| (r.bth.opcode, r.bth.psn.value())).collect();
+    assert_eq!(ops, vec![(0x0d, e.value()), (0x0e, e.add(1).value()), (0x0f, e.add(2).value())]);
+    p.mb.mem.write(256, &[2u8; 344]);
+    let mut resume = request(&p, 0x0c, e.add(1), &[]);
+    resume.reth = Some(RethRepr { va: p.mb.addr + 256, rkey: p.mb.rkey, dma_len: 344 });
+    let out = p.inject_to_b(&resume);
+    let ops: Vec<_> = out.iter().map(|r| (r.bth.opcode, r.bth.psn.value(), r.payload.len())).collect();
+    assert_eq!(ops, vec![(0x0d, e.add(1).value(), 256), (0x0f, e.add(2).value(), 88)]);
+    assert!(out[0].payload.iter().all(|&b| b == 2), "read again from memory");
+    assert_eq!(p.b_epsn(), e.add(3), "a duplicate does not move the expected PSN");
+}
+
+// IBTA 9.7.5.2.8 and Table 45: an RNR NAK makes the requester wait the advertised time,
+// then retry; a receive posted meanwhile lets it through.
+#[test]
+fn rnr_nak_backs_off_for_the_advertised_time() {
+    let mut p = pair(Attrs { min_rnr_timer: 14, ..Attrs::default() });
+    let sends = Rc::new(RefCell::new(Vec::new()));
+    let log = sends.clone();
+    p.sim.tamper = Some(Box::new(move |from, pkt| {
+        log.borrow_mut().push((from, pkt[0]));
+        true
+    }));
+    p.ma.mem.write(0, b"knock");
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Send, vec![sge(&p.ma, 0, 5)])).unwrap();
+    // Run until the RNR NAK has come back.
+    while !sends.borrow().iter().any(|&(from, op)| from == 1 && op == 0x11) {
+        assert!(p.sim.step());
+    }
+    let nak_at = p.sim.now;
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 7, sgl: vec![sge(&p.mb, 0, 5)] }).unwrap();
+    let n_before = sends.borrow().len();
+    while sends.borrow().len() == n_before {
+        assert!(p.sim.step());
+    }
+    assert!(p.sim.now - nak_at >= RNR_TIMER_NS[14], "resent after {} ns", p.sim.now - nak_at);
+    assert_eq!(p.wait(0).status, WcStatus::Success);
+    assert_eq!(p.sim.devices[1].stats.rnr_naks_sent, 1);
+}
+
+// IBTA 9.7.5.2.8: with rnr_retry 0 the first RNR NAK ends the request.
+#[test]
+fn rnr_retry_exhaustion() {
+    let mut p = pair(Attrs { rnr_retry: 0, ..Attrs::default() });
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Send, vec![sge(&p.ma, 0, 5)])).unwrap();
+    p.sim.devices[0].post_send(p.qa, wr(2, SendOp::Send, vec![sge(&p.ma, 0, 5)])).unwrap();
+    p.settle();
+    let got: Vec<_> = p.completions(0).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]);
+}
+
+// IBTA 9.7.6.1.3: with no answer, the requester retries retry_cnt times, one transport
+// timeout (4.096 µs × 2^timeout) apart, then fails the request.
+#[test]
+fn retry_exhaustion_when_the_peer_is_gone() {
+    let mut p = pair(Attrs { retry_cnt: 3, timeout: 10, ..Attrs::default() });
+    p.sim.tamper = Some(Box::new(|from, _| from == 0)); // B's answers never arrive
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Write(remote(&p.mb, 0)), vec![sge(&p.ma, 0, 10)])).unwrap();
+    let wc = p.wait(0);
+    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    let timeout_ns = 4096u64 << 10;
+    assert!(p.sim.now >= 4 * timeout_ns && p.sim.now < 5 * timeout_ns + 1_000_000, "failed at {} ns", p.sim.now);
+    assert_eq!(p.sim.devices[0].stats.retransmit_timeouts, 3);
+}
+
+// IBTA 9.7.1: PSNs wrap at 2^24.
+#[test]
+fn a_message_across_the_psn_wrap() {
+    let mut p = pair(Attrs { psn_a: 0xff_fff0, ..Attrs::default() });
+    let data: Vec<u8> = (0..256 * 40).map(|i| (i % 251) as u8).collect();
+    p.ma.mem.write(0, &data);
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Write(remote(&p.mb, 0)), vec![sge(&p.ma, 0, data.len())])).unwrap();
+    p.sim.devices[0]
+        .post_send(p.qa, wr(2, SendOp::Read(remote(&p.mb, 0)), vec![sge(&p.ma, 1 << 19, data.len())]))
+        .unwrap();
+    assert_eq!(p.wait(0).status, WcStatus::Success);
+    assert_eq!(p.wait(0).status, WcStatus::Success);
+    assert_eq!(p.mb.mem.to_vec()[..data.len()], data[..]);
+    let mut back = vec![0u8; data.len()];
+    p.ma.mem.read(1 << 19, &mut back);
+    assert_eq!(back, data);
+    assert_eq!(p.sim.devices[0].qp_psns(p.qa).unwrap().0, (0xff_fff0 + 80) & 0xff_ffff);
+}
+
+// IBTA 9.7.2: AckReq on the last packet of a message and at least every 16 packets.
+#[test]
+fn ack_requests_on_last_and_every_sixteenth_packet() {
+    let mut p = pair(Attrs::default());
+    let acks = Rc::new(RefCell::new(Vec::new()));
+    let log = acks.clone();
+    p.sim.tamper = Some(Box::new(move |from, pkt| {
+        if from == 0 {
+            log.borrow_mut().push(pkt[8] & 0x80 != 0);
+        }
+        true
+    }));
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Write(remote(&p.mb, 0)), vec![sge(&p.ma, 0, 256 * 40)])).unwrap();
+    assert_eq!(p.wait(0).status, WcStatus::Success);
+    let a = acks.borrow();
+    assert_eq!(a.len(), 40);
+    let with: Vec<usize> = a.iter().enumerate().filter(|(_, &x)| x).map(|(i, _)| i).collect();
+    assert_eq!(with, vec![15, 31, 39]);
+}
+
+// IBTA 9.7.5.2.1: a READ response implicitly acknowledges the requests before it.
+#[test]
+fn read_response_implicitly_acks_earlier_requests() {
+    let mut p = pair(Attrs::default());
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 1, sgl: vec![sge(&p.mb, 0, 64)] }).unwrap();
+    p.sim.tamper = Some(Box::new(|from, pkt| !(from == 1 && pkt[0] == 0x11))); // every ACK lost
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Send, vec![sge(&p.ma, 0, 8)])).unwrap();
+    p.sim.devices[0].post_send(p.qa, wr(2, SendOp::Read(remote(&p.mb, 100)), vec![sge(&p.ma, 64, 8)])).unwrap();
+    let got: Vec<_> = [p.wait(0), p.wait(0)].iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(p.sim.devices[0].stats.retransmit_timeouts, 0, "no retry was needed");
+}
+
+// IBTA 9.4.4 / 11.4.1.1 (max_rd_atomic): no more READs in flight than ORD.
+#[test]
+fn outstanding_reads_stay_within_ord() {
+    let mut p = pair(Attrs { ord: 1, ..Attrs::default() });
+    let trace = Rc::new(RefCell::new(Vec::new()));
+    let log = trace.clone();
+    p.sim.tamper = Some(Box::new(move |from, pkt| {
+        log.borrow_mut().push((from, pkt[0]));
+        true
+    }));
+    for i in 0..4 {
+        p.sim.devices[0].post_send(p.qa, wr(i, SendOp::Read(remote(&p.mb, 0)), vec![sge(&p.ma, 0, 100)])).unwrap();
+    }
+    for _ in 0..4 {
+        assert_eq!(p.wait(0).status, WcStatus::Success);
+    }
+    let mut in_flight = 0i32;
+    for &(from, op) in trace.borrow().iter() {
+        match (from, op) {
+            (0, 0x0c) => in_flight += 1,
+            (1, 0x10) | (1, 0x0f) => in_flight -= 1,
+            _ => {}
+        }
+        assert!(in_flight <= 1, "{:?}", trace.borrow());
+    }
+}
+
+// IBTA 11.4.1.1: a bad lkey completes with a local protection error; the QP goes to ERR.
+#[test]
+fn bad_lkey_is_a_local_protection_error() {
+    let mut p = pair(Attrs::default());
+    let bad = Sge { addr: p.ma.addr, length: 8, lkey: p.ma.lkey ^ 0x300 };
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Send, vec![bad])).unwrap();
+    p.settle();
+    let wcs = p.completions(0);
+    assert_eq!(wcs[0].status, WcStatus::LocProtErr);
+    assert_eq!(p.sim.devices[0].qp_state(p.qa), Some(QpState::Err));
+}
+
+// IBTA 9.7.5.1.4: a message longer than the receive buffers: the receive completes with a
+// local length error, the sender with a remote invalid request error.
+#[test]
+fn message_longer_than_the_receive_buffer() {
+    let mut p = pair(Attrs::default());
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 5, sgl: vec![sge(&p.mb, 0, 10)] }).unwrap();
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Send, vec![sge(&p.ma, 0, 100)])).unwrap();
+    p.settle();
+    assert_eq!(p.completions(1)[0].status, WcStatus::LocLenErr);
+    assert_eq!(p.completions(0)[0].status, WcStatus::RemInvReqErr);
+}
+
+// IBTA 10.6.7.2: SEND with invalidate invalidates the named rkey at the responder.
+#[test]
+fn send_with_invalidate_kills_the_rkey() {
+    let mut p = pair(Attrs::default());
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 5, sgl: vec![sge(&p.mb, 0, 10)] }).unwrap();
+    let rkey = p.mb.rkey;
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::SendInv(rkey), vec![sge(&p.ma, 0, 4)])).unwrap();
+    p.settle();
+    let r = p.completions(1);
+    assert_eq!((r[0].status, r[0].invalidated_rkey), (WcStatus::Success, Some(rkey)));
+    p.sim.devices[0].post_send(p.qa, wr(2, SendOp::Write(remote(&p.mb, 0)), vec![sge(&p.ma, 0, 4)])).unwrap();
+    assert_eq!(p.wait(0).status, WcStatus::Success, "the SEND itself");
+    assert_eq!(p.wait(0).status, WcStatus::RemAccessErr, "the rkey is dead");
+}
+
+// IBTA 11.4.2.2: a solicited-only notification fires on a solicited receive.
+#[test]
+fn solicited_event_notifies_the_receiver() {
+    let mut p = pair(Attrs::default());
+    let cqb = p.cqb;
+    p.sim.devices[1].req_notify_cq(cqb, softrdma::engine::cq::Notify::Solicited);
+    for i in 0..2 {
+        p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: i, sgl: vec![sge(&p.mb, 0, 10)] }).unwrap();
+    }
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Send, vec![sge(&p.ma, 0, 4)])).unwrap();
+    p.settle();
+    assert!(!p.sim.devices[1].take_cq_event(cqb), "unsolicited");
+    let mut s = wr(2, SendOp::Send, vec![sge(&p.ma, 0, 4)]);
+    s.solicited = true;
+    p.sim.devices[0].post_send(p.qa, s).unwrap();
+    p.settle();
+    assert!(p.sim.devices[1].take_cq_event(cqb));
+    assert!(p.completions(1).iter().any(|w| w.solicited));
+}
+
+// IBTA 10.3.1.7: moving a QP to ERR flushes every posted request, in order.
+#[test]
+fn entering_error_flushes_everything() {
+    let mut p = pair(Attrs::default());
+    for i in 0..3 {
+        p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: i, sgl: vec![sge(&p.mb, 0, 10)] }).unwrap();
+    }
+    p.sim.devices[1].modify_qp(p.qb, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() }).unwrap();
+    let got: Vec<_> = p.completions(1).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(0, WcStatus::WrFlushErr), (1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(p.sim.devices[1].post_send(p.qb, wr(9, SendOp::Send, vec![])), Err(VerbsError::InvalidRequest));
+}
+
+#[test]
+fn psn_helper_sanity() {
+    assert_eq!(Psn::new(0xff_ffff).add(2).value(), 1);
+}
