@@ -344,3 +344,23 @@ fn entering_error_flushes_everything() {
 fn psn_helper_sanity() {
     assert_eq!(Psn::new(0xff_ffff).add(2).value(), 1);
 }
+
+// A peer cannot make the responder hold unbounded state: 10,000 duplicate atomics, never
+// drained, leave a bounded reply queue (and the atomic applied once).
+#[test]
+fn a_flood_of_duplicates_is_not_buffered() {
+    let mut p = pair(Attrs::default());
+    let e = p.b_epsn();
+    let mut fadd = request(&p, 0x14, e, &[]);
+    fadd.atomic_eth = Some(AtomicEthRepr { va: p.mb.addr, rkey: p.mb.rkey, swap_add: 1, compare: 0 });
+    let mut buf = vec![0u8; fadd.buffer_len()];
+    fadd.emit(&mut buf).unwrap();
+    let src = p.sim.devices[0].gid();
+    for _ in 0..10_000 {
+        p.sim.devices[1].handle_packet(0, src, &buf);
+    }
+    let held = p.sim.devices[1].qp_pending_replies(p.qb);
+    assert!(held <= softrdma::engine::qp::responder::MAX_REPLIES, "{held} replies held");
+    assert_eq!(p.mb.mem.to_vec()[..8], 1u64.to_le_bytes());
+    assert_eq!(p.sim.devices[1].stats.duplicates_received, 9_999);
+}

@@ -239,6 +239,11 @@ impl Device {
         self.qps.get(&qpn).map(|q| (q.req.next_psn.value(), q.resp.epsn.value()))
     }
 
+    /// Replies a QP's responder holds, waiting to be sent.
+    pub fn qp_pending_replies(&self, qpn: u32) -> usize {
+        self.qps.get(&qpn).map_or(0, |q| q.resp.pending_replies())
+    }
+
     /// The state of a QP.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.qps.get(&qpn).map(|q| q.state)

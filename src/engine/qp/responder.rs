@@ -25,6 +25,9 @@ pub enum Refusal {
 
 type Check = Result<(), Refusal>;
 
+/// Most replies a responder holds: IRD worth of READ/atomic responses plus ACKs and NAKs.
+pub const MAX_REPLIES: usize = 64;
+
 #[derive(Debug)]
 struct RecvWqe {
     wr: RecvWr,
@@ -239,8 +242,9 @@ impl Responder {
             if !self.access_allows(op) {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError));
             }
-            // IBTA 9.7.5.1.3: more READs in progress than IRD allows is an invalid request.
-            let reading = self.replies.iter().filter(|x| matches!(x, Reply::Read(_))).count();
+            // IBTA 9.7.5.1.3: more READ/atomic responses pending than IRD allows is an
+            // invalid request.
+            let reading = self.replies.iter().filter(|x| matches!(x, Reply::Read(_) | Reply::AtomicAck { .. })).count();
             if reading >= usize::from(self.max_dest_rd_atomic) {
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
@@ -417,6 +421,11 @@ impl Responder {
     /// resource, answer a duplicate atomic from its saved result (never executing it again).
     fn duplicate(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) {
         ctx.stats.duplicates_received += 1;
+        // A flood of duplicates must not grow the reply queue: beyond a bound they are
+        // dropped, and the requester's timer recovers whatever was really lost.
+        if self.replies.len() >= MAX_REPLIES {
+            return;
+        }
         let psn = r.bth.psn;
         let Some(info) = r.info() else { return };
         let res = self.resources.iter().rev().find(|x| psn.in_window(x.first_psn, x.npkts)).cloned();
@@ -506,6 +515,11 @@ impl Responder {
             self.replies.len(),
             replies.join(",")
         )
+    }
+
+    /// Replies waiting to be sent.
+    pub fn pending_replies(&self) -> usize {
+        self.replies.len()
     }
 
     /// True when replies wait to be sent.
