@@ -81,7 +81,7 @@ mod tests {
     use crate::engine::verbs::WcStatus;
 
     fn wc(opcode: WcOpcode, solicited: bool, status: WcStatus) -> Wc {
-        Wc { wr_id: 1, status, opcode, qpn: 16, byte_len: 0, imm: None, invalidated_rkey: None, solicited }
+        Wc { solicited, ..Wc::new(1, status, opcode, 16, 0) }
     }
 
     // IBTA 11.4.2.2: a solicited-only notification ignores unsolicited successes.

@@ -16,7 +16,7 @@ pub mod qp;
 pub mod rng;
 pub mod verbs;
 
-use crate::proto::roce::opcode::Operation;
+use crate::proto::roce::opcode::{Operation, Transport};
 use crate::proto::roce::{RocePacket, RoceRepr};
 use cq::{Cq, Notify};
 use mem::{Access, Mr, MrTable, Pd};
@@ -67,6 +67,14 @@ pub struct Stats {
     pub out_of_order_responses: u64,
     /// Responses of the wrong shape (dropped).
     pub bad_responses: u64,
+    /// UC packets dropped (after a gap, or no receive, a bad key or length).
+    pub uc_dropped: u64,
+    /// UD datagrams dropped for a wrong Q_Key.
+    pub qkey_violations: u64,
+    /// UD datagrams dropped for want of a receive.
+    pub ud_no_receive: u64,
+    /// Packets whose opcode belongs to another transport than the QP's.
+    pub rx_wrong_transport: u64,
 }
 
 /// Device configuration.
@@ -266,7 +274,7 @@ impl Device {
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
             return Err(VerbsError::InvalidRequest);
         }
-        qp.req.post(wr, qp.init.pd, &self.mrs, qp.path.mtu)?;
+        qp.req.post(wr, qp.init.pd, &self.mrs, &qp.path)?;
         // A request that failed its local checks completes now, if nothing is ahead of it.
         let (qps, mut ctx) = self.split(0);
         if let Some(qp) = qps.get_mut(&qpn) {
@@ -282,16 +290,7 @@ impl Device {
             return Err(VerbsError::InvalidRequest);
         }
         if qp.state == QpState::Err {
-            let wc = Wc {
-                wr_id: wr.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                qpn,
-                byte_len: 0,
-                imm: None,
-                invalidated_rkey: None,
-                solicited: false,
-            };
+            let wc = Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, 0);
             let cq = qp.init.recv_cq;
             if let Some(c) = self.cqs.get_mut(&cq) {
                 c.push(wc);
@@ -313,11 +312,12 @@ impl Device {
             ctx.stats.rx_unknown_qp += 1;
             return;
         };
-        if qp.path.dest_gid != src || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        let connected = qp.init.qp_type != QpType::Ud;
+        if (connected && qp.path.dest_gid != src) || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             ctx.stats.rx_unknown_qp += 1;
             return;
         }
-        dispatch(qp, &r, &mut ctx);
+        dispatch(qp, &r, src, &mut ctx);
     }
 
     /// Fires every timer due at `now`.
@@ -360,6 +360,9 @@ impl Device {
             let mut n = qp.resp.pump(&qp.path, &mut ctx, BURST);
             if matches!(qp.state, QpState::Rts) {
                 n += qp.req.pump(&qp.path, &mut ctx, BURST);
+                if qp.init.qp_type != QpType::Rc {
+                    settle(qp, &mut ctx);
+                }
             }
             if n > 0 {
                 self.cursor = qpn;
@@ -369,9 +372,24 @@ impl Device {
     }
 }
 
-fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, ctx: &mut Ctx<'_>) {
+fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
     let Some(info) = r.info() else { return };
     let pd = qp.init.pd;
+    let view = QpView { qpn: qp.path.qpn, pd, recv_cq: qp.init.recv_cq, mtu: qp.path.mtu, qkey: qp.path.qkey, src };
+    let wanted = match qp.init.qp_type {
+        QpType::Rc => Transport::Rc,
+        QpType::Uc => Transport::Uc,
+        QpType::Ud => Transport::Ud,
+    };
+    if info.transport != wanted {
+        ctx.stats.rx_wrong_transport += 1;
+        return;
+    }
+    match qp.init.qp_type {
+        QpType::Uc => return qp.resp.handle_uc(r, &view, ctx),
+        QpType::Ud => return qp.resp.handle_ud(r, &view, ctx),
+        QpType::Rc => {}
+    }
     match info.operation {
         Operation::Acknowledge => {
             if let Some(aeth) = r.aeth {
@@ -392,7 +410,6 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, ctx: &mut Ctx<'_>) {
             }
         }
         _ => {
-            let view = QpView { qpn: qp.path.qpn, pd, recv_cq: qp.init.recv_cq, mtu: qp.path.mtu };
             if qp.resp.handle(r, &view, ctx) {
                 // The NAK must still go out before the QP stops sending.
                 qp.resp.pump(&qp.path, ctx, usize::MAX);

@@ -62,6 +62,17 @@ impl SendOp {
     }
 }
 
+/// Where a UD send goes (IBTA 11.4.1.1: the address handle, remote QPN and Q_Key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// Destination GID (the address handle).
+    pub gid: Gid,
+    /// Destination QP.
+    pub qpn: u32,
+    /// Q_Key; one with the high bit set means "use the QP's own Q_Key" (IBTA 10.2.5).
+    pub qkey: u32,
+}
+
 /// A send work request (IBTA 11.4.1.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
@@ -75,6 +86,8 @@ pub struct SendWr {
     pub signaled: bool,
     /// Set the solicited event bit on the last packet.
     pub solicited: bool,
+    /// UD only: the destination.
+    pub ud: Option<UdDest>,
 }
 
 /// A receive work request.
@@ -148,6 +161,28 @@ pub struct Wc {
     pub invalidated_rkey: Option<u32>,
     /// The solicited event bit was set on the message.
     pub solicited: bool,
+    /// UD receives: the sender's QP.
+    pub src_qp: Option<u32>,
+    /// UD receives: the sender's GID.
+    pub src_gid: Option<Gid>,
+}
+
+impl Wc {
+    /// A completion with no optional fields.
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qpn: u32, byte_len: u32) -> Wc {
+        Wc {
+            wr_id,
+            status,
+            opcode,
+            qpn,
+            byte_len,
+            imm: None,
+            invalidated_rkey: None,
+            solicited: false,
+            src_qp: None,
+            src_gid: None,
+        }
+    }
 }
 
 /// Queue pair transport type.
@@ -155,6 +190,10 @@ pub struct Wc {
 pub enum QpType {
     /// Reliable connected.
     Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
 }
 
 /// QP states (IBTA 10.3.1).
@@ -235,6 +274,8 @@ pub struct QpAttr {
     pub access: Option<super::mem::Access>,
     /// P_Key.
     pub pkey: Option<u16>,
+    /// Q_Key (UD).
+    pub qkey: Option<u32>,
 }
 
 /// Sizes fixed when a QP is created.

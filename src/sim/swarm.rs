@@ -321,7 +321,14 @@ fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
             SendOp::CompareSwap(atomic_at, *compare, *swap)
         }
     };
-    let wr = SendWr { wr_id: op.wr_id, op: sendop, sgl: vec![sge], signaled: op.signaled, solicited: rng.chance(0.1) };
+    let wr = SendWr {
+        wr_id: op.wr_id,
+        op: sendop,
+        sgl: vec![sge],
+        signaled: op.signaled,
+        solicited: rng.chance(0.1),
+        ud: None,
+    };
     sim.devices[flow.req].post_send(flow.qpn, wr).map_err(|e| format!("post_send: {e:?}"))?;
     flow.pending.push_back(op);
     Ok(true)

@@ -104,7 +104,7 @@ pub fn remote(m: &Mr, off: usize) -> Remote {
 }
 
 pub fn wr(wr_id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
-    SendWr { wr_id, op, sgl, signaled: true, solicited: false }
+    SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud: None }
 }
 
 impl Pair {

@@ -5,10 +5,11 @@ pub mod completer;
 pub mod requester;
 pub mod responder;
 pub mod state;
+pub mod unreliable;
 
 use super::cq::Cq;
 use super::mem::{MrTable, Pd};
-use super::verbs::{Gid, Mtu, QpAttr, QpInit, QpState, VerbsError, Wc};
+use super::verbs::{Gid, Mtu, QpAttr, QpInit, QpState, QpType, VerbsError, Wc};
 use super::{Stats, Transmit};
 use crate::proto::roce::bth::BthRepr;
 use crate::proto::roce::{Psn, RoceRepr};
@@ -93,6 +94,10 @@ pub struct Path {
     pub mtu: usize,
     /// P_Key.
     pub pkey: u16,
+    /// Transport.
+    pub qp_type: QpType,
+    /// Q_Key (UD).
+    pub qkey: u32,
 }
 
 impl Path {
@@ -112,12 +117,16 @@ impl Path {
             psn,
         }
     }
-    /// Serializes `repr` (ICRC left for the transport) and queues it.
+    /// Serializes `repr` (ICRC left for the transport) and queues it for the peer.
     pub fn send(&self, ctx: &mut Ctx<'_>, repr: &RoceRepr<'_>) {
+        self.send_to(ctx, self.dest_gid, repr);
+    }
+    /// Serializes `repr` and queues it for `dst` (UD).
+    pub fn send_to(&self, ctx: &mut Ctx<'_>, dst: Gid, repr: &RoceRepr<'_>) {
         let mut buf = vec![0u8; repr.buffer_len()];
         if repr.emit(&mut buf).is_ok() {
             ctx.stats.tx_packets += 1;
-            ctx.out.push_back(Transmit { dst: self.dest_gid, src_qpn: self.qpn, packet: buf });
+            ctx.out.push_back(Transmit { dst, src_qpn: self.qpn, packet: buf });
         }
     }
 }
@@ -139,7 +148,8 @@ pub struct Qp {
 impl Qp {
     /// A new QP in RESET.
     pub fn new(qpn: u32, init: QpInit) -> Self {
-        let path = Path { qpn, dest_gid: [0; 16], dest_qpn: 0, mtu: Mtu::M1024.bytes(), pkey: 0xffff };
+        let mtu = if init.qp_type == QpType::Ud { Mtu::M4096 } else { Mtu::M1024 }.bytes();
+        let path = Path { qpn, dest_gid: [0; 16], dest_qpn: 0, mtu, pkey: 0xffff, qp_type: init.qp_type, qkey: 0 };
         Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp: Responder::new(init.caps) }
     }
 
@@ -150,7 +160,10 @@ impl Qp {
 
     /// modify-QP (IBTA 11.2.5.2): checks the transition table, applies the attributes.
     pub fn modify(&mut self, a: &QpAttr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
-        let to = state::check(self.state, a)?;
+        let to = state::check(self.init.qp_type, self.state, a)?;
+        if let Some(q) = a.qkey {
+            self.path.qkey = q;
+        }
         if let Some(g) = a.dest_gid {
             self.path.dest_gid = g;
         }

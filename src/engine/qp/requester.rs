@@ -3,8 +3,8 @@
 
 use super::{Ctx, Path};
 use crate::engine::mem::{MrTable, Need, Pd};
-use crate::engine::verbs::{QpAttr, QpCaps, SendOp, SendWr, Sge, VerbsError, Wc, WcOpcode, WcStatus};
-use crate::proto::roce::ext::{AtomicEthRepr, IethRepr, ImmDtRepr, RethRepr};
+use crate::engine::verbs::{QpAttr, QpCaps, QpType, SendOp, SendWr, Sge, VerbsError, Wc, WcOpcode, WcStatus};
+use crate::proto::roce::ext::{AtomicEthRepr, DethRepr, IethRepr, ImmDtRepr, RethRepr};
 use crate::proto::roce::{Psn, RoceRepr};
 use std::collections::VecDeque;
 
@@ -135,11 +135,21 @@ impl Requester {
     }
 
     /// Queues a work request (IBTA 11.4.1.1); local protection errors complete in error.
-    pub fn post(&mut self, wr: SendWr, pd: Pd, mrs: &MrTable, mtu: usize) -> Result<(), VerbsError> {
+    pub fn post(&mut self, wr: SendWr, pd: Pd, mrs: &MrTable, path: &Path) -> Result<(), VerbsError> {
+        let mtu = path.mtu;
         if self.wqes.len() >= self.caps.max_send_wr {
             return Err(VerbsError::QueueFull);
         }
         if wr.sgl.len() > self.caps.max_sge {
+            return Err(VerbsError::InvalidRequest);
+        }
+        // IBTA 9.8.1 / 9.8.4: UC has no READ or atomics; UD sends single-packet SENDs only.
+        let allowed = match path.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => !wr.op.is_read_or_atomic(),
+            QpType::Ud => wr.ud.is_some() && matches!(wr.op, SendOp::Send | SendOp::SendImm(_)),
+        };
+        if !allowed {
             return Err(VerbsError::InvalidRequest);
         }
         let sgl_len: usize = wr.sgl.iter().map(|s| s.length as usize).sum();
@@ -159,6 +169,9 @@ impl Requester {
                 Ok(d) => data = d,
                 Err(()) => done = Some(WcStatus::LocProtErr),
             }
+        }
+        if path.qp_type == QpType::Ud && len > mtu {
+            done = Some(WcStatus::LocLenErr);
         }
         let npkts = match wr.op {
             SendOp::CompareSwap(..) | SendOp::FetchAdd(..) => 1,
@@ -208,6 +221,13 @@ impl Requester {
             build_and_send(w, path, ctx);
             w.next_pkt += 1;
             sent += 1;
+            // Unacknowledged transports are done once the last packet is out (IBTA 9.8).
+            if path.qp_type != QpType::Rc && w.next_pkt == w.npkts {
+                w.done = Some(WcStatus::Success);
+            }
+        }
+        if path.qp_type != QpType::Rc {
+            return sent;
         }
         // Whatever is outstanding is covered by the timer (IBTA 9.7.6.1.3), whether it was
         // sent just now or before an RNR wait.
@@ -306,16 +326,7 @@ impl Requester {
 
 /// The completion of a WQE.
 pub fn wc(w: &SendWqe, qpn: u32, status: WcStatus) -> Wc {
-    Wc {
-        wr_id: w.wr.wr_id,
-        status,
-        opcode: w.wc_opcode(),
-        qpn,
-        byte_len: w.len as u32,
-        imm: None,
-        invalidated_rkey: None,
-        solicited: false,
-    }
+    Wc::new(w.wr.wr_id, status, w.wc_opcode(), qpn, w.len as u32)
 }
 
 fn check_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, need: Need) -> Result<(), ()> {
@@ -355,6 +366,10 @@ fn data_opcode(op: SendOp, k: u32, n: u32) -> u8 {
 }
 
 fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>) {
+    if let (QpType::Ud, Some(dest)) = (path.qp_type, w.wr.ud) {
+        send_ud(w, dest, path, ctx);
+        return;
+    }
     match w.wr.op {
         SendOp::Read(remote) => {
             // A resumed READ asks only for what has not arrived (IBTA 9.7.4.1.5).
@@ -390,7 +405,9 @@ fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>) {
     let (k, n) = (w.next_pkt, w.npkts);
     let start = (k as usize * path.mtu).min(w.len);
     let payload = &w.data[start..(start + path.mtu).min(w.len)];
-    let opcode = data_opcode(op, k, n);
+    // UC opcodes are the RC ones with the transport bits 001 (IBTA 9.2.1, Table 38).
+    let uc = if path.qp_type == QpType::Uc { 0x20 } else { 0 };
+    let opcode = data_opcode(op, k, n) | uc;
     let mut bth = path.bth(opcode, w.first_psn.add(k), payload.len());
     let last = k + 1 == n;
     bth.ack_req = last || k % ACK_REQ_EVERY == ACK_REQ_EVERY - 1;
@@ -411,6 +428,21 @@ fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>) {
         }
     }
     path.send(ctx, &repr);
+}
+
+/// A UD SEND (IBTA 9.8.4): one packet with a DETH naming this QP and the Q_Key.
+fn send_ud(w: &SendWqe, dest: crate::engine::verbs::UdDest, path: &Path, ctx: &mut Ctx<'_>) {
+    let imm = if let SendOp::SendImm(i) = w.wr.op { Some(ImmDtRepr { imm: i }) } else { None };
+    let mut bth = path.bth(if imm.is_some() { 0x65 } else { 0x64 }, w.first_psn, w.data.len());
+    bth.dest_qp = dest.qpn;
+    bth.solicited = w.wr.solicited;
+    // IBTA 10.2.5: a Q_Key with the high bit set means the QP's own.
+    let qkey = if dest.qkey & 0x8000_0000 != 0 { path.qkey } else { dest.qkey };
+    let mut repr = bare(bth, None, None);
+    repr.deth = Some(DethRepr { qkey, src_qp: path.qpn });
+    repr.immdt = imm;
+    repr.payload = &w.data;
+    path.send_to(ctx, dest.gid, &repr);
 }
 
 /// A packet with only a BTH and optionally a RETH.

@@ -29,14 +29,14 @@ type Check = Result<(), Refusal>;
 pub const MAX_REPLIES: usize = 64;
 
 #[derive(Debug)]
-struct RecvWqe {
-    wr: RecvWr,
-    capacity: usize,
+pub(crate) struct RecvWqe {
+    pub(crate) wr: RecvWr,
+    pub(crate) capacity: usize,
 }
 
 /// A message being received over several packets.
 #[derive(Debug)]
-enum Inbound {
+pub(crate) enum Inbound {
     Send { wqe: RecvWqe, received: usize },
     Write { mem: Arc<SharedMem>, offset: usize, remaining: usize },
 }
@@ -80,8 +80,10 @@ pub struct Responder {
     pub epsn: Psn,
     msn: u32,
     nak_sent: bool,
-    cur: Option<Inbound>,
-    rq: VecDeque<RecvWqe>,
+    pub(crate) cur: Option<Inbound>,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    /// UC: a message was lost; drop until the next FIRST/ONLY.
+    pub(crate) uc_resync: bool,
     resources: VecDeque<Resource>,
     replies: VecDeque<Reply>,
     /// IRD.
@@ -98,6 +100,7 @@ impl Responder {
             epsn: Psn::new(0),
             msn: 0,
             nak_sent: false,
+            uc_resync: false,
             cur: None,
             rq: VecDeque::new(),
             resources: VecDeque::new(),
@@ -216,7 +219,7 @@ impl Responder {
 
     /// IBTA 9.7.5.1.2: a FIRST/ONLY may only start a message, MIDDLE/LAST only continue
     /// one of the same kind.
-    fn check_op_sequence(&self, op: Operation, pos: Position) -> Check {
+    pub(crate) fn check_op_sequence(&self, op: Operation, pos: Position) -> Check {
         let starts = matches!(pos, Position::First | Position::Only);
         let ok = match &self.cur {
             None => starts,
@@ -232,7 +235,7 @@ impl Responder {
 
     /// IBTA 9.7.5.1.3: a receive WQE for a SEND (or WRITE with immediate); a free
     /// responder resource for READ/atomic.
-    fn check_resources(&mut self, r: &RoceRepr<'_>, op: Operation, pos: Position) -> Check {
+    pub(crate) fn check_resources(&mut self, r: &RoceRepr<'_>, op: Operation, pos: Position) -> Check {
         let needs_wqe = (op == Operation::Send && matches!(pos, Position::First | Position::Only))
             || (op == Operation::Write && r.immdt.is_some());
         if needs_wqe && self.rq.is_empty() {
@@ -267,7 +270,7 @@ impl Responder {
 
     /// IBTA 9.7.5.1.4: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one;
     /// fixed-size requests carry nothing.
-    fn check_length(&self, r: &RoceRepr<'_>, mtu: usize, pos: Position) -> Check {
+    pub(crate) fn check_length(&self, r: &RoceRepr<'_>, mtu: usize, pos: Position) -> Check {
         let n = r.payload.len();
         let ok = match pos {
             Position::First | Position::Middle => n == mtu,
@@ -299,7 +302,7 @@ impl Responder {
         }
     }
 
-    fn exec_send(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
+    pub(crate) fn exec_send(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         if matches!(pos, Position::First | Position::Only) {
             let Some(wqe) = self.rq.pop_front() else {
                 return Err(Refusal::Rnr);
@@ -338,7 +341,7 @@ impl Responder {
         Ok(())
     }
 
-    fn exec_write(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
+    pub(crate) fn exec_write(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         if let Some(reth) = r.reth {
             // IBTA 9.7.5.1.5 (C9-88): rkey, PD, access and bounds; nothing is written otherwise.
             if !self.access.remote_write {
@@ -567,13 +570,17 @@ pub struct QpView {
     pub recv_cq: u32,
     /// Path MTU.
     pub mtu: usize,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// The sender's GID.
+    pub src: crate::engine::verbs::Gid,
 }
 
 fn access_nak(_: MemError) -> Refusal {
     Refusal::Nak(NakCode::RemoteAccessError)
 }
 
-fn scatter_recv(sgl: &[Sge], mut offset: usize, mut data: &[u8], q: &QpView, ctx: &mut Ctx<'_>) -> bool {
+pub(crate) fn scatter_recv(sgl: &[Sge], mut offset: usize, mut data: &[u8], q: &QpView, ctx: &mut Ctx<'_>) -> bool {
     for s in sgl {
         let len = s.length as usize;
         if offset >= len {
@@ -594,15 +601,6 @@ fn scatter_recv(sgl: &[Sge], mut offset: usize, mut data: &[u8], q: &QpView, ctx
     data.is_empty()
 }
 
-fn recv_wc(wr: &RecvWr, qpn: u32, status: WcStatus, byte_len: usize) -> Wc {
-    Wc {
-        wr_id: wr.wr_id,
-        status,
-        opcode: WcOpcode::Recv,
-        qpn,
-        byte_len: byte_len as u32,
-        imm: None,
-        invalidated_rkey: None,
-        solicited: false,
-    }
+pub(crate) fn recv_wc(wr: &RecvWr, qpn: u32, status: WcStatus, byte_len: usize) -> Wc {
+    Wc::new(wr.wr_id, status, WcOpcode::Recv, qpn, byte_len as u32)
 }

@@ -2,7 +2,7 @@
 //! modify-QP may make, which attributes each requires and which it allows
 //! (IBTA 11.2.5.2, Table 93; libibverbs `ibv_modify_qp` masks).
 
-use crate::engine::verbs::{QpAttr, QpState, VerbsError};
+use crate::engine::verbs::{QpAttr, QpState, QpType, VerbsError};
 
 /// Bits naming the attributes of [`QpAttr`] (besides the state).
 pub mod attr {
@@ -32,8 +32,10 @@ pub mod attr {
     pub const ACCESS: u32 = 1 << 11;
     /// pkey.
     pub const PKEY: u32 = 1 << 12;
+    /// qkey.
+    pub const QKEY: u32 = 1 << 13;
     /// Names, for errors.
-    pub const NAMES: [&str; 13] = [
+    pub const NAMES: [&str; 14] = [
         "dest_gid",
         "dest_qpn",
         "rq_psn",
@@ -47,6 +49,7 @@ pub mod attr {
         "max_dest_rd_atomic",
         "access",
         "pkey",
+        "qkey",
     ];
 }
 
@@ -68,7 +71,7 @@ const fn t(from: QpState, to: QpState, required: u32, optional: u32) -> Transiti
 const RTS_TUNABLE: u32 = MIN_RNR_TIMER | ACCESS | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC;
 
 /// The RC transitions. Any state may go to RESET or ERR with no attributes.
-const TABLE: [Transition; 8] = [
+const RC: [Transition; 8] = [
     t(S::Reset, S::Init, ACCESS, PKEY),
     t(S::Init, S::Init, 0, ACCESS | PKEY),
     t(S::Init, S::Rtr, AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER, ACCESS | PKEY),
@@ -77,6 +80,30 @@ const TABLE: [Transition; 8] = [
     t(S::Rts, S::Sqd, 0, 0),
     t(S::Sqd, S::Rts, 0, RTS_TUNABLE),
     t(S::Sqe, S::Rts, 0, MIN_RNR_TIMER | ACCESS),
+];
+
+/// The UC transitions: no acknowledgements, so no timers, retries or READ/atomic depths.
+const UC: [Transition; 8] = [
+    t(S::Reset, S::Init, ACCESS, PKEY),
+    t(S::Init, S::Init, 0, ACCESS | PKEY),
+    t(S::Init, S::Rtr, AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY),
+    t(S::Rtr, S::Rts, SQ_PSN, ACCESS),
+    t(S::Rts, S::Rts, 0, ACCESS),
+    t(S::Rts, S::Sqd, 0, 0),
+    t(S::Sqd, S::Rts, 0, ACCESS),
+    t(S::Sqe, S::Rts, 0, ACCESS),
+];
+
+/// The UD transitions: a Q_Key instead of a path.
+const UD: [Transition; 8] = [
+    t(S::Reset, S::Init, QKEY, PKEY),
+    t(S::Init, S::Init, 0, QKEY | PKEY),
+    t(S::Init, S::Rtr, 0, QKEY | PKEY),
+    t(S::Rtr, S::Rts, SQ_PSN, QKEY),
+    t(S::Rts, S::Rts, 0, QKEY),
+    t(S::Rts, S::Sqd, 0, 0),
+    t(S::Sqd, S::Rts, 0, QKEY),
+    t(S::Sqe, S::Rts, 0, QKEY),
 ];
 
 /// The attribute bits present in `a`.
@@ -95,6 +122,7 @@ pub fn mask_of(a: &QpAttr) -> u32 {
         a.max_dest_rd_atomic.is_some(),
         a.access.is_some(),
         a.pkey.is_some(),
+        a.qkey.is_some(),
     ];
     present.iter().enumerate().fold(0, |m, (i, &p)| m | (p as u32) << i)
 }
@@ -103,14 +131,20 @@ fn first_name(bits: u32) -> &'static str {
     NAMES[bits.trailing_zeros() as usize % NAMES.len()]
 }
 
-/// Checks a modify-QP from `from` against the table; returns the target state.
-pub fn check(from: QpState, a: &QpAttr) -> Result<QpState, VerbsError> {
+/// Checks a modify-QP of a QP of type `ty` from `from` against its table; returns the
+/// target state.
+pub fn check(ty: QpType, from: QpState, a: &QpAttr) -> Result<QpState, VerbsError> {
     let to = a.state.unwrap_or(from);
     let mask = mask_of(a);
     if matches!(to, S::Reset | S::Err) {
         return if mask == 0 { Ok(to) } else { Err(VerbsError::InvalidAttribute(first_name(mask))) };
     }
-    let row = TABLE.iter().find(|r| r.from == from && r.to == to).ok_or(VerbsError::IllegalTransition { from, to })?;
+    let table: &[Transition] = match ty {
+        QpType::Rc => &RC,
+        QpType::Uc => &UC,
+        QpType::Ud => &UD,
+    };
+    let row = table.iter().find(|r| r.from == from && r.to == to).ok_or(VerbsError::IllegalTransition { from, to })?;
     let missing = row.required & !mask;
     if missing != 0 {
         return Err(VerbsError::MissingAttribute(first_name(missing)));
@@ -162,8 +196,8 @@ mod tests {
     // IBTA 10.3.1: the legal paths, and what each needs.
     #[test]
     fn reset_init_rtr_rts() {
-        assert_eq!(check(S::Reset, &QpAttr { access: Some(Access::ALL), ..to(S::Init) }), Ok(S::Init));
-        assert_eq!(check(S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("access")));
+        assert_eq!(check(QpType::Rc, S::Reset, &QpAttr { access: Some(Access::ALL), ..to(S::Init) }), Ok(S::Init));
+        assert_eq!(check(QpType::Rc, S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("access")));
         let rtr = QpAttr {
             dest_gid: Some([0; 16]),
             path_mtu: Some(Mtu::M1024),
@@ -173,12 +207,15 @@ mod tests {
             min_rnr_timer: Some(12),
             ..to(S::Rtr)
         };
-        assert_eq!(check(S::Init, &rtr), Ok(S::Rtr));
+        assert_eq!(check(QpType::Rc, S::Init, &rtr), Ok(S::Rtr));
         assert_eq!(
-            check(S::Init, &QpAttr { rq_psn: None, ..rtr.clone() }),
+            check(QpType::Rc, S::Init, &QpAttr { rq_psn: None, ..rtr.clone() }),
             Err(VerbsError::MissingAttribute("rq_psn"))
         );
-        assert_eq!(check(S::Init, &QpAttr { sq_psn: Some(1), ..rtr }), Err(VerbsError::InvalidAttribute("sq_psn")));
+        assert_eq!(
+            check(QpType::Rc, S::Init, &QpAttr { sq_psn: Some(1), ..rtr }),
+            Err(VerbsError::InvalidAttribute("sq_psn"))
+        );
         let rts = QpAttr {
             sq_psn: Some(9),
             timeout: Some(14),
@@ -187,9 +224,9 @@ mod tests {
             max_rd_atomic: Some(4),
             ..to(S::Rts)
         };
-        assert_eq!(check(S::Rtr, &rts), Ok(S::Rts));
+        assert_eq!(check(QpType::Rc, S::Rtr, &rts), Ok(S::Rts));
         assert_eq!(
-            check(S::Rtr, &QpAttr { retry_cnt: Some(8), ..rts }),
+            check(QpType::Rc, S::Rtr, &QpAttr { retry_cnt: Some(8), ..rts }),
             Err(VerbsError::InvalidAttribute("retry_cnt"))
         );
     }
@@ -206,7 +243,7 @@ mod tests {
             (S::Sqd, S::Init),
         ] {
             assert_eq!(
-                check(from, &to(dest)),
+                check(QpType::Rc, from, &to(dest)),
                 Err(VerbsError::IllegalTransition { from, to: dest }),
                 "{from:?}->{dest:?}"
             );
@@ -216,20 +253,39 @@ mod tests {
     #[test]
     fn anything_may_reset_or_fail() {
         for from in [S::Reset, S::Init, S::Rtr, S::Rts, S::Sqd, S::Sqe, S::Err] {
-            assert_eq!(check(from, &to(S::Err)), Ok(S::Err));
-            assert_eq!(check(from, &to(S::Reset)), Ok(S::Reset));
+            assert_eq!(check(QpType::Rc, from, &to(S::Err)), Ok(S::Err));
+            assert_eq!(check(QpType::Rc, from, &to(S::Reset)), Ok(S::Reset));
         }
         assert_eq!(
-            check(S::Rts, &QpAttr { timeout: Some(3), ..to(S::Err) }),
+            check(QpType::Rc, S::Rts, &QpAttr { timeout: Some(3), ..to(S::Err) }),
             Err(VerbsError::InvalidAttribute("timeout"))
         );
     }
 
     #[test]
+    fn uc_and_ud_tables() {
+        let uc_rtr = QpAttr {
+            dest_gid: Some([0; 16]),
+            path_mtu: Some(Mtu::M512),
+            dest_qpn: Some(20),
+            rq_psn: Some(1),
+            ..to(S::Rtr)
+        };
+        assert_eq!(check(QpType::Uc, S::Init, &uc_rtr), Ok(S::Rtr));
+        let with_ird = QpAttr { max_dest_rd_atomic: Some(1), ..uc_rtr.clone() };
+        assert_eq!(check(QpType::Uc, S::Init, &with_ird), Err(VerbsError::InvalidAttribute("max_dest_rd_atomic")));
+        assert_eq!(check(QpType::Ud, S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("qkey")));
+        assert_eq!(check(QpType::Ud, S::Reset, &QpAttr { qkey: Some(0x1111), ..to(S::Init) }), Ok(S::Init));
+        assert_eq!(check(QpType::Ud, S::Init, &to(S::Rtr)), Ok(S::Rtr));
+        assert_eq!(check(QpType::Ud, S::Init, &uc_rtr), Err(VerbsError::InvalidAttribute("dest_gid")));
+        assert_eq!(check(QpType::Ud, S::Rtr, &QpAttr { sq_psn: Some(0), ..to(S::Rts) }), Ok(S::Rts));
+    }
+
+    #[test]
     fn sq_drain_and_recovery() {
-        assert_eq!(check(S::Rts, &to(S::Sqd)), Ok(S::Sqd));
-        assert_eq!(check(S::Sqd, &QpAttr { timeout: Some(10), ..to(S::Rts) }), Ok(S::Rts));
-        assert_eq!(check(S::Sqe, &to(S::Rts)), Ok(S::Rts));
-        assert_eq!(check(S::Rts, &QpAttr { min_rnr_timer: Some(1), ..QpAttr::default() }), Ok(S::Rts));
+        assert_eq!(check(QpType::Rc, S::Rts, &to(S::Sqd)), Ok(S::Sqd));
+        assert_eq!(check(QpType::Rc, S::Sqd, &QpAttr { timeout: Some(10), ..to(S::Rts) }), Ok(S::Rts));
+        assert_eq!(check(QpType::Rc, S::Sqe, &to(S::Rts)), Ok(S::Rts));
+        assert_eq!(check(QpType::Rc, S::Rts, &QpAttr { min_rnr_timer: Some(1), ..QpAttr::default() }), Ok(S::Rts));
     }
 }

@@ -1,0 +1,180 @@
+//! UC and UD queue pairs (IBTA 9.8): unacknowledged delivery, UC's drop-until-FIRST rule,
+//! UD's Q_Key check, GRH and source reporting.
+
+mod common;
+
+use common::{drain, remote, sge};
+use softrdma::engine::mem::{Access, Mr, Pd};
+use softrdma::engine::verbs::*;
+use softrdma::engine::{Device, DeviceConfig};
+use softrdma::sim::{Faults, Sim};
+
+struct Two {
+    sim: Sim,
+    q: [u32; 2],
+    cq: [u32; 2],
+    m: [Mr; 2],
+}
+
+fn two(ty: QpType) -> Two {
+    let dev = |i: u8| {
+        Device::new(DeviceConfig { gid: gid_from_ipv4([10, 0, 0, i]), seed: u64::from(i), max_qps: 8, max_mrs: 8 })
+    };
+    let mut sim = Sim::new(vec![dev(1), dev(2)], Faults::none(), 1);
+    let mut q = [0; 2];
+    let mut cq = [0; 2];
+    for d in 0..2 {
+        cq[d] = sim.devices[d].create_cq(256);
+        let init = QpInit { qp_type: ty, pd: Pd(1), send_cq: cq[d], recv_cq: cq[d], caps: QpCaps::default() };
+        q[d] = sim.devices[d].create_qp(init).unwrap();
+    }
+    for d in 0..2 {
+        let peer_gid = sim.devices[1 - d].gid();
+        let dv = &mut sim.devices[d];
+        let (init, rtr) = match ty {
+            QpType::Ud => (
+                QpAttr { state: Some(QpState::Init), qkey: Some(0x1111_0000 + d as u32), ..QpAttr::default() },
+                QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() },
+            ),
+            _ => (
+                QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() },
+                QpAttr {
+                    state: Some(QpState::Rtr),
+                    dest_gid: Some(peer_gid),
+                    dest_qpn: Some(q[1 - d]),
+                    rq_psn: Some(100),
+                    path_mtu: Some(Mtu::M256),
+                    ..QpAttr::default()
+                },
+            ),
+        };
+        dv.modify_qp(q[d], &init).unwrap();
+        dv.modify_qp(q[d], &rtr).unwrap();
+        dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Rts), sq_psn: Some(100), ..QpAttr::default() }).unwrap();
+    }
+    let m = [0, 1].map(|d| sim.devices[d].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap());
+    Two { sim, q, cq, m }
+}
+
+fn send(wr_id: u64, op: SendOp, sgl: Vec<Sge>, ud: Option<UdDest>) -> SendWr {
+    SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud }
+}
+
+impl Two {
+    fn settle(&mut self) {
+        self.sim.run_until(u64::MAX);
+    }
+    fn wcs(&mut self, d: usize) -> Vec<Wc> {
+        self.sim.devices[d].poll_cq(self.cq[d], 100)
+    }
+    fn dest(&self, to: usize, qkey: u32) -> UdDest {
+        UdDest { gid: self.sim.devices[to].gid(), qpn: self.q[to], qkey }
+    }
+}
+
+// IBTA 9.8.4, 11.4.1.2: a UD receive reports the sender's QPN and GID after a 40-byte GRH.
+#[test]
+fn ud_datagram_carries_source_and_grh() {
+    let mut t = two(QpType::Ud);
+    t.m[0].mem.write(0, b"datagram!");
+    t.sim.devices[1].post_recv(t.q[1], RecvWr { wr_id: 7, sgl: vec![sge(&t.m[1], 0, 100)] }).unwrap();
+    let dest = t.dest(1, 0x1111_0001);
+    t.sim.devices[0].post_send(t.q[0], send(1, SendOp::SendImm(42), vec![sge(&t.m[0], 0, 9)], Some(dest))).unwrap();
+    t.settle();
+    assert_eq!(t.wcs(0)[0].status, WcStatus::Success);
+    let r = t.wcs(1);
+    assert_eq!((r[0].wr_id, r[0].status, r[0].byte_len, r[0].imm), (7, WcStatus::Success, 49, Some(42)));
+    assert_eq!((r[0].src_qp, r[0].src_gid), (Some(t.q[0]), Some(t.sim.devices[0].gid())));
+    let mut got = [0u8; 49];
+    t.m[1].mem.read(0, &mut got);
+    assert_eq!(&got[40..], b"datagram!");
+    assert_eq!(&got[8..24], &t.sim.devices[0].gid(), "GRH source GID");
+}
+
+// IBTA 10.2.5 (C10-15): a wrong Q_Key is dropped; a Q_Key with its high bit set means the
+// sender QP's own.
+#[test]
+fn ud_qkey_is_checked() {
+    let mut t = two(QpType::Ud);
+    t.sim.devices[1].post_recv(t.q[1], RecvWr { wr_id: 7, sgl: vec![sge(&t.m[1], 0, 100)] }).unwrap();
+    let wrong = t.dest(1, 0x2222);
+    t.sim.devices[0].post_send(t.q[0], send(1, SendOp::Send, vec![sge(&t.m[0], 0, 4)], Some(wrong))).unwrap();
+    t.settle();
+    assert!(t.wcs(1).is_empty());
+    assert_eq!(t.sim.devices[1].stats.qkey_violations, 1);
+    // Device 0's QP has Q_Key 0x11110000, device 1's 0x11110001: "use mine" is still wrong.
+    let own = t.dest(1, 0x8000_0000);
+    t.sim.devices[0].post_send(t.q[0], send(2, SendOp::Send, vec![sge(&t.m[0], 0, 4)], Some(own))).unwrap();
+    t.settle();
+    assert_eq!(t.sim.devices[1].stats.qkey_violations, 2);
+    let right = t.dest(1, 0x1111_0001);
+    t.sim.devices[0].post_send(t.q[0], send(3, SendOp::Send, vec![sge(&t.m[0], 0, 4)], Some(right))).unwrap();
+    t.settle();
+    assert_eq!(t.wcs(1).len(), 1);
+}
+
+// IBTA 9.8.4: a UD message is one packet; longer is a local length error; UD has no RDMA.
+#[test]
+fn ud_limits() {
+    let mut t = two(QpType::Ud);
+    let dest = t.dest(1, 0x1111_0001);
+    t.sim.devices[0].post_send(t.q[0], send(1, SendOp::Send, vec![sge(&t.m[0], 0, 5000)], Some(dest))).unwrap();
+    t.settle();
+    assert_eq!(t.wcs(0)[0].status, WcStatus::LocLenErr);
+    let write = send(2, SendOp::Write(remote(&t.m[1], 0)), vec![], Some(dest));
+    assert_eq!(t.sim.devices[0].post_send(t.q[0], write), Err(VerbsError::InvalidRequest));
+    // No receive posted: the datagram is dropped, not RNR-NAKed.
+    let mut t = two(QpType::Ud);
+    let dest = t.dest(1, 0x1111_0001);
+    t.sim.devices[0].post_send(t.q[0], send(3, SendOp::Send, vec![sge(&t.m[0], 0, 5)], Some(dest))).unwrap();
+    t.settle();
+    assert_eq!(t.sim.devices[1].stats.ud_no_receive, 1);
+    assert!(drain(&mut t.sim.devices[1], 0).is_empty());
+}
+
+// IBTA 9.8.3: UC delivers WRITE and SEND without acknowledgements.
+#[test]
+fn uc_write_and_send() {
+    let mut t = two(QpType::Uc);
+    let data: Vec<u8> = (0..700).map(|i| i as u8).collect();
+    t.m[0].mem.write(0, &data);
+    t.sim.devices[1].post_recv(t.q[1], RecvWr { wr_id: 9, sgl: vec![sge(&t.m[1], 4096, 1000)] }).unwrap();
+    t.sim.devices[0]
+        .post_send(t.q[0], send(1, SendOp::Write(remote(&t.m[1], 0)), vec![sge(&t.m[0], 0, 700)], None))
+        .unwrap();
+    t.sim.devices[0].post_send(t.q[0], send(2, SendOp::Send, vec![sge(&t.m[0], 0, 700)], None)).unwrap();
+    t.settle();
+    let s: Vec<_> = t.wcs(0).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(s, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(t.m[1].mem.to_vec()[..700], data[..], "{:?}", t.sim.devices[1].stats);
+    let r = t.wcs(1);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (9, 700));
+    assert_eq!(t.sim.devices[1].stats.tx_packets, 0, "UC never answers");
+    let read = send(3, SendOp::Read(remote(&t.m[1], 0)), vec![sge(&t.m[0], 0, 8)], None);
+    assert_eq!(t.sim.devices[0].post_send(t.q[0], read), Err(VerbsError::InvalidRequest));
+}
+
+// IBTA 9.8.3: after a lost packet, UC drops the damaged message and resumes at the next
+// FIRST/ONLY; the receive WQE the damaged message held serves the next one.
+#[test]
+fn uc_drops_a_damaged_message_and_resumes() {
+    let mut t = two(QpType::Uc);
+    let mut seen = 0;
+    t.sim.tamper = Some(Box::new(move |_, _| {
+        seen += 1;
+        seen != 2 // lose the MIDDLE of the first SEND
+    }));
+    t.m[0].mem.write(0, &[1u8; 768]);
+    t.m[0].mem.write(1000, b"second");
+    t.sim.devices[1].post_recv(t.q[1], RecvWr { wr_id: 9, sgl: vec![sge(&t.m[1], 0, 1000)] }).unwrap();
+    t.sim.devices[0].post_send(t.q[0], send(1, SendOp::Send, vec![sge(&t.m[0], 0, 768)], None)).unwrap();
+    t.sim.devices[0].post_send(t.q[0], send(2, SendOp::Send, vec![sge(&t.m[0], 1000, 6)], None)).unwrap();
+    t.settle();
+    let r = t.wcs(1);
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (9, 6));
+    let mut got = [0u8; 6];
+    t.m[1].mem.read(0, &mut got);
+    assert_eq!(&got, b"second");
+    assert!(t.sim.devices[1].stats.uc_dropped >= 1);
+}
