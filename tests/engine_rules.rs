@@ -364,3 +364,44 @@ fn a_flood_of_duplicates_is_not_buffered() {
     assert_eq!(p.mb.mem.to_vec()[..8], 1u64.to_le_bytes());
     assert_eq!(p.sim.devices[1].stats.duplicates_received, 9_999);
 }
+
+// IBTA 9.7.5.2.1: ACKs coalesce: requests handled before the responder sends get one ACK,
+// for the last of them.
+#[test]
+fn acks_coalesce() {
+    let mut p = pair(Attrs::default());
+    for i in 0..3 {
+        p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: i, sgl: vec![sge(&p.mb, 0, 64)] }).unwrap();
+    }
+    let e = p.b_epsn();
+    let src = p.sim.devices[0].gid();
+    for k in 0..3 {
+        let r = request(&p, 0x04, e.add(k), b"x");
+        let mut buf = vec![0u8; r.buffer_len()];
+        r.emit(&mut buf).unwrap();
+        p.sim.devices[1].handle_packet(0, src, &buf);
+    }
+    let out = drain(&mut p.sim.devices[1], 0);
+    assert_eq!(syndrome_of(&out), vec![(0x11, e.add(2).value(), Syndrome::Ack { credits: 31 })]);
+}
+
+// IBTA 9.7.5.1.3: more READ requests pending than the responder's IRD is an invalid request.
+#[test]
+fn reads_beyond_ird_are_refused() {
+    let mut p = pair(Attrs { ord: 2, ..Attrs::default() });
+    let e = p.b_epsn();
+    let src = p.sim.devices[0].gid();
+    let mut last = Vec::new();
+    for k in 0..3 {
+        let mut read = request(&p, 0x0c, e.add(k), &[]);
+        read.reth = Some(RethRepr { va: p.mb.addr, rkey: p.mb.rkey, dma_len: 8 });
+        let mut buf = vec![0u8; read.buffer_len()];
+        read.emit(&mut buf).unwrap();
+        p.sim.devices[1].handle_packet(0, src, &buf); // responses not drained: still pending
+        if k == 2 {
+            last = drain(&mut p.sim.devices[1], 0);
+        }
+    }
+    let naks: Vec<_> = syndrome_of(&last).into_iter().filter(|s| s.0 == 0x11).collect();
+    assert_eq!(naks, vec![(0x11, e.add(2).value(), Syndrome::Nak(NakCode::InvalidRequest))]);
+}
