@@ -25,7 +25,8 @@ fn two(ty: QpType) -> Two {
     let mut cq = [0; 2];
     for d in 0..2 {
         cq[d] = sim.devices[d].create_cq(256);
-        let init = QpInit { qp_type: ty, pd: Pd(1), send_cq: cq[d], recv_cq: cq[d], caps: QpCaps::default() };
+        let init =
+            QpInit { qp_type: ty, pd: Pd(1), send_cq: cq[d], recv_cq: cq[d], caps: QpCaps::default(), srq: None };
         q[d] = sim.devices[d].create_qp(init).unwrap();
     }
     for d in 0..2 {
@@ -177,4 +178,76 @@ fn uc_drops_a_damaged_message_and_resumes() {
     t.m[1].mem.read(0, &mut got);
     assert_eq!(&got, b"second");
     assert!(t.sim.devices[1].stats.uc_dropped >= 1);
+}
+
+// IBTA 10.2.9: QPs sharing a receive queue take from it in order; IBTA 11.6.3.3: the armed
+// limit raises one event when the queue falls below it.
+#[test]
+fn srq_is_shared_and_raises_its_limit_event() {
+    use softrdma::engine::srq::AsyncEvent;
+    let dev = |i: u8| {
+        Device::new(DeviceConfig { gid: gid_from_ipv4([10, 0, 0, i]), seed: u64::from(i), max_qps: 8, max_mrs: 8 })
+    };
+    let mut sim = Sim::new(vec![dev(1), dev(2)], Faults::none(), 1);
+    let srq = sim.devices[1].create_srq(16, 1);
+    let mut pairs = Vec::new();
+    for _ in 0..2 {
+        let mut q = [0u32; 2];
+        let mut cqs = [0u32; 2];
+        for d in 0..2 {
+            cqs[d] = sim.devices[d].create_cq(64);
+            let srq = (d == 1).then_some(srq);
+            let init = QpInit {
+                qp_type: QpType::Uc,
+                pd: Pd(1),
+                send_cq: cqs[d],
+                recv_cq: cqs[d],
+                caps: QpCaps::default(),
+                srq,
+            };
+            q[d] = sim.devices[d].create_qp(init).unwrap();
+        }
+        for d in 0..2 {
+            let peer_gid = sim.devices[1 - d].gid();
+            let dv = &mut sim.devices[d];
+            dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
+                .unwrap();
+            let rtr = QpAttr {
+                state: Some(QpState::Rtr),
+                dest_gid: Some(peer_gid),
+                dest_qpn: Some(q[1 - d]),
+                rq_psn: Some(0),
+                path_mtu: Some(Mtu::M1024),
+                ..QpAttr::default()
+            };
+            dv.modify_qp(q[d], &rtr).unwrap();
+            dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Rts), sq_psn: Some(0), ..QpAttr::default() }).unwrap();
+        }
+        pairs.push((q, cqs));
+    }
+    let ma = sim.devices[0].reg_mr(Pd(1), 4096, Access::ALL).unwrap();
+    let mb = sim.devices[1].reg_mr(Pd(1), 4096, Access::ALL).unwrap();
+    for i in 0..4u64 {
+        sim.devices[1].post_srq_recv(srq, RecvWr { wr_id: i, sgl: vec![sge(&mb, 100 * i as usize, 100)] }).unwrap();
+    }
+    assert_eq!(
+        sim.devices[1].post_recv(pairs[0].0[1], RecvWr { wr_id: 9, sgl: vec![] }),
+        Err(VerbsError::InvalidRequest)
+    );
+    sim.devices[1].arm_srq_limit(srq, 2).unwrap();
+    for (k, (q, _)) in pairs.iter().enumerate() {
+        sim.devices[0].post_send(q[0], send(k as u64, SendOp::Send, vec![sge(&ma, 0, 10)], None)).unwrap();
+    }
+    sim.run_until(u64::MAX);
+    let mut ids: Vec<u64> = pairs.iter().flat_map(|(_, c)| sim.devices[1].poll_cq(c[1], 10)).map(|w| w.wr_id).collect();
+    ids.sort();
+    assert_eq!(ids, vec![0, 1], "both QPs took from the one SRQ");
+    assert_eq!(sim.devices[1].srq_len(srq), 2);
+    assert_eq!(sim.devices[1].poll_async_event(), None, "2 left: not below the limit yet");
+    sim.devices[0].post_send(pairs[0].0[0], send(5, SendOp::Send, vec![sge(&ma, 0, 10)], None)).unwrap();
+    sim.run_until(u64::MAX);
+    assert_eq!(sim.devices[1].poll_async_event(), Some(AsyncEvent::SrqLimitReached(srq)));
+    sim.devices[0].post_send(pairs[1].0[0], send(6, SendOp::Send, vec![sge(&ma, 0, 10)], None)).unwrap();
+    sim.run_until(u64::MAX);
+    assert_eq!(sim.devices[1].poll_async_event(), None, "one-shot");
 }

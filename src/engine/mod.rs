@@ -14,6 +14,7 @@ pub mod cq;
 pub mod mem;
 pub mod qp;
 pub mod rng;
+pub mod srq;
 pub mod verbs;
 
 use crate::proto::roce::opcode::{Operation, Transport};
@@ -104,6 +105,9 @@ pub struct Device {
     next_pd: u32,
     next_cq: u32,
     out: VecDeque<Transmit>,
+    srqs: HashMap<u32, srq::Srq>,
+    next_srq: u32,
+    events: VecDeque<srq::AsyncEvent>,
     cursor: u32,
     /// Counters.
     pub stats: Stats,
@@ -123,6 +127,9 @@ impl Device {
             next_pd: 1,
             next_cq: 1,
             out: VecDeque::new(),
+            srqs: HashMap::new(),
+            next_srq: 1,
+            events: VecDeque::new(),
             cursor: 0,
             stats: Stats::default(),
         }
@@ -184,12 +191,44 @@ impl Device {
         self.cqs.get_mut(&cq).is_some_and(|c| c.take_event())
     }
 
+    /// Creates a shared receive queue.
+    pub fn create_srq(&mut self, max_wr: usize, max_sge: usize) -> u32 {
+        let id = self.next_srq;
+        self.next_srq += 1;
+        self.srqs.insert(id, srq::Srq::new(max_wr, max_sge));
+        id
+    }
+
+    /// Posts a receive to a shared receive queue.
+    pub fn post_srq_recv(&mut self, srq: u32, wr: RecvWr) -> Result<(), VerbsError> {
+        self.srqs.get_mut(&srq).ok_or(VerbsError::NotFound)?.post(wr)
+    }
+
+    /// Arms an SRQ's limit event (IBTA 11.2.3.3, modify SRQ with srq_limit).
+    pub fn arm_srq_limit(&mut self, srq: u32, limit: usize) -> Result<(), VerbsError> {
+        self.srqs.get_mut(&srq).ok_or(VerbsError::NotFound)?.arm(limit);
+        Ok(())
+    }
+
+    /// Receives waiting in an SRQ.
+    pub fn srq_len(&self, srq: u32) -> usize {
+        self.srqs.get(&srq).map_or(0, |s| s.len())
+    }
+
+    /// The next asynchronous event, if any.
+    pub fn poll_async_event(&mut self) -> Option<srq::AsyncEvent> {
+        self.events.pop_front()
+    }
+
     /// Creates a QP in RESET; QPNs start at 16 and are never reused while live.
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
         if self.qps.len() >= self.cfg.max_qps {
             return Err(VerbsError::OutOfResources);
         }
         if !self.cqs.contains_key(&init.send_cq) || !self.cqs.contains_key(&init.recv_cq) {
+            return Err(VerbsError::NotFound);
+        }
+        if init.srq.is_some_and(|s| !self.srqs.contains_key(&s)) {
             return Err(VerbsError::NotFound);
         }
         let qpn = loop {
@@ -258,7 +297,15 @@ impl Device {
     }
 
     fn split(&mut self, now: u64) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>) {
-        let ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, out: &mut self.out, stats: &mut self.stats };
+        let ctx = Ctx {
+            now,
+            mrs: &mut self.mrs,
+            cqs: &mut self.cqs,
+            out: &mut self.out,
+            stats: &mut self.stats,
+            srqs: &mut self.srqs,
+            events: &mut self.events,
+        };
         (&mut self.qps, ctx)
     }
 
@@ -286,7 +333,7 @@ impl Device {
     /// Posts a receive work request.
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
-        if qp.state == QpState::Reset {
+        if qp.state == QpState::Reset || qp.init.srq.is_some() {
             return Err(VerbsError::InvalidRequest);
         }
         if qp.state == QpState::Err {

@@ -308,6 +308,8 @@ pub struct QpInit {
     pub recv_cq: u32,
     /// Queue sizes.
     pub caps: QpCaps,
+    /// Take receives from this shared receive queue instead of the QP's own.
+    pub srq: Option<u32>,
 }
 
 /// Errors of verbs calls.

@@ -154,6 +154,7 @@ pub fn connect(sim: &mut Sim, a: usize, b: usize, rng: &mut Rng, mtu: Mtu) -> Re
             send_cq: cq,
             recv_cq: cq,
             caps: QpCaps { max_send_wr: MAX_WQE, max_recv_wr: MAX_WQE, max_sge: 4 },
+            srq: None,
         })?;
         Ok((qpn, cq))
     };

@@ -58,7 +58,8 @@ pub fn pair(at: Attrs) -> Pair {
     for d in 0..2 {
         let dv = &mut sim.devices[d];
         let cq = dv.create_cq(1024);
-        let init = QpInit { qp_type: QpType::Rc, pd: Pd(1), send_cq: cq, recv_cq: cq, caps: QpCaps::default() };
+        let init =
+            QpInit { qp_type: QpType::Rc, pd: Pd(1), send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
         qps.push((dv.create_qp(init).unwrap(), cq));
     }
     let psns = [at.psn_a, at.psn_b];

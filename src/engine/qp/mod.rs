@@ -70,6 +70,10 @@ pub struct Ctx<'a> {
     pub out: &'a mut VecDeque<Transmit>,
     /// Counters.
     pub stats: &'a mut Stats,
+    /// Shared receive queues.
+    pub srqs: &'a mut HashMap<u32, crate::engine::srq::Srq>,
+    /// Asynchronous events for the application.
+    pub events: &'a mut VecDeque<crate::engine::srq::AsyncEvent>,
 }
 
 impl Ctx<'_> {
@@ -150,7 +154,9 @@ impl Qp {
     pub fn new(qpn: u32, init: QpInit) -> Self {
         let mtu = if init.qp_type == QpType::Ud { Mtu::M4096 } else { Mtu::M1024 }.bytes();
         let path = Path { qpn, dest_gid: [0; 16], dest_qpn: 0, mtu, pkey: 0xffff, qp_type: init.qp_type, qkey: 0 };
-        Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp: Responder::new(init.caps) }
+        let mut resp = Responder::new(init.caps);
+        resp.srq = init.srq;
+        Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp }
     }
 
     /// The QP's protection domain.
@@ -181,6 +187,7 @@ impl Qp {
         if to == QpState::Reset {
             self.req = Requester::new(self.init.caps);
             self.resp = Responder::new(self.init.caps);
+            self.resp.srq = self.init.srq;
         }
         self.state = to;
         if to == QpState::Err {

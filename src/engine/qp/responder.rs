@@ -29,9 +29,17 @@ type Check = Result<(), Refusal>;
 pub const MAX_REPLIES: usize = 64;
 
 #[derive(Debug)]
-pub(crate) struct RecvWqe {
+pub struct RecvWqe {
     pub(crate) wr: RecvWr,
     pub(crate) capacity: usize,
+}
+
+impl RecvWqe {
+    /// Wraps a receive request.
+    pub fn new(wr: RecvWr) -> Self {
+        let capacity = wr.sgl.iter().map(|s| s.length as usize).sum();
+        RecvWqe { wr, capacity }
+    }
 }
 
 /// A message being received over several packets.
@@ -82,6 +90,8 @@ pub struct Responder {
     nak_sent: bool,
     pub(crate) cur: Option<Inbound>,
     pub(crate) rq: VecDeque<RecvWqe>,
+    /// The shared receive queue this QP takes from instead of `rq`.
+    pub srq: Option<u32>,
     /// UC: a message was lost; drop until the next FIRST/ONLY.
     pub(crate) uc_resync: bool,
     resources: VecDeque<Resource>,
@@ -101,6 +111,7 @@ impl Responder {
             msn: 0,
             nak_sent: false,
             uc_resync: false,
+            srq: None,
             cur: None,
             rq: VecDeque::new(),
             resources: VecDeque::new(),
@@ -136,9 +147,34 @@ impl Responder {
         if wr.sgl.len() > self.caps.max_sge {
             return Err(VerbsError::InvalidRequest);
         }
-        let capacity = wr.sgl.iter().map(|s| s.length as usize).sum();
-        self.rq.push_back(RecvWqe { wr, capacity });
+        self.rq.push_back(RecvWqe::new(wr));
         Ok(())
+    }
+
+    /// True when a receive WQE is available, from the QP's RQ or its SRQ.
+    pub(crate) fn has_recv(&self, ctx: &Ctx<'_>) -> bool {
+        match self.srq {
+            Some(id) => ctx.srqs.get(&id).is_some_and(|s| s.has_wqe()),
+            None => !self.rq.is_empty(),
+        }
+    }
+
+    /// Takes the next receive WQE; an SRQ crossing its limit raises the event.
+    pub(crate) fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWqe> {
+        let Some(id) = self.srq else { return self.rq.pop_front() };
+        let (w, fired) = ctx.srqs.get_mut(&id)?.take();
+        if fired {
+            ctx.events.push_back(crate::engine::srq::AsyncEvent::SrqLimitReached(id));
+        }
+        w
+    }
+
+    /// Gives back a WQE an abandoned message held.
+    pub(crate) fn give_back(&mut self, w: RecvWqe, ctx: &mut Ctx<'_>) {
+        match self.srq.and_then(|id| ctx.srqs.get_mut(&id)) {
+            Some(s) => s.give_back(w),
+            None => self.rq.push_front(w),
+        }
     }
 
     /// Receive WQEs waiting.
@@ -180,7 +216,7 @@ impl Responder {
         }
         let result = self
             .check_op_sequence(info.operation, info.position)
-            .and_then(|_| self.check_resources(r, info.operation, info.position))
+            .and_then(|_| self.check_resources(r, info.operation, info.position, ctx))
             .and_then(|_| self.check_length(r, q.mtu, info.position))
             .and_then(|_| self.execute(r, info.operation, info.position, q, ctx));
         match result {
@@ -235,10 +271,10 @@ impl Responder {
 
     /// IBTA 9.7.5.1.3: a receive WQE for a SEND (or WRITE with immediate); a free
     /// responder resource for READ/atomic.
-    pub(crate) fn check_resources(&mut self, r: &RoceRepr<'_>, op: Operation, pos: Position) -> Check {
+    pub(crate) fn check_resources(&mut self, r: &RoceRepr<'_>, op: Operation, pos: Position, ctx: &Ctx<'_>) -> Check {
         let needs_wqe = (op == Operation::Send && matches!(pos, Position::First | Position::Only))
             || (op == Operation::Write && r.immdt.is_some());
-        if needs_wqe && self.rq.is_empty() {
+        if needs_wqe && !self.has_recv(ctx) {
             return Err(Refusal::Rnr);
         }
         if matches!(op, Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd) {
@@ -304,7 +340,7 @@ impl Responder {
 
     pub(crate) fn exec_send(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         if matches!(pos, Position::First | Position::Only) {
-            let Some(wqe) = self.rq.pop_front() else {
+            let Some(wqe) = self.take_recv(ctx) else {
                 return Err(Refusal::Rnr);
             };
             self.cur = Some(Inbound::Send { wqe, received: 0 });
@@ -371,7 +407,7 @@ impl Responder {
         if last {
             self.cur = None;
             if let Some(imm) = r.immdt {
-                let Some(wqe) = self.rq.pop_front() else {
+                let Some(wqe) = self.take_recv(ctx) else {
                     return Err(Refusal::Rnr);
                 };
                 let mut wc = recv_wc(&wqe.wr, q.qpn, WcStatus::Success, 0);

@@ -21,7 +21,7 @@ impl Responder {
         let psn = r.bth.psn;
         if psn != self.epsn {
             // A packet went missing: the message in progress is lost.
-            self.abandon_uc_message();
+            self.abandon_uc_message(ctx);
             self.epsn = psn;
         }
         if self.uc_resync && !info.starts_message() {
@@ -32,7 +32,7 @@ impl Responder {
         self.uc_resync = false;
         let result = self
             .check_op_sequence(info.operation, info.position)
-            .and_then(|_| self.check_resources(r, info.operation, info.position))
+            .and_then(|_| self.check_resources(r, info.operation, info.position, ctx))
             .and_then(|_| self.check_length(r, q.mtu, info.position))
             .and_then(|_| match info.operation {
                 Operation::Send => self.exec_send(r, info.position, q, ctx),
@@ -41,15 +41,15 @@ impl Responder {
         if result.is_err() {
             // UC never NAKs: no receive, a bad key or a bad length drops the message.
             ctx.stats.uc_dropped += 1;
-            self.abandon_uc_message();
+            self.abandon_uc_message(ctx);
             self.epsn = psn.next();
         }
     }
 
     /// Gives an interrupted SEND's receive WQE back, so the next message uses it.
-    fn abandon_uc_message(&mut self) {
+    fn abandon_uc_message(&mut self, ctx: &mut Ctx<'_>) {
         if let Some(Inbound::Send { wqe, .. }) = self.cur.take() {
-            self.rq.push_front(wqe);
+            self.give_back(wqe, ctx);
         }
         self.cur = None;
         self.uc_resync = true;
@@ -70,7 +70,7 @@ impl Responder {
             ctx.stats.uc_dropped += 1;
             return;
         }
-        let Some(wqe) = self.rq.pop_front() else {
+        let Some(wqe) = self.take_recv(ctx) else {
             ctx.stats.ud_no_receive += 1;
             return;
         };

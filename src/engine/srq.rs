@@ -1,0 +1,70 @@
+//! Shared receive queues (IBTA 10.2.9) with the limit event (IBTA 11.6.3.3: "SRQ limit
+//! reached", raised once when the queue falls below its armed limit).
+
+use super::qp::responder::RecvWqe;
+use super::verbs::{RecvWr, VerbsError};
+use std::collections::VecDeque;
+
+/// Asynchronous events (IBTA 11.6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// An SRQ fell below its armed limit.
+    SrqLimitReached(u32),
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub struct Srq {
+    wqes: VecDeque<RecvWqe>,
+    max_wr: usize,
+    max_sge: usize,
+    limit: Option<usize>,
+}
+
+impl Srq {
+    /// An SRQ holding at most `max_wr` requests of at most `max_sge` SGEs.
+    pub fn new(max_wr: usize, max_sge: usize) -> Self {
+        Srq { wqes: VecDeque::new(), max_wr, max_sge, limit: None }
+    }
+    /// Adds a receive request.
+    pub fn post(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.wqes.len() >= self.max_wr {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sgl.len() > self.max_sge {
+            return Err(VerbsError::InvalidRequest);
+        }
+        self.wqes.push_back(RecvWqe::new(wr));
+        Ok(())
+    }
+    /// Arms the limit event: raised once when fewer than `limit` requests remain.
+    pub fn arm(&mut self, limit: usize) {
+        self.limit = Some(limit);
+    }
+    /// True when a request is waiting.
+    pub fn has_wqe(&self) -> bool {
+        !self.wqes.is_empty()
+    }
+    /// Takes the next request; returns the limit event if this crossed the armed limit.
+    pub fn take(&mut self) -> (Option<RecvWqe>, bool) {
+        let w = self.wqes.pop_front();
+        let fired = self.limit.is_some_and(|l| self.wqes.len() < l);
+        if fired {
+            self.limit = None;
+        }
+        (w, fired)
+    }
+    /// Puts back a request a UC message abandoned.
+    pub fn give_back(&mut self, w: RecvWqe) {
+        self.wqes.push_front(w);
+    }
+    /// Requests waiting.
+    pub fn len(&self) -> usize {
+        self.wqes.len()
+    }
+    /// True when none wait.
+    pub fn is_empty(&self) -> bool {
+        self.wqes.is_empty()
+    }
+}
