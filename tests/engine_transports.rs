@@ -18,7 +18,13 @@ struct Two {
 
 fn two(ty: QpType) -> Two {
     let dev = |i: u8| {
-        Device::new(DeviceConfig { gid: gid_from_ipv4([10, 0, 0, i]), seed: u64::from(i), max_qps: 8, max_mrs: 8 })
+        Device::new(DeviceConfig {
+            gid: gid_from_ipv4([10, 0, 0, i]),
+            seed: u64::from(i),
+            max_qps: 8,
+            max_mrs: 8,
+            cc: Default::default(),
+        })
     };
     let mut sim = Sim::new(vec![dev(1), dev(2)], Faults::none(), 1);
     let mut q = [0; 2];
@@ -186,7 +192,13 @@ fn uc_drops_a_damaged_message_and_resumes() {
 fn srq_is_shared_and_raises_its_limit_event() {
     use softrdma::engine::srq::AsyncEvent;
     let dev = |i: u8| {
-        Device::new(DeviceConfig { gid: gid_from_ipv4([10, 0, 0, i]), seed: u64::from(i), max_qps: 8, max_mrs: 8 })
+        Device::new(DeviceConfig {
+            gid: gid_from_ipv4([10, 0, 0, i]),
+            seed: u64::from(i),
+            max_qps: 8,
+            max_mrs: 8,
+            cc: Default::default(),
+        })
     };
     let mut sim = Sim::new(vec![dev(1), dev(2)], Faults::none(), 1);
     let srq = sim.devices[1].create_srq(16, 1);

@@ -10,6 +10,7 @@
 //! `poll_timeout`, then poll the CQs. `poll_transmit` produces packets lazily, a few per QP
 //! in turn, so one QP cannot starve the others.
 
+pub mod cc;
 pub mod cq;
 pub mod mem;
 pub mod qp;
@@ -76,6 +77,12 @@ pub struct Stats {
     pub ud_no_receive: u64,
     /// Packets whose opcode belongs to another transport than the QP's.
     pub rx_wrong_transport: u64,
+    /// Packets received marked ECN-CE.
+    pub rx_ecn_ce: u64,
+    /// CNPs sent.
+    pub cnps_sent: u64,
+    /// CNPs received.
+    pub cnps_received: u64,
 }
 
 /// Device configuration.
@@ -89,6 +96,8 @@ pub struct DeviceConfig {
     pub max_qps: usize,
     /// Most memory regions.
     pub max_mrs: usize,
+    /// Congestion control (off unless enabled).
+    pub cc: cc::CcConfig,
 }
 
 /// Packets a QP may send per turn of `poll_transmit`.
@@ -238,7 +247,12 @@ impl Device {
                 break q;
             }
         };
-        self.qps.insert(qpn, Qp::new(qpn, init));
+        let mut qp = Qp::new(qpn, init);
+        if self.cfg.cc.enabled {
+            // DCQCN's reaction point paces at line rate until the first CNP.
+            qp.req.limiter = Some(cc::RateLimiter::new(&self.cfg.cc));
+        }
+        self.qps.insert(qpn, qp);
         Ok(qpn)
     }
 
@@ -349,16 +363,37 @@ impl Device {
 
     /// A RoCEv2 datagram whose ICRC the transport has verified, from `src`.
     pub fn handle_packet(&mut self, now: u64, src: Gid, packet: &[u8]) {
+        self.handle_packet_ecn(now, src, false, packet);
+    }
+
+    /// As [`Device::handle_packet`], for a datagram whose IP header was marked ECN-CE
+    /// (`ce`) by a congested hop.
+    pub fn handle_packet_ecn(&mut self, now: u64, src: Gid, ce: bool, packet: &[u8]) {
         self.stats.rx_packets += 1;
         let Ok(r) = RocePacket::new_checked(packet).and_then(|p| RoceRepr::parse(&p)) else {
             self.stats.rx_malformed += 1;
             return;
         };
+        let cc = self.cfg.cc;
         let (qps, mut ctx) = self.split(now);
         let Some(qp) = qps.get_mut(&r.bth.dest_qp) else {
             ctx.stats.rx_unknown_qp += 1;
             return;
         };
+        if r.bth.opcode == CNP_OPCODE {
+            // Annex A17.9.3: a CNP slows this QP's requester (when CC is on).
+            ctx.stats.cnps_received += 1;
+            if cc.enabled {
+                qp.req.limiter.get_or_insert_with(|| cc::RateLimiter::new(&cc)).on_cnp(now, &cc);
+            }
+            return;
+        }
+        if ce {
+            ctx.stats.rx_ecn_ce += 1;
+            if cc.enabled {
+                send_cnp(qp, &cc, &mut ctx);
+            }
+        }
         let connected = qp.init.qp_type != QpType::Ud;
         if (connected && qp.path.dest_gid != src) || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             ctx.stats.rx_unknown_qp += 1;
@@ -369,12 +404,16 @@ impl Device {
 
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
+        let cc = self.cfg.cc;
         let (qps, mut ctx) = self.split(now);
         for qp in qps.values_mut() {
             if qp.state == QpState::Err {
                 continue;
             }
             qp.req.on_rnr_elapsed(now);
+            if let Some(l) = qp.req.limiter.as_mut() {
+                l.tick(now, &cc);
+            }
             if qp.req.timer.is_some_and(|t| now >= t) {
                 qp.req.on_timer(&mut ctx);
                 settle(qp, &mut ctx);
@@ -417,6 +456,23 @@ impl Device {
             }
         }
     }
+}
+
+/// The BTH opcode of a Congestion Notification Packet (Annex A17.9.3).
+const CNP_OPCODE: u8 = 0x81;
+
+/// Sends a CNP to the QP's peer, unless one went out less than `cnp_interval_ns` ago.
+fn send_cnp(qp: &mut Qp, cc: &cc::CcConfig, ctx: &mut Ctx<'_>) {
+    if qp.last_cnp.is_some_and(|t| ctx.now < t + cc.cnp_interval_ns) || qp.init.qp_type == QpType::Ud {
+        return;
+    }
+    qp.last_cnp = Some(ctx.now);
+    ctx.stats.cnps_sent += 1;
+    let mut bth = qp.path.bth(CNP_OPCODE, crate::proto::roce::Psn::new(0), 16);
+    bth.becn = true;
+    let mut repr = qp::requester::bare(bth, None, None);
+    repr.payload = &[0u8; 16];
+    qp.path.send(ctx, &repr);
 }
 
 fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {

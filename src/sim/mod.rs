@@ -31,6 +31,8 @@ pub struct Faults {
     pub rate_bytes_per_us: Option<u64>,
     /// Partitions: about every `period` ns (random phase) the link is down for `down` ns.
     pub partition: Option<(u64, u64)>,
+    /// Mark packets ECN-CE when the sender's queue holds more than this many ns of data.
+    pub ecn_threshold_ns: Option<u64>,
 }
 
 impl Faults {
@@ -44,6 +46,7 @@ impl Faults {
             delay_ns: (10_000, 10_000),
             rate_bytes_per_us: None,
             partition: None,
+            ecn_threshold_ns: None,
         }
     }
 }
@@ -72,6 +75,10 @@ pub struct LinkStats {
     pub icrc_failed: u64,
     /// Corrupted packets whose ICRC still passed (must stay 0).
     pub corruption_missed: u64,
+    /// Packets marked ECN-CE.
+    pub ecn_marked: u64,
+    /// The longest queue seen at a sender, ns of data.
+    pub max_backlog_ns: u64,
 }
 
 struct InFlight {
@@ -79,6 +86,7 @@ struct InFlight {
     src: Gid,
     frame: Vec<u8>,
     corrupted: bool,
+    ce: bool,
 }
 
 const IP_UDP: usize = 28;
@@ -187,13 +195,17 @@ impl Sim {
         self.stats.duplicated += copies - 1;
         let serialize = self.faults.rate_bytes_per_us.map_or(0, |r| frame.len() as u64 * 1000 / r.max(1));
         let start = self.now.max(self.busy_until[from]);
+        let backlog = start - self.now;
+        self.stats.max_backlog_ns = self.stats.max_backlog_ns.max(backlog);
+        let ce = self.faults.ecn_threshold_ns.is_some_and(|k| backlog > k);
+        self.stats.ecn_marked += u64::from(ce);
         self.busy_until[from] = start + serialize;
         for _ in 0..copies {
-            self.schedule(to, src, frame.clone(), start + serialize);
+            self.schedule(to, src, frame.clone(), start + serialize, ce);
         }
     }
 
-    fn schedule(&mut self, to: usize, src: Gid, mut frame: Vec<u8>, ready: u64) {
+    fn schedule(&mut self, to: usize, src: Gid, mut frame: Vec<u8>, ready: u64, ce: bool) {
         let (lo, hi) = self.faults.delay_ns;
         let mut at = ready + lo + self.rng.below(hi.saturating_sub(lo) + 1);
         if self.rng.chance(self.faults.reorder) {
@@ -223,7 +235,7 @@ impl Sim {
             }
         }
         self.seq += 1;
-        self.slots.insert(self.seq, InFlight { to, src, frame, corrupted });
+        self.slots.insert(self.seq, InFlight { to, src, frame, corrupted, ce });
         self.queue.push(Reverse((at, self.seq)));
     }
 
@@ -254,7 +266,7 @@ impl Sim {
             u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]]),
             u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]])
         ));
-        self.devices[p.to].handle_packet(self.now, p.src, pkt);
+        self.devices[p.to].handle_packet_ecn(self.now, p.src, p.ce, pkt);
     }
 
     /// Moves every device's pending packets onto the link.

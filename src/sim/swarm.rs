@@ -135,12 +135,12 @@ pub fn pick_faults(rng: &mut Rng) -> Faults {
     let delay_ns = (lo, lo + rng.below(50_000));
     let rate_bytes_per_us = rng.chance(0.4).then(|| 100 + rng.below(5_000));
     let partition = rng.chance(0.3).then(|| (5_000_000 + rng.below(20_000_000), 100_000 + rng.below(1_500_000)));
-    Faults { loss, duplicate, reorder, corrupt, delay_ns, rate_bytes_per_us, partition }
+    Faults { loss, duplicate, reorder, corrupt, delay_ns, rate_bytes_per_us, partition, ecn_threshold_ns: None }
 }
 
 fn device(i: usize, seed: u64) -> Device {
     let gid = gid_from_ipv4([10, 0, 0, 1 + i as u8]);
-    Device::new(DeviceConfig { gid, seed: seed ^ (0x5eed << i), max_qps: 64, max_mrs: 256 })
+    Device::new(DeviceConfig { gid, seed: seed ^ (0x5eed << i), max_qps: 64, max_mrs: 256, cc: Default::default() })
 }
 
 /// Connects a QP on device `a` to one on device `b` (RESET → INIT → RTR → RTS both ways).

@@ -49,7 +49,13 @@ impl Default for Attrs {
 }
 
 fn dev(i: u8) -> Device {
-    Device::new(DeviceConfig { gid: gid_from_ipv4([10, 0, 0, i]), seed: u64::from(i), max_qps: 8, max_mrs: 8 })
+    Device::new(DeviceConfig {
+        gid: gid_from_ipv4([10, 0, 0, i]),
+        seed: u64::from(i),
+        max_qps: 8,
+        max_mrs: 8,
+        cc: Default::default(),
+    })
 }
 
 pub fn pair(at: Attrs) -> Pair {

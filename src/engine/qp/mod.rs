@@ -147,6 +147,8 @@ pub struct Qp {
     pub req: Requester,
     /// Receive side.
     pub resp: Responder,
+    /// When this QP last sent a CNP.
+    pub last_cnp: Option<u64>,
 }
 
 impl Qp {
@@ -156,7 +158,7 @@ impl Qp {
         let path = Path { qpn, dest_gid: [0; 16], dest_qpn: 0, mtu, pkey: 0xffff, qp_type: init.qp_type, qkey: 0 };
         let mut resp = Responder::new(init.caps);
         resp.srq = init.srq;
-        Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp }
+        Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp, last_cnp: None }
     }
 
     /// The QP's protection domain.

@@ -91,6 +91,10 @@ pub struct Requester {
     pub rewound_to: Option<Psn>,
     /// The highest PSN the responder has acknowledged.
     pub acked: Option<Psn>,
+    /// DCQCN pacing, once a CNP has arrived (congestion control on).
+    pub limiter: Option<crate::engine::cc::RateLimiter>,
+    /// Sending is held back by the pacer until this time.
+    pub paced_until: Option<u64>,
     caps: QpCaps,
 }
 
@@ -111,6 +115,8 @@ impl Requester {
             rnr_until: None,
             rewound_to: None,
             acked: None,
+            limiter: None,
+            paced_until: None,
             caps,
         }
     }
@@ -204,12 +210,18 @@ impl Requester {
 
     /// Sends up to `budget` request packets; returns how many went out.
     pub fn pump(&mut self, path: &Path, ctx: &mut Ctx<'_>, budget: usize) -> usize {
+        self.paced_until = None;
         if self.rnr_until.is_some_and(|t| ctx.now < t) {
             return 0;
         }
         self.rnr_until = None;
         let mut sent = 0;
         while sent < budget && self.send_idx < self.wqes.len() {
+            if let Some(l) = self.limiter.as_ref().filter(|l| !l.may_send(ctx.now)) {
+                self.paced_until = Some(l.next_send());
+                break;
+            }
+            self.paced_until = None;
             if !self.start_next() {
                 break;
             }
@@ -218,7 +230,13 @@ impl Requester {
                 self.send_idx += 1;
                 continue;
             }
+            let before = ctx.out.back().map(|t| t.packet.len());
             build_and_send(w, path, ctx);
+            if let Some(l) = self.limiter.as_mut() {
+                let bytes = ctx.out.back().map_or(0, |t| t.packet.len());
+                l.sent(ctx.now, bytes.max(before.unwrap_or(0)));
+            }
+            let w = &mut self.wqes[self.send_idx];
             w.next_pkt += 1;
             sent += 1;
             // Unacknowledged transports are done once the last packet is out (IBTA 9.8).
@@ -317,10 +335,8 @@ impl Requester {
 
     /// The next deadline: the retransmit timer or the end of an RNR wait.
     pub fn deadline(&self) -> Option<u64> {
-        match (self.timer, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let increase = self.limiter.as_ref().and_then(|l| l.next_increase());
+        [self.timer, self.rnr_until, self.paced_until, increase].into_iter().flatten().min()
     }
 }
 

@@ -1,0 +1,143 @@
+//! Congestion control for RoCEv2 (IBTA Annex A17.9): a responder that receives a packet
+//! marked ECN-CE sends the requester a CNP (opcode 0x81), at most one per QP per
+//! `cnp_interval_ns`; a requester that receives CNPs paces its sending with a DCQCN-style
+//! rate limiter (Zhu et al., SIGCOMM 2015): multiplicative decrease on each CNP, then fast
+//! recovery and additive increase while no CNP arrives. Off by default.
+
+/// Configuration of congestion control on a device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CcConfig {
+    /// Send CNPs and react to them.
+    pub enabled: bool,
+    /// At most one CNP per QP per this many ns (the notification point's rate limit).
+    pub cnp_interval_ns: u64,
+    /// The line rate a requester starts at and never exceeds, bytes per µs.
+    pub line_rate_bytes_per_us: u64,
+    /// Lowest rate the limiter goes down to, bytes per µs.
+    pub min_rate_bytes_per_us: u64,
+    /// Time between rate increases without a CNP, ns.
+    pub increase_interval_ns: u64,
+    /// Additive increase step, bytes per µs.
+    pub additive_step_bytes_per_us: u64,
+    /// DCQCN's g: the weight of a new CNP in alpha, as a fraction (1/256ths).
+    pub g_256: u32,
+}
+
+impl Default for CcConfig {
+    fn default() -> Self {
+        CcConfig {
+            enabled: false,
+            cnp_interval_ns: 50_000,
+            line_rate_bytes_per_us: 12_500,
+            min_rate_bytes_per_us: 10,
+            increase_interval_ns: 55_000,
+            additive_step_bytes_per_us: 50,
+            g_256: 16,
+        }
+    }
+}
+
+/// Rounds of fast recovery before additive increase (DCQCN's F).
+const FAST_RECOVERY_ROUNDS: u32 = 5;
+
+/// A requester's DCQCN rate state (the reaction point).
+#[derive(Debug, Clone)]
+pub struct RateLimiter {
+    /// Current rate, bytes per µs.
+    pub rate: u64,
+    target: u64,
+    /// alpha in 1/1024ths.
+    alpha_1024: u64,
+    rounds: u32,
+    next_increase: Option<u64>,
+    next_send: u64,
+    /// CNPs received.
+    pub cnps: u64,
+}
+
+impl RateLimiter {
+    /// A limiter at line rate.
+    pub fn new(cfg: &CcConfig) -> Self {
+        let r = cfg.line_rate_bytes_per_us;
+        RateLimiter { rate: r, target: r, alpha_1024: 1024, rounds: 0, next_increase: None, next_send: 0, cnps: 0 }
+    }
+
+    /// A CNP arrived: cut the rate by alpha/2 and raise alpha.
+    pub fn on_cnp(&mut self, now: u64, cfg: &CcConfig) {
+        self.cnps += 1;
+        self.target = self.rate;
+        let cut = self.rate * self.alpha_1024 / 2048;
+        self.rate = (self.rate - cut).max(cfg.min_rate_bytes_per_us);
+        let g = u64::from(cfg.g_256);
+        self.alpha_1024 = (self.alpha_1024 * (256 - g) + 1024 * g) / 256;
+        self.rounds = 0;
+        self.next_increase = Some(now + cfg.increase_interval_ns);
+    }
+
+    /// Raises the rate for every increase interval that passed without a CNP.
+    pub fn tick(&mut self, now: u64, cfg: &CcConfig) {
+        while let Some(t) = self.next_increase.filter(|&t| now >= t) {
+            let g = u64::from(cfg.g_256);
+            self.alpha_1024 = self.alpha_1024 * (256 - g) / 256;
+            if self.rounds >= FAST_RECOVERY_ROUNDS {
+                self.target = (self.target + cfg.additive_step_bytes_per_us).min(cfg.line_rate_bytes_per_us);
+            }
+            // Rounded up, so the rate reaches the target rather than creeping under it.
+            self.rate = (self.rate + self.target).div_ceil(2);
+            self.rounds += 1;
+            self.next_increase = (self.rate < cfg.line_rate_bytes_per_us).then_some(t + cfg.increase_interval_ns);
+        }
+    }
+
+    /// True when a packet may go out now.
+    pub fn may_send(&self, now: u64) -> bool {
+        now >= self.next_send
+    }
+
+    /// Accounts for `bytes` sent at `now`.
+    pub fn sent(&mut self, now: u64, bytes: usize) {
+        let ns = bytes as u64 * 1000 / self.rate.max(1);
+        self.next_send = self.next_send.max(now) + ns;
+    }
+
+    /// When the next packet may go out.
+    pub fn next_send(&self) -> u64 {
+        self.next_send
+    }
+
+    /// When the rate next rises, if it is below line rate.
+    pub fn next_increase(&self) -> Option<u64> {
+        self.next_increase
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cnp_halves_then_recovers() {
+        let cfg = CcConfig { enabled: true, ..CcConfig::default() };
+        let mut r = RateLimiter::new(&cfg);
+        r.on_cnp(0, &cfg);
+        assert_eq!(r.rate, 12_500 / 2, "alpha starts at 1: the first CNP halves the rate");
+        let after_one = r.rate;
+        r.on_cnp(1, &cfg);
+        assert!(r.rate < after_one);
+        let low = r.rate;
+        r.tick(10 * cfg.increase_interval_ns, &cfg);
+        assert!(r.rate > low, "recovers without CNPs");
+        r.tick(10_000 * cfg.increase_interval_ns, &cfg);
+        assert_eq!(r.rate, cfg.line_rate_bytes_per_us, "back to line rate, and no further");
+    }
+
+    #[test]
+    fn pacing_spaces_packets_by_rate() {
+        let cfg = CcConfig { enabled: true, line_rate_bytes_per_us: 1000, ..CcConfig::default() };
+        let mut r = RateLimiter::new(&cfg);
+        assert!(r.may_send(0));
+        r.sent(0, 1000); // 1000 bytes at 1000 B/µs: 1 µs
+        assert!(!r.may_send(999));
+        assert!(r.may_send(1000));
+    }
+}
