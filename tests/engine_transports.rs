@@ -263,3 +263,17 @@ fn srq_is_shared_and_raises_its_limit_event() {
     sim.run_until(u64::MAX);
     assert_eq!(sim.devices[1].poll_async_event(), None, "one-shot");
 }
+
+// IBTA 9.8.3: UC delivers a message at most once: a duplicated packet is dropped.
+#[test]
+fn uc_never_delivers_twice() {
+    let mut t = two(QpType::Uc);
+    t.sim.faults.duplicate = 1.0;
+    for i in 0..3 {
+        t.sim.devices[1].post_recv(t.q[1], RecvWr { wr_id: i, sgl: vec![sge(&t.m[1], 0, 100)] }).unwrap();
+    }
+    t.sim.devices[0].post_send(t.q[0], send(1, SendOp::Send, vec![sge(&t.m[0], 0, 10)], None)).unwrap();
+    t.settle();
+    assert_eq!(t.wcs(1).len(), 1);
+    assert_eq!(t.sim.devices[1].stats.duplicates_received, 1);
+}

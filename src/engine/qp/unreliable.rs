@@ -19,6 +19,11 @@ impl Responder {
             return;
         }
         let psn = r.bth.psn;
+        // A PSN behind the expected one is a duplicate: UC delivers at most once.
+        if self.epsn.distance_to(psn) < 0 {
+            ctx.stats.duplicates_received += 1;
+            return;
+        }
         if psn != self.epsn {
             // A packet went missing: the message in progress is lost.
             self.abandon_uc_message(ctx);
