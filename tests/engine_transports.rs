@@ -277,3 +277,82 @@ fn uc_never_delivers_twice() {
     assert_eq!(t.wcs(1).len(), 1);
     assert_eq!(t.sim.devices[1].stats.duplicates_received, 1);
 }
+
+// IBTA 9.1 / Annex A17.4: a device has a table of GIDs (IPv4-mapped and IPv6); a QP sends
+// from the one its sgid_index names. Over IPv6 the ICRC covers the IPv6 header: every
+// corrupted packet is still caught.
+#[test]
+fn rc_over_ipv6_gids() {
+    let v6 = |i: u8| {
+        let mut g = [0u8; 16];
+        g[..2].copy_from_slice(&[0xfd, 0x00]);
+        g[15] = i;
+        g
+    };
+    let dev = |i: u8| {
+        Device::new(DeviceConfig {
+            gid: gid_from_ipv4([10, 0, 0, i]),
+            seed: u64::from(i),
+            max_qps: 8,
+            max_mrs: 8,
+            cc: Default::default(),
+        })
+    };
+    let faults = Faults { corrupt: 0.05, ..Faults::none() };
+    let mut sim = Sim::new(vec![dev(1), dev(2)], faults, 5);
+    let idx = [sim.devices[0].add_gid(v6(1)), sim.devices[1].add_gid(v6(2))];
+    assert_eq!(idx, [1, 1]);
+    let mut q = [0u32; 2];
+    let mut cq = [0u32; 2];
+    for d in 0..2 {
+        cq[d] = sim.devices[d].create_cq(64);
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            pd: Pd(1),
+            send_cq: cq[d],
+            recv_cq: cq[d],
+            caps: QpCaps::default(),
+            srq: None,
+        };
+        q[d] = sim.devices[d].create_qp(init).unwrap();
+    }
+    for d in 0..2 {
+        let dv = &mut sim.devices[d];
+        dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
+            .unwrap();
+        let rtr = QpAttr {
+            state: Some(QpState::Rtr),
+            dest_gid: Some(v6(2 - d as u8)),
+            sgid_index: Some(1),
+            dest_qpn: Some(q[1 - d]),
+            rq_psn: Some(0),
+            path_mtu: Some(Mtu::M1024),
+            max_dest_rd_atomic: Some(4),
+            min_rnr_timer: Some(1),
+            ..QpAttr::default()
+        };
+        dv.modify_qp(q[d], &rtr).unwrap();
+        let rts = QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(0),
+            timeout: Some(10),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(4),
+            ..QpAttr::default()
+        };
+        dv.modify_qp(q[d], &rts).unwrap();
+    }
+    let bad = QpAttr { sgid_index: Some(9), ..QpAttr::default() };
+    assert_eq!(sim.devices[0].modify_qp(q[0], &bad), Err(VerbsError::InvalidAttribute("sgid_index")));
+    let ma = sim.devices[0].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap();
+    let mb = sim.devices[1].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap();
+    let data: Vec<u8> = (0..40_000).map(|i| (i % 253) as u8).collect();
+    ma.mem.write(0, &data);
+    sim.devices[0].post_send(q[0], send(1, SendOp::Write(remote(&mb, 0)), vec![sge(&ma, 0, 40_000)], None)).unwrap();
+    sim.run_until(u64::MAX);
+    assert_eq!(sim.devices[0].poll_cq(cq[0], 8)[0].status, WcStatus::Success);
+    assert_eq!(mb.mem.to_vec()[..40_000], data[..]);
+    assert!(sim.stats.corrupted > 0 && sim.stats.icrc_failed == sim.stats.corrupted, "{:?}", sim.stats);
+    assert_eq!(sim.stats.corruption_missed, 0);
+}

@@ -34,6 +34,8 @@ use verbs::*;
 pub struct Transmit {
     /// Destination GID.
     pub dst: Gid,
+    /// Source GID (from the QP's `sgid_index`): the transport sends from this address.
+    pub src: Gid,
     /// The sending QP (the transport derives the UDP source port from it).
     pub src_qpn: u32,
     /// BTH through ICRC; the ICRC is zero.
@@ -88,7 +90,7 @@ pub struct Stats {
 /// Device configuration.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
-    /// The device's GID.
+    /// The device's first GID (index 0); more can be added with [`Device::add_gid`].
     pub gid: Gid,
     /// Seed of every random choice (keys, initial PSNs).
     pub seed: u64,
@@ -116,6 +118,7 @@ pub struct Device {
     out: VecDeque<Transmit>,
     srqs: HashMap<u32, srq::Srq>,
     next_srq: u32,
+    gids: Vec<Gid>,
     events: VecDeque<srq::AsyncEvent>,
     cursor: u32,
     /// Counters.
@@ -127,6 +130,7 @@ impl Device {
     pub fn new(cfg: DeviceConfig) -> Self {
         let mrs = MrTable::new(cfg.max_mrs);
         Device {
+            gids: vec![cfg.gid],
             rng: Rng::new(cfg.seed),
             cfg,
             mrs,
@@ -147,6 +151,20 @@ impl Device {
     /// The device's GID.
     pub fn gid(&self) -> Gid {
         self.cfg.gid
+    }
+
+    /// Adds a GID (an IPv6 address, or an IPv4 one mapped) and returns its index.
+    pub fn add_gid(&mut self, gid: Gid) -> u8 {
+        if let Some(i) = self.gids.iter().position(|g| *g == gid) {
+            return i as u8;
+        }
+        self.gids.push(gid);
+        (self.gids.len() - 1) as u8
+    }
+
+    /// The GID table (IBTA 9.1: index 0 first).
+    pub fn gids(&self) -> &[Gid] {
+        &self.gids
     }
 
     /// A random 24-bit PSN for a new connection (IBTA 9.7.1: initial PSNs should vary).
@@ -248,6 +266,7 @@ impl Device {
             }
         };
         let mut qp = Qp::new(qpn, init);
+        qp.path.src_gid = self.cfg.gid;
         if self.cfg.cc.enabled {
             // DCQCN's reaction point paces at line rate until the first CNP.
             qp.req.limiter = Some(cc::RateLimiter::new(&self.cfg.cc));
@@ -325,8 +344,17 @@ impl Device {
 
     /// modify-QP.
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), VerbsError> {
+        let sgid = match attr.sgid_index {
+            Some(i) => Some(*self.gids.get(usize::from(i)).ok_or(VerbsError::InvalidAttribute("sgid_index"))?),
+            None => None,
+        };
         let (qps, mut ctx) = self.split(0);
-        qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?.modify(attr, &mut ctx)
+        let qp = qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
+        qp.modify(attr, &mut ctx)?;
+        if let Some(g) = sgid {
+            qp.path.src_gid = g;
+        }
+        Ok(())
     }
 
     /// Posts a send work request (IBTA 11.4.1.1).

@@ -276,6 +276,8 @@ pub struct QpAttr {
     pub pkey: Option<u16>,
     /// Q_Key (UD).
     pub qkey: Option<u32>,
+    /// Index of the local GID the QP sends from (part of the address vector).
+    pub sgid_index: Option<u8>,
 }
 
 /// Sizes fixed when a QP is created.

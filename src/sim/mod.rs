@@ -89,7 +89,19 @@ struct InFlight {
     ce: bool,
 }
 
-const IP_UDP: usize = 28;
+/// True for a GID that is an IPv4 address mapped into IPv6 (`::ffff:a.b.c.d`).
+fn is_v4_mapped(g: &Gid) -> bool {
+    g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
+}
+
+/// Bytes of IP and UDP header in front of a framed packet.
+fn headers_len(frame: &[u8]) -> usize {
+    if frame[0] >> 4 == 4 {
+        28
+    } else {
+        48
+    }
+}
 
 /// Devices on a simulated link.
 pub struct Sim {
@@ -138,26 +150,39 @@ impl Sim {
         }
     }
 
-    /// Frames a packet as IPv4/UDP with its ICRC, as a transport would.
+    /// Frames a packet as IPv4/UDP (IPv4-mapped GIDs) or IPv6/UDP with its ICRC, as a
+    /// transport would.
     fn frame(&mut self, src: Gid, t: &Transmit) -> Vec<u8> {
-        let mut f = vec![0u8; IP_UDP + t.packet.len()];
-        let total = f.len() as u16;
-        f[0] = 0x45;
-        f[2..4].copy_from_slice(&total.to_be_bytes());
-        f[4..6].copy_from_slice(&self.ip_id.to_be_bytes());
-        self.ip_id = self.ip_id.wrapping_add(1);
-        f[6] = 0x40;
-        f[8] = 64;
-        f[9] = 17;
-        f[12..16].copy_from_slice(&src[12..]);
-        f[16..20].copy_from_slice(&t.dst[12..]);
+        let v4 = is_v4_mapped(&src) && is_v4_mapped(&t.dst);
+        let ip_len = if v4 { 20 } else { 40 };
+        let mut f = vec![0u8; ip_len + 8 + t.packet.len()];
+        let udp_len = (8 + t.packet.len()) as u16;
+        if v4 {
+            f[0] = 0x45;
+            f[2..4].copy_from_slice(&(udp_len + 20).to_be_bytes());
+            f[4..6].copy_from_slice(&self.ip_id.to_be_bytes());
+            self.ip_id = self.ip_id.wrapping_add(1);
+            f[6] = 0x40;
+            f[8] = 64;
+            f[9] = 17;
+            f[12..16].copy_from_slice(&src[12..]);
+            f[16..20].copy_from_slice(&t.dst[12..]);
+        } else {
+            f[0] = 0x60;
+            f[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            f[6] = 17;
+            f[7] = 64;
+            f[8..24].copy_from_slice(&src);
+            f[24..40].copy_from_slice(&t.dst);
+        }
         let sport = 0xc000 | (t.src_qpn as u16 & 0x3fff);
-        f[20..22].copy_from_slice(&sport.to_be_bytes());
-        f[22..24].copy_from_slice(&4791u16.to_be_bytes());
-        f[24..26].copy_from_slice(&(total - 20).to_be_bytes());
-        f[IP_UDP..].copy_from_slice(&t.packet);
-        let (hdr, pkt) = f.split_at_mut(IP_UDP);
-        let _ = icrc::fill(IpHeader::V4(&hdr[..20]), &hdr[20..28], pkt);
+        f[ip_len..ip_len + 2].copy_from_slice(&sport.to_be_bytes());
+        f[ip_len + 2..ip_len + 4].copy_from_slice(&4791u16.to_be_bytes());
+        f[ip_len + 4..ip_len + 6].copy_from_slice(&udp_len.to_be_bytes());
+        f[ip_len + 8..].copy_from_slice(&t.packet);
+        let (hdr, pkt) = f.split_at_mut(ip_len + 8);
+        let ip = if v4 { IpHeader::V4(&hdr[..20]) } else { IpHeader::V6(&hdr[..40]) };
+        let _ = icrc::fill(ip, &hdr[ip_len..], pkt);
         f
     }
 
@@ -180,7 +205,7 @@ impl Sim {
                 return;
             }
         }
-        let Some(to) = self.devices.iter().position(|d| d.gid() == t.dst) else { return };
+        let Some(to) = self.devices.iter().position(|d| d.gids().contains(&t.dst)) else { return };
         if self.partitioned() {
             self.stats.partitioned += 1;
             return;
@@ -189,7 +214,7 @@ impl Sim {
             self.stats.lost += 1;
             return;
         }
-        let src = self.devices[from].gid();
+        let src = t.src;
         let frame = self.frame(src, &t);
         let copies = if self.rng.chance(self.faults.duplicate) { 2 } else { 1 };
         self.stats.duplicated += copies - 1;
@@ -222,7 +247,8 @@ impl Sim {
             self.stats.corrupted += 1;
             // 1 to 3 distinct bits, none in BTH byte 4: FECN/BECN may change in flight and the
             // ICRC masks them (Annex A17.3.3).
-            let bits = (frame.len() - IP_UDP) as u64 * 8;
+            let hl = headers_len(&frame);
+            let bits = (frame.len() - hl) as u64 * 8;
             let mut flipped: Vec<u64> = Vec::new();
             while flipped.len() < 1 + self.rng.below(3) as usize {
                 let bit = self.rng.below(bits);
@@ -231,7 +257,7 @@ impl Sim {
                 }
             }
             for bit in flipped {
-                frame[IP_UDP + bit as usize / 8] ^= 1 << (bit % 8);
+                frame[hl + bit as usize / 8] ^= 1 << (bit % 8);
             }
         }
         self.seq += 1;
@@ -241,8 +267,10 @@ impl Sim {
 
     fn deliver(&mut self, seq: u64) {
         let Some(p) = self.slots.remove(&seq) else { return };
-        let (hdr, pkt) = p.frame.split_at(IP_UDP);
-        if icrc::verify(IpHeader::V4(&hdr[..20]), &hdr[20..28], pkt).is_err() {
+        let hl = headers_len(&p.frame);
+        let (hdr, pkt) = p.frame.split_at(hl);
+        let ip = if hl == 28 { IpHeader::V4(&hdr[..20]) } else { IpHeader::V6(&hdr[..40]) };
+        if icrc::verify(ip, &hdr[hl - 8..], pkt).is_err() {
             self.stats.icrc_failed += 1;
             return;
         }

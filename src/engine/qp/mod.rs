@@ -90,6 +90,8 @@ impl Ctx<'_> {
 pub struct Path {
     /// This QP's number.
     pub qpn: u32,
+    /// Local GID the QP sends from.
+    pub src_gid: Gid,
     /// Peer GID.
     pub dest_gid: Gid,
     /// Peer QP number.
@@ -130,7 +132,7 @@ impl Path {
         let mut buf = vec![0u8; repr.buffer_len()];
         if repr.emit(&mut buf).is_ok() {
             ctx.stats.tx_packets += 1;
-            ctx.out.push_back(Transmit { dst, src_qpn: self.qpn, packet: buf });
+            ctx.out.push_back(Transmit { dst, src: self.src_gid, src_qpn: self.qpn, packet: buf });
         }
     }
 }
@@ -155,7 +157,16 @@ impl Qp {
     /// A new QP in RESET.
     pub fn new(qpn: u32, init: QpInit) -> Self {
         let mtu = if init.qp_type == QpType::Ud { Mtu::M4096 } else { Mtu::M1024 }.bytes();
-        let path = Path { qpn, dest_gid: [0; 16], dest_qpn: 0, mtu, pkey: 0xffff, qp_type: init.qp_type, qkey: 0 };
+        let path = Path {
+            qpn,
+            src_gid: [0; 16],
+            dest_gid: [0; 16],
+            dest_qpn: 0,
+            mtu,
+            pkey: 0xffff,
+            qp_type: init.qp_type,
+            qkey: 0,
+        };
         let mut resp = Responder::new(init.caps);
         resp.srq = init.srq;
         Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp, last_cnp: None }

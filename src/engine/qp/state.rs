@@ -109,7 +109,7 @@ const UD: [Transition; 8] = [
 /// The attribute bits present in `a`.
 pub fn mask_of(a: &QpAttr) -> u32 {
     let present = [
-        a.dest_gid.is_some(),
+        a.dest_gid.is_some() || a.sgid_index.is_some(),
         a.dest_qpn.is_some(),
         a.rq_psn.is_some(),
         a.sq_psn.is_some(),
