@@ -3,10 +3,9 @@
 
 mod common;
 
-use common::{drain, remote, sge};
+use common::{connect_qps, drain, remote, sge, sim_pair, Attrs};
 use softrdma::engine::mem::{Access, Mr, Pd};
 use softrdma::engine::verbs::*;
-use softrdma::engine::{Device, DeviceConfig};
 use softrdma::sim::{Faults, Sim};
 
 struct Two {
@@ -17,48 +16,10 @@ struct Two {
 }
 
 fn two(ty: QpType) -> Two {
-    let dev = |i: u8| {
-        Device::new(DeviceConfig {
-            gid: gid_from_ipv4([10, 0, 0, i]),
-            seed: u64::from(i),
-            max_qps: 8,
-            max_mrs: 8,
-            cc: Default::default(),
-        })
-    };
-    let mut sim = Sim::new(vec![dev(1), dev(2)], Faults::none(), 1);
-    let mut q = [0; 2];
-    let mut cq = [0; 2];
-    for d in 0..2 {
-        cq[d] = sim.devices[d].create_cq(256);
-        let init =
-            QpInit { qp_type: ty, pd: Pd(1), send_cq: cq[d], recv_cq: cq[d], caps: QpCaps::default(), srq: None };
-        q[d] = sim.devices[d].create_qp(init).unwrap();
-    }
-    for d in 0..2 {
-        let peer_gid = sim.devices[1 - d].gid();
-        let dv = &mut sim.devices[d];
-        let (init, rtr) = match ty {
-            QpType::Ud => (
-                QpAttr { state: Some(QpState::Init), qkey: Some(0x1111_0000 + d as u32), ..QpAttr::default() },
-                QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() },
-            ),
-            _ => (
-                QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() },
-                QpAttr {
-                    state: Some(QpState::Rtr),
-                    dest_gid: Some(peer_gid),
-                    dest_qpn: Some(q[1 - d]),
-                    rq_psn: Some(100),
-                    path_mtu: Some(Mtu::M256),
-                    ..QpAttr::default()
-                },
-            ),
-        };
-        dv.modify_qp(q[d], &init).unwrap();
-        dv.modify_qp(q[d], &rtr).unwrap();
-        dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Rts), sq_psn: Some(100), ..QpAttr::default() }).unwrap();
-    }
+    let mut sim = sim_pair(Faults::none(), 1);
+    let cq = [sim.devices[0].create_cq(256), sim.devices[1].create_cq(256)];
+    let at = Attrs { psn_a: 100, psn_b: 100, ..Attrs::default() };
+    let q = connect_qps(&mut sim, ty, &at, cq, None, None);
     let m = [0, 1].map(|d| sim.devices[d].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap());
     Two { sim, q, cq, m }
 }
@@ -191,51 +152,13 @@ fn uc_drops_a_damaged_message_and_resumes() {
 #[test]
 fn srq_is_shared_and_raises_its_limit_event() {
     use softrdma::engine::srq::AsyncEvent;
-    let dev = |i: u8| {
-        Device::new(DeviceConfig {
-            gid: gid_from_ipv4([10, 0, 0, i]),
-            seed: u64::from(i),
-            max_qps: 8,
-            max_mrs: 8,
-            cc: Default::default(),
-        })
-    };
-    let mut sim = Sim::new(vec![dev(1), dev(2)], Faults::none(), 1);
+    let mut sim = sim_pair(Faults::none(), 1);
     let srq = sim.devices[1].create_srq(16, 1);
     let mut pairs = Vec::new();
     for _ in 0..2 {
-        let mut q = [0u32; 2];
-        let mut cqs = [0u32; 2];
-        for d in 0..2 {
-            cqs[d] = sim.devices[d].create_cq(64);
-            let srq = (d == 1).then_some(srq);
-            let init = QpInit {
-                qp_type: QpType::Uc,
-                pd: Pd(1),
-                send_cq: cqs[d],
-                recv_cq: cqs[d],
-                caps: QpCaps::default(),
-                srq,
-            };
-            q[d] = sim.devices[d].create_qp(init).unwrap();
-        }
-        for d in 0..2 {
-            let peer_gid = sim.devices[1 - d].gid();
-            let dv = &mut sim.devices[d];
-            dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
-                .unwrap();
-            let rtr = QpAttr {
-                state: Some(QpState::Rtr),
-                dest_gid: Some(peer_gid),
-                dest_qpn: Some(q[1 - d]),
-                rq_psn: Some(0),
-                path_mtu: Some(Mtu::M1024),
-                ..QpAttr::default()
-            };
-            dv.modify_qp(q[d], &rtr).unwrap();
-            dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Rts), sq_psn: Some(0), ..QpAttr::default() }).unwrap();
-        }
-        pairs.push((q, cqs));
+        let cqs = [sim.devices[0].create_cq(64), sim.devices[1].create_cq(64)];
+        let at = Attrs { psn_a: 0, psn_b: 0, mtu: Mtu::M1024, ..Attrs::default() };
+        pairs.push((connect_qps(&mut sim, QpType::Uc, &at, cqs, Some(srq), None), cqs));
     }
     let ma = sim.devices[0].reg_mr(Pd(1), 4096, Access::ALL).unwrap();
     let mb = sim.devices[1].reg_mr(Pd(1), 4096, Access::ALL).unwrap();
@@ -289,60 +212,12 @@ fn rc_over_ipv6_gids() {
         g[15] = i;
         g
     };
-    let dev = |i: u8| {
-        Device::new(DeviceConfig {
-            gid: gid_from_ipv4([10, 0, 0, i]),
-            seed: u64::from(i),
-            max_qps: 8,
-            max_mrs: 8,
-            cc: Default::default(),
-        })
-    };
-    let faults = Faults { corrupt: 0.05, ..Faults::none() };
-    let mut sim = Sim::new(vec![dev(1), dev(2)], faults, 5);
+    let mut sim = sim_pair(Faults { corrupt: 0.05, ..Faults::none() }, 5);
     let idx = [sim.devices[0].add_gid(v6(1)), sim.devices[1].add_gid(v6(2))];
     assert_eq!(idx, [1, 1]);
-    let mut q = [0u32; 2];
-    let mut cq = [0u32; 2];
-    for d in 0..2 {
-        cq[d] = sim.devices[d].create_cq(64);
-        let init = QpInit {
-            qp_type: QpType::Rc,
-            pd: Pd(1),
-            send_cq: cq[d],
-            recv_cq: cq[d],
-            caps: QpCaps::default(),
-            srq: None,
-        };
-        q[d] = sim.devices[d].create_qp(init).unwrap();
-    }
-    for d in 0..2 {
-        let dv = &mut sim.devices[d];
-        dv.modify_qp(q[d], &QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
-            .unwrap();
-        let rtr = QpAttr {
-            state: Some(QpState::Rtr),
-            dest_gid: Some(v6(2 - d as u8)),
-            sgid_index: Some(1),
-            dest_qpn: Some(q[1 - d]),
-            rq_psn: Some(0),
-            path_mtu: Some(Mtu::M1024),
-            max_dest_rd_atomic: Some(4),
-            min_rnr_timer: Some(1),
-            ..QpAttr::default()
-        };
-        dv.modify_qp(q[d], &rtr).unwrap();
-        let rts = QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(0),
-            timeout: Some(10),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(4),
-            ..QpAttr::default()
-        };
-        dv.modify_qp(q[d], &rts).unwrap();
-    }
+    let cq = [sim.devices[0].create_cq(64), sim.devices[1].create_cq(64)];
+    let at = Attrs { psn_a: 0, psn_b: 0, mtu: Mtu::M1024, ..Attrs::default() };
+    let q = connect_qps(&mut sim, QpType::Rc, &at, cq, None, Some(([v6(1), v6(2)], 1)));
     let bad = QpAttr { sgid_index: Some(9), ..QpAttr::default() };
     assert_eq!(sim.devices[0].modify_qp(q[0], &bad), Err(VerbsError::InvalidAttribute("sgid_index")));
     let ma = sim.devices[0].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap();

@@ -48,7 +48,7 @@ impl Default for Attrs {
     }
 }
 
-fn dev(i: u8) -> Device {
+pub fn dev(i: u8) -> Device {
     Device::new(DeviceConfig {
         gid: gid_from_ipv4([10, 0, 0, i]),
         seed: u64::from(i),
@@ -58,48 +58,85 @@ fn dev(i: u8) -> Device {
     })
 }
 
-pub fn pair(at: Attrs) -> Pair {
-    let mut sim = Sim::new(vec![dev(1), dev(2)], Faults::none(), 7);
-    let mut qps = Vec::new();
+/// Creates a QP of type `ty` on each device (with `cqs` and, on device 1, `srq_b`) and
+/// takes both through RESET, INIT, RTR, RTS towards each other. `gids` names the GIDs the
+/// QPs address each other by (default: each device's first) and `sgid_index` the local one.
+pub fn connect_qps(
+    sim: &mut Sim,
+    ty: QpType,
+    at: &Attrs,
+    cqs: [u32; 2],
+    srq_b: Option<u32>,
+    gids: Option<([Gid; 2], u8)>,
+) -> [u32; 2] {
+    let mut q = [0u32; 2];
     for d in 0..2 {
-        let dv = &mut sim.devices[d];
-        let cq = dv.create_cq(1024);
-        let init =
-            QpInit { qp_type: QpType::Rc, pd: Pd(1), send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
-        qps.push((dv.create_qp(init).unwrap(), cq));
+        let srq = if d == 1 { srq_b } else { None };
+        let init = QpInit { qp_type: ty, pd: Pd(1), send_cq: cqs[d], recv_cq: cqs[d], caps: QpCaps::default(), srq };
+        q[d] = sim.devices[d].create_qp(init).unwrap();
     }
     let psns = [at.psn_a, at.psn_b];
     for d in 0..2 {
-        let (q, peer) = (qps[d].0, qps[1 - d].0);
-        let peer_gid = sim.devices[1 - d].gid();
+        let peer_gid = gids.map_or(sim.devices[1 - d].gid(), |(g, _)| g[1 - d]);
         let dv = &mut sim.devices[d];
-        dv.modify_qp(q, &QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
-            .unwrap();
-        let rtr = QpAttr {
-            state: Some(QpState::Rtr),
-            dest_gid: Some(peer_gid),
-            dest_qpn: Some(peer),
-            rq_psn: Some(psns[1 - d]),
-            path_mtu: Some(at.mtu),
-            max_dest_rd_atomic: Some(at.ord),
-            min_rnr_timer: Some(at.min_rnr_timer),
-            ..QpAttr::default()
-        };
-        dv.modify_qp(q, &rtr).unwrap();
-        let rts = QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(psns[d]),
+        let (init, rtr, rts) = attrs_for(ty, at, peer_gid, q[1 - d], psns[1 - d], psns[d], d);
+        let rtr = QpAttr { sgid_index: gids.map(|(_, i)| i), ..rtr };
+        dv.modify_qp(q[d], &init).unwrap();
+        dv.modify_qp(q[d], &rtr).unwrap();
+        dv.modify_qp(q[d], &rts).unwrap();
+    }
+    q
+}
+
+/// The INIT, RTR and RTS attributes of one side, by transport (IBTA 11.2.5.2 tables).
+fn attrs_for(
+    ty: QpType,
+    at: &Attrs,
+    peer_gid: Gid,
+    peer_qpn: u32,
+    rq_psn: u32,
+    sq_psn: u32,
+    d: usize,
+) -> (QpAttr, QpAttr, QpAttr) {
+    let state = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+    if ty == QpType::Ud {
+        let init = QpAttr { qkey: Some(0x1111_0000 + d as u32), ..state(QpState::Init) };
+        return (init, state(QpState::Rtr), QpAttr { sq_psn: Some(sq_psn), ..state(QpState::Rts) });
+    }
+    let init = QpAttr { access: Some(Access::ALL), ..state(QpState::Init) };
+    let mut rtr = QpAttr {
+        dest_gid: Some(peer_gid),
+        dest_qpn: Some(peer_qpn),
+        rq_psn: Some(rq_psn),
+        path_mtu: Some(at.mtu),
+        ..state(QpState::Rtr)
+    };
+    let mut rts = QpAttr { sq_psn: Some(sq_psn), ..state(QpState::Rts) };
+    if ty == QpType::Rc {
+        rtr = QpAttr { max_dest_rd_atomic: Some(at.ord), min_rnr_timer: Some(at.min_rnr_timer), ..rtr };
+        rts = QpAttr {
             timeout: Some(at.timeout),
             retry_cnt: Some(at.retry_cnt),
             rnr_retry: Some(at.rnr_retry),
             max_rd_atomic: Some(at.ord),
-            ..QpAttr::default()
+            ..rts
         };
-        dv.modify_qp(q, &rts).unwrap();
     }
+    (init, rtr, rts)
+}
+
+/// Two devices on a clean link (device seeds 1 and 2; link seed `seed`).
+pub fn sim_pair(faults: Faults, seed: u64) -> Sim {
+    Sim::new(vec![dev(1), dev(2)], faults, seed)
+}
+
+pub fn pair(at: Attrs) -> Pair {
+    let mut sim = sim_pair(Faults::none(), 7);
+    let cqs = [sim.devices[0].create_cq(1024), sim.devices[1].create_cq(1024)];
+    let q = connect_qps(&mut sim, QpType::Rc, &at, cqs, None, None);
     let ma = sim.devices[0].reg_mr(Pd(1), 1 << 20, Access::ALL).unwrap();
     let mb = sim.devices[1].reg_mr(Pd(1), 1 << 20, Access::ALL).unwrap();
-    Pair { sim, qa: qps[0].0, qb: qps[1].0, cqa: qps[0].1, cqb: qps[1].1, ma, mb }
+    Pair { sim, qa: q[0], qb: q[1], cqa: cqs[0], cqb: cqs[1], ma, mb }
 }
 
 pub fn sge(m: &Mr, off: usize, len: usize) -> Sge {
