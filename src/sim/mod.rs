@@ -6,6 +6,7 @@
 //! the ICRC is checked on the way out, as a NIC would: a corrupted packet must fail it.
 
 pub mod swarm;
+pub mod unreliable;
 
 use crate::engine::rng::Rng;
 use crate::engine::verbs::Gid;

@@ -49,6 +49,8 @@ pub struct Report {
     pub qps: usize,
     /// Each device's counters.
     pub devices: Vec<crate::engine::Stats>,
+    /// UC and UD messages delivered.
+    pub unreliable_delivered: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -138,7 +140,8 @@ pub fn pick_faults(rng: &mut Rng) -> Faults {
     Faults { loss, duplicate, reorder, corrupt, delay_ns, rate_bytes_per_us, partition, ecn_threshold_ns: None }
 }
 
-fn device(i: usize, seed: u64) -> Device {
+/// Device `i` of a seed's simulation.
+pub fn device(i: usize, seed: u64) -> Device {
     let gid = gid_from_ipv4([10, 0, 0, 1 + i as u8]);
     Device::new(DeviceConfig { gid, seed: seed ^ (0x5eed << i), max_qps: 64, max_mrs: 256, cc: Default::default() })
 }
@@ -457,9 +460,15 @@ fn setup(seed: u64) -> Result<(Sim, Vec<Flow>, Rng), String> {
     Ok((sim, flows, rng))
 }
 
-/// Runs one seed.
+/// Runs one seed: its RC workload, then its UC and UD workloads under the same faults.
 pub fn run(seed: u64) -> Result<Report, Failure> {
-    run_with(seed, None)
+    let mut report = run_with(seed, None)?;
+    for ty in [QpType::Uc, QpType::Ud] {
+        let delivered =
+            super::unreliable::run(seed, ty, report.faults.clone()).map_err(|what| Failure { seed, what })?;
+        report.unreliable_delivered += delivered;
+    }
+    Ok(report)
 }
 
 /// Runs one seed's workload, with `faults` instead of the seed's own when given.
@@ -555,6 +564,7 @@ fn drive(sim: &mut Sim, flows: &mut [Flow], rng: &mut Rng) -> Result<Report, Str
         faults,
         qps: flows.len() / 2,
         devices: sim.devices.iter().map(|d| d.stats.clone()).collect(),
+        unreliable_delivered: 0,
     })
 }
 
