@@ -274,6 +274,12 @@ fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
         return Ok(false);
     }
     let Some(mut op) = flow.todo.pop_front() else { return Ok(false) };
+    // If the next request will have to wait for this one's room, this one must complete
+    // visibly: an unsignaled request's completion is never seen (IBTA 10.8.6).
+    let next_len = flow.todo.front().map_or(0, |o| o.len);
+    if flow.pending.len() + 2 > MAX_WQE || outstanding_bytes(flow) + op.len + next_len > RING / 2 {
+        op.signaled = true;
+    }
     op.local = ring_alloc(&mut flow.local_next, op.len, 8);
     let remote = Remote { addr: flow.dst.addr, rkey: flow.dst.rkey };
     let sge = Sge { addr: flow.src.addr + op.local as u64, length: op.len as u32, lkey: flow.src.lkey };
@@ -507,14 +513,24 @@ fn drive(sim: &mut Sim, flows: &mut [Flow], rng: &mut Rng) -> Result<Report, Str
     let mut faults_on = true;
     let tracing = std::env::var_os("SOFTRDMA_SIM_TRACE").is_some();
     let mut snapshot = String::new();
+    let mut still = 0u32;
     loop {
+        let mut posted_any = false;
         for f in flows.iter_mut() {
-            while post_next(sim, f, rng)? {}
+            while post_next(sim, f, rng)? {
+                posted_any = true;
+            }
             if rng.chance(recv_eagerness) {
-                post_recv(sim, f, rng)?;
+                posted_any |= post_recv(sim, f, rng)?;
             }
         }
+        let before = sim.now;
         let moved = sim.step();
+        // A step that does not move time must be rare: the engine may not busy-loop.
+        still = if sim.now == before { still + 1 } else { 0 };
+        if still > 1_000_000 {
+            return Err(stuck(sim, flows, "a million steps without time moving"));
+        }
         if tracing {
             snapshot = flows.iter().map(|f| sim.devices[f.req].qp_summary(f.qpn)).collect::<Vec<_>>().join("\n  ");
         }
@@ -536,7 +552,7 @@ fn drive(sim: &mut Sim, flows: &mut [Flow], rng: &mut Rng) -> Result<Report, Str
             for f in flows.iter_mut() {
                 posted |= post_recv(sim, f, rng)?;
             }
-            if !posted && flows.iter().all(|f| f.todo.is_empty() || f.pending.len() >= MAX_WQE) {
+            if !posted && !posted_any {
                 return Err(stuck(sim, flows, "idle with work outstanding"));
             }
         }
