@@ -69,6 +69,7 @@ fn sim_one(seed: u64) -> ExitCode {
                 "seed {seed}: ok: {} QPs, {} work requests, {} bytes, {secs:.3} s virtual",
                 r.qps, r.work_requests, r.bytes
             );
+            println!("UC and UD messages delivered: {}", r.unreliable_delivered);
             println!("faults: {:?}", r.faults);
             println!("link: {:?}", r.link);
             for (i, d) in r.devices.iter().enumerate() {

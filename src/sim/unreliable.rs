@@ -90,9 +90,8 @@ pub fn run(seed: u64, ty: QpType, faults: Faults) -> Result<u64, String> {
             sim.devices[0].post_send(s[0].qpn, wr).map_err(e)?;
             posted += 1;
         }
-        if !sim.step() && posted == completed {
-            break;
-        }
+        let moved = sim.step();
+        let done_before = completed;
         for wc in sim.devices[0].poll_cq(s[0].cq, usize::MAX) {
             if wc.status != WcStatus::Success || wc.wr_id != completed as u64 {
                 return Err(format!("{ty:?} send completion {wc:?}, expected wr {completed}"));
@@ -101,6 +100,9 @@ pub fn run(seed: u64, ty: QpType, faults: Faults) -> Result<u64, String> {
         }
         for wc in sim.devices[1].poll_cq(s[1].cq, usize::MAX) {
             check_delivery(ty, &wc, &s, &sim, &sent, &mut seen, &mut last_uc)?;
+        }
+        if !moved && completed == done_before && completed < sent.len() {
+            return Err(format!("{ty:?}: idle with {} sends outstanding", posted - completed));
         }
         if sim.now > 60_000_000_000 {
             return Err(format!("{ty:?}: sends not done after 60 s ({completed}/{})", sent.len()));
