@@ -13,8 +13,10 @@ use crate::engine::{Device, DeviceConfig};
 use std::collections::VecDeque;
 use std::fmt;
 
+/// Ring size of most seeds; three seeds in a hundred use `BIG_RING` and move multi-MiB
+/// messages.
 const RING: usize = 1 << 21;
-const PATTERN: usize = 1 << 20;
+const BIG_RING: usize = 1 << 23;
 const MAX_WQE: usize = 64;
 
 /// Why a seed failed.
@@ -84,6 +86,9 @@ struct Incoming {
 
 /// One direction of one connection: requests from `req` to `resp`.
 struct Flow {
+    /// Bytes in each ring (local buffers, remote write area, receive area); the READ pattern
+    /// is half as long.
+    ring: usize,
     req: usize,
     resp: usize,
     qpn: u32,
@@ -116,11 +121,14 @@ fn fill_random(rng: &mut Rng, len: usize) -> Vec<u8> {
     v
 }
 
-fn pick_len(rng: &mut Rng) -> usize {
+/// A message size: mostly small, some up to 64 KiB, a few up to 512 KiB, and on big seeds
+/// a few up to 3 MiB.
+fn pick_len(rng: &mut Rng, big: bool) -> usize {
     match rng.below(100) {
         0..=39 => rng.below(257) as usize,
         40..=79 => rng.below(8193) as usize,
-        80..=96 => rng.below(65_537) as usize,
+        80..=94 => rng.below(65_537) as usize,
+        95..=96 if big => rng.below(3 * 1024 * 1024 + 1) as usize,
         _ => rng.below(512 * 1024 + 1) as usize,
     }
 }
@@ -206,13 +214,15 @@ fn make_flow(
     qpn: u32,
     peer_qpn: u32,
     cqs: (u32, u32),
+    ring: usize,
 ) -> Result<Flow, VerbsError> {
     let pd = crate::engine::mem::Pd(1);
-    let src = sim.devices[req].reg_mr(pd, RING, Access::ALL)?;
-    let dst = sim.devices[resp].reg_mr(pd, RING * 2 + PATTERN + 64, Access::ALL)?;
-    let pattern: Vec<u8> = (0..PATTERN).map(pattern_byte).collect();
-    dst.mem.write(RING * 2, &pattern);
+    let src = sim.devices[req].reg_mr(pd, ring, Access::ALL)?;
+    let dst = sim.devices[resp].reg_mr(pd, ring * 2 + ring / 2 + 64, Access::ALL)?;
+    let pattern: Vec<u8> = (0..ring / 2).map(pattern_byte).collect();
+    dst.mem.write(ring * 2, &pattern);
     Ok(Flow {
+        ring,
         req,
         resp,
         qpn,
@@ -234,8 +244,9 @@ fn make_flow(
 }
 
 fn plan(flow: &mut Flow, rng: &mut Rng, n: usize, base_id: u64) {
+    let big = flow.ring > RING;
     for i in 0..n {
-        let len = pick_len(rng);
+        let len = pick_len(rng, big);
         let imm = rng.chance(0.3).then(|| rng.next_u64() as u32);
         let kind = match rng.below(6) {
             0 | 1 => Kind::Send { imm },
@@ -254,9 +265,9 @@ fn plan(flow: &mut Flow, rng: &mut Rng, n: usize, base_id: u64) {
     }
 }
 
-fn ring_alloc(next: &mut usize, len: usize, align: usize) -> usize {
+fn ring_alloc(next: &mut usize, len: usize, align: usize, ring: usize) -> usize {
     let mut at = next.div_ceil(align) * align;
-    if at + len > RING {
+    if at + len > ring {
         at = 0;
     }
     *next = at + len;
@@ -270,21 +281,22 @@ fn outstanding_bytes(flow: &Flow) -> usize {
 /// Posts the next planned work request of `flow` if the queue and the rings have room.
 fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, String> {
     let Some(op) = flow.todo.front() else { return Ok(false) };
-    if flow.pending.len() >= MAX_WQE || outstanding_bytes(flow) + op.len > RING / 2 {
+    if flow.pending.len() >= MAX_WQE || outstanding_bytes(flow) + op.len > flow.ring / 2 {
         return Ok(false);
     }
     let Some(mut op) = flow.todo.pop_front() else { return Ok(false) };
     // If the next request will have to wait for this one's room, this one must complete
     // visibly: an unsignaled request's completion is never seen (IBTA 10.8.6).
     let next_len = flow.todo.front().map_or(0, |o| o.len);
-    if flow.pending.len() + 2 > MAX_WQE || outstanding_bytes(flow) + op.len + next_len > RING / 2 {
+    if flow.pending.len() + 2 > MAX_WQE || outstanding_bytes(flow) + op.len + next_len > flow.ring / 2 {
         op.signaled = true;
     }
-    op.local = ring_alloc(&mut flow.local_next, op.len, 8);
+    let ring = flow.ring;
+    op.local = ring_alloc(&mut flow.local_next, op.len, 8, ring);
     let remote = Remote { addr: flow.dst.addr, rkey: flow.dst.rkey };
     let sge = Sge { addr: flow.src.addr + op.local as u64, length: op.len as u32, lkey: flow.src.lkey };
     let at = |off: usize| Remote { addr: remote.addr + off as u64, ..remote };
-    let atomic_at = at(RING * 2 + PATTERN + 8 * (flow.qpn as usize % 8));
+    let atomic_at = at(ring * 2 + ring / 2 + 8 * (flow.qpn as usize % 8));
     let sendop = match &mut op.kind {
         Kind::Send { imm } => {
             flow.src.mem.write(op.local, &op.data);
@@ -299,7 +311,7 @@ fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
         }
         Kind::Write { remote: r, imm } => {
             flow.src.mem.write(op.local, &op.data);
-            *r = ring_alloc(&mut flow.remote_next, op.len, 1);
+            *r = ring_alloc(&mut flow.remote_next, op.len, 1, ring);
             if let Some(i) = imm {
                 flow.incoming.push_back(Incoming {
                     len: 0,
@@ -314,8 +326,8 @@ fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
             }
         }
         Kind::Read { remote: r } => {
-            *r = rng.below((PATTERN - op.len) as u64 + 1) as usize;
-            SendOp::Read(at(RING * 2 + *r))
+            *r = rng.below((ring / 2 - op.len) as u64 + 1) as usize;
+            SendOp::Read(at(ring * 2 + *r))
         }
         Kind::FetchAdd { add, expect } => {
             *expect = flow.atomic_model;
@@ -348,9 +360,9 @@ fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
 fn post_recv(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, String> {
     let Some(inc) = flow.incoming.get_mut(flow.recv_next) else { return Ok(false) };
     let size = inc.len + if rng.chance(0.5) { rng.below(64) as usize } else { 0 };
-    let at = ring_alloc(&mut flow.recv_ring_next, size, 8);
+    let at = ring_alloc(&mut flow.recv_ring_next, size, 8, flow.ring);
     inc.buf = Some(at);
-    let sge = Sge { addr: flow.dst.addr + (RING + at) as u64, length: size as u32, lkey: flow.dst.lkey };
+    let sge = Sge { addr: flow.dst.addr + (flow.ring + at) as u64, length: size as u32, lkey: flow.dst.lkey };
     let wr = RecvWr { wr_id: flow.recv_next as u64, sgl: vec![sge] };
     match sim.devices[flow.resp].post_recv(flow.peer_qpn, wr) {
         Ok(()) => {
@@ -437,7 +449,7 @@ fn check_recv_cq(flow: &mut Flow, wcs: &[Wc]) -> Result<(), String> {
         }
         if let Some(at) = inc.buf.filter(|_| !inc.write_imm) {
             let mut got = vec![0u8; inc.len];
-            flow.dst.mem.read(RING + at, &mut got);
+            flow.dst.mem.read(flow.ring + at, &mut got);
             if got != inc.data {
                 return Err(format!("received {} bytes differ from those sent", inc.len));
             }
@@ -453,12 +465,13 @@ fn setup(seed: u64) -> Result<(Sim, Vec<Flow>, Rng), String> {
     let mut sim = Sim::new(vec![device(0, seed), device(1, seed)], faults, rng.next_u64());
     let mtu = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096][rng.below(5) as usize];
     let nqps = 1 + rng.below(3) as usize;
+    let ring = if rng.chance(0.03) { BIG_RING } else { RING };
     let mut flows = Vec::new();
     for i in 0..nqps {
         let (qa, cqa, qb, cqb) = connect(&mut sim, 0, 1, &mut rng, mtu).map_err(|e| format!("connect: {e:?}"))?;
         let ops = 5 + rng.below(40) as usize;
         for (req, resp, q, pq, cq, pcq) in [(0, 1, qa, qb, cqa, cqb), (1, 0, qb, qa, cqb, cqa)] {
-            let mut f = make_flow(&mut sim, req, resp, q, pq, (cq, pcq)).map_err(|e| format!("{e:?}"))?;
+            let mut f = make_flow(&mut sim, req, resp, q, pq, (cq, pcq), ring).map_err(|e| format!("{e:?}"))?;
             plan(&mut f, &mut rng, ops, (i as u64) << 32 | (req as u64) << 24);
             flows.push(f);
         }
@@ -562,7 +575,7 @@ fn drive(sim: &mut Sim, flows: &mut [Flow], rng: &mut Rng) -> Result<Report, Str
     }
     for f in flows.iter() {
         let mut b = [0u8; 8];
-        f.dst.mem.read(RING * 2 + PATTERN + 8 * (f.qpn as usize % 8), &mut b);
+        f.dst.mem.read(f.ring * 2 + f.ring / 2 + 8 * (f.qpn as usize % 8), &mut b);
         if u64::from_le_bytes(b) != f.atomic_model {
             return Err(format!(
                 "atomic word of QP {} is {:#x}, model {:#x}",
