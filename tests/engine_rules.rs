@@ -7,7 +7,6 @@ use common::*;
 use softrdma::engine::qp::RNR_TIMER_NS;
 use softrdma::engine::verbs::*;
 use softrdma::proto::roce::ext::{AtomicEthRepr, NakCode, RethRepr, Syndrome};
-use softrdma::proto::roce::Psn;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -338,11 +337,6 @@ fn entering_error_flushes_everything() {
     let got: Vec<_> = p.completions(1).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(0, WcStatus::WrFlushErr), (1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]);
     assert_eq!(p.sim.devices[1].post_send(p.qb, wr(9, SendOp::Send, vec![])), Err(VerbsError::InvalidRequest));
-}
-
-#[test]
-fn psn_helper_sanity() {
-    assert_eq!(Psn::new(0xff_ffff).add(2).value(), 1);
 }
 
 // A peer cannot make the responder hold unbounded state: 10,000 duplicate atomics, never

@@ -335,9 +335,4 @@ impl Sim {
     pub fn run_until(&mut self, until: u64) {
         while self.now < until && self.step() {}
     }
-
-    /// Packets in flight.
-    pub fn in_flight(&self) -> usize {
-        self.queue.len()
-    }
 }

@@ -177,11 +177,6 @@ impl Responder {
         }
     }
 
-    /// Receive WQEs waiting.
-    pub fn posted(&self) -> usize {
-        self.rq.len()
-    }
-
     /// Flushes receive WQEs (IBTA 10.3.1.7).
     pub fn flush(&mut self, qpn: u32) -> Vec<Wc> {
         let mut out = Vec::new();
@@ -559,11 +554,6 @@ impl Responder {
     /// Replies waiting to be sent.
     pub fn pending_replies(&self) -> usize {
         self.replies.len()
-    }
-
-    /// True when replies wait to be sent.
-    pub fn has_replies(&self) -> bool {
-        !self.replies.is_empty()
     }
 }
 
