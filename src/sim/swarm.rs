@@ -18,6 +18,8 @@ use std::fmt;
 const RING: usize = 1 << 21;
 const BIG_RING: usize = 1 << 23;
 const MAX_WQE: usize = 64;
+/// Longest a sent message waits for the harness to post its receive.
+const MAX_RNR_STARVATION_NS: u64 = 5_000_000;
 
 /// Why a seed failed.
 #[derive(Debug, Clone)]
@@ -103,6 +105,8 @@ struct Flow {
     local_next: usize,
     remote_next: usize,
     recv_ring_next: usize,
+    /// Since when the oldest message without a receive has waited for one.
+    recv_wait_since: Option<u64>,
     atomic_model: u64,
     done_ops: u64,
     bytes: u64,
@@ -237,6 +241,7 @@ fn make_flow(
         local_next: 0,
         remote_next: 0,
         recv_ring_next: 0,
+        recv_wait_since: None,
         atomic_model: 0,
         done_ops: 0,
         bytes: 0,
@@ -533,8 +538,21 @@ fn drive(sim: &mut Sim, flows: &mut [Flow], rng: &mut Rng) -> Result<Report, Str
             while post_next(sim, f, rng)? {
                 posted_any = true;
             }
-            if rng.chance(recv_eagerness) {
-                posted_any |= post_recv(sim, f, rng)?;
+            // Receives are withheld to provoke RNR, but never for longer than MAX_RNR_STARVATION:
+            // a requester whose RNR NAKs are lost to partitions meanwhile would rightly
+            // exhaust its retries, which is not what this workload tests.
+            let starving = f.recv_next < f.incoming.len();
+            let since = *f.recv_wait_since.get_or_insert(sim.now);
+            let overdue = starving && sim.now - since > MAX_RNR_STARVATION_NS;
+            if !starving {
+                f.recv_wait_since = None;
+            }
+            if overdue || rng.chance(recv_eagerness) {
+                let posted = post_recv(sim, f, rng)?;
+                if posted {
+                    f.recv_wait_since = None;
+                }
+                posted_any |= posted;
             }
         }
         let before = sim.now;
