@@ -62,6 +62,28 @@ fn every_roce_packet_parses_reemits_and_has_its_icrc() {
     assert_eq!(total, 200 + 60 + 2 + 60);
 }
 
+/// A kernel UDP socket hides the IP header: every captured IPv4 packet's Identification and
+/// DF flag (rxe's running counter) come back from its ICRC alone, and flipping a payload bit
+/// makes recovery fail.
+#[test]
+fn ipv4_identification_is_recovered_from_every_captured_icrc() {
+    let mut total = 0;
+    for name in ROCE_CAPTURES {
+        total += each_roce(name, |frame, d| {
+            let IpHeaderBytes::V4(h) = &d.ip_header else { return };
+            let mut blank = h[..20].to_vec();
+            blank[4..8].fill(0);
+            let got = icrc::recover_ipv4(&blank, d.udp_header, d.payload).unwrap();
+            let want = icrc::RecoveredIpv4 { ident: u16::from_be_bytes([h[4], h[5]]), dont_fragment: h[6] & 0x40 != 0 };
+            assert_eq!(got, Some(want), "{name}#{frame}");
+            let mut bad = d.payload.to_vec();
+            bad[12] ^= 0x01;
+            assert_eq!(icrc::recover_ipv4(&blank, d.udp_header, &bad).unwrap(), None, "{name}#{frame}");
+        });
+    }
+    assert_eq!(total, 322);
+}
+
 /// The CM exchange and the RC traffic that follows it in one capture.
 #[derive(Default)]
 struct Session {

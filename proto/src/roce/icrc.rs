@@ -138,6 +138,105 @@ pub fn fill(ip: IpHeader<'_>, udp_header: &[u8], packet: &mut [u8]) -> Result<()
     Ok(())
 }
 
+/// What an IPv4 receiver without the IP header learns from a packet's ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveredIpv4 {
+    /// The sender's IPv4 Identification.
+    pub ident: u16,
+    /// The sender's Don't Fragment flag.
+    pub dont_fragment: bool,
+}
+
+/// The CRC-32 polynomial, bit-reflected as crc32fast uses it.
+const POLY_REFLECTED: u32 = 0xedb8_8320;
+
+/// a·b mod P over GF(2), bit 31 being x^0 (the reflected form).
+fn mul_mod(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    let mut m = 1u32 << 31;
+    while m != 0 {
+        if a & m != 0 {
+            product ^= b;
+        }
+        m >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY_REFLECTED } else { b >> 1 };
+    }
+    product
+}
+
+/// x^(8·n) mod P: the effect on a CRC register of `n` more zero bytes.
+fn x_pow_8n(n: usize) -> u32 {
+    let mut result = 1u32 << 31; // x^0
+    let mut square = 1u32 << 23; // x^8
+    let mut e = n;
+    while e != 0 {
+        if e & 1 != 0 {
+            result = mul_mod(result, square);
+        }
+        square = mul_mod(square, square);
+        e >>= 1;
+    }
+    result
+}
+
+/// The change in the final ICRC when byte `at` of an ICRC message of `len` bytes has the
+/// bits `bits` flipped (CRC-32 without its constants is linear over GF(2)).
+fn syndrome_of(at: usize, bits: u8, len: usize) -> u32 {
+    let one = crc32fast::hash(&[bits]) ^ crc32fast::hash(&[0]);
+    mul_mod(x_pow_8n(len - at - 1), one)
+}
+
+/// Finds the IPv4 Identification and DF flag the sender had, for a receiver that sees the
+/// UDP payload but not the IP header (a kernel UDP socket).
+///
+/// `ip` is the header as the receiver reconstructs it (version, IHL 5, total length,
+/// protocol, addresses) with Identification and flags zero. The ICRC covers those 17 bits
+/// (Annex A17.3.3) and nothing else of the header is unknown, so the difference between
+/// the carried ICRC and the one computed with zeros must be a combination of 17 known
+/// syndromes: solving for it recovers the fields. A corrupted packet passes only if its
+/// error happens to fall in that 17-dimensional subspace of the 32-bit ICRC: the check keeps
+/// 15 of its 32 bits against random corruption. `None`: no Identification/DF explains the
+/// ICRC (a corrupted packet, or a sender with IP options).
+pub fn recover_ipv4(ip: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<Option<RecoveredIpv4>> {
+    let computed = compute(IpHeader::V4(ip), udp_header, packet)?;
+    let delta = carried(packet)? ^ computed;
+    // Unknowns: 16 Identification bits (IP bytes 4-5), then DF (byte 6, 0x40); the ICRC
+    // message starts with 8 bytes standing for the LRH.
+    let len = 8 + 20 + UDP_HEADER_LEN + packet.len() - ICRC_LEN;
+    let mut basis = [(0u32, 0u32); 17];
+    let mut rank = 0;
+    for unknown in 0..17u32 {
+        let (at, bits) = match unknown {
+            0..=15 => (8 + 5 - (unknown as usize / 8), 1u8 << (unknown % 8)),
+            _ => (8 + 6, 0x40),
+        };
+        let mut v = syndrome_of(at, bits, len);
+        let mut which = 1u32 << unknown;
+        for &(bv, bw) in &basis[..rank] {
+            if v & top_bit(bv) != 0 {
+                v ^= bv;
+                which ^= bw;
+            }
+        }
+        if v != 0 {
+            basis[rank] = (v, which);
+            rank += 1;
+        }
+    }
+    let (mut rest, mut solution) = (delta, 0u32);
+    for &(bv, bw) in &basis[..rank] {
+        if rest & top_bit(bv) != 0 {
+            rest ^= bv;
+            solution ^= bw;
+        }
+    }
+    Ok((rest == 0).then_some(RecoveredIpv4 { ident: solution as u16, dont_fragment: solution & (1 << 16) != 0 }))
+}
+
+fn top_bit(v: u32) -> u32 {
+    1u32 << (31 - v.leading_zeros())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +315,28 @@ mod tests {
         assert!(verify(IpHeader::V4(&IP), &udp, &pkt).is_ok());
         pkt[13] ^= 0x10;
         assert!(matches!(verify(IpHeader::V4(&IP), &udp, &pkt), Err(Error::BadChecksum { .. })));
+    }
+
+    #[test]
+    fn recovers_identification_and_df_from_the_icrc() {
+        // rxe-head.pcap frame 5 again: Identification 0x0091, DF set.
+        let mut blank = IP;
+        blank[4..8].fill(0);
+        let r = recover_ipv4(&blank, &UDP, &ACK).unwrap();
+        assert_eq!(r, Some(RecoveredIpv4 { ident: 0x0091, dont_fragment: true }));
+        for (ident, df) in [(0u16, false), (0xffff, true), (0x1234, false), (0x8000, true)] {
+            let mut ip = IP;
+            ip[4..6].copy_from_slice(&ident.to_be_bytes());
+            ip[6] = if df { 0x40 } else { 0 };
+            let mut pkt = [0u8; 64];
+            pkt[0] = 0x0a;
+            pkt[20] = ident as u8;
+            fill(IpHeader::V4(&ip), &UDP, &mut pkt).unwrap();
+            let got = recover_ipv4(&blank, &UDP, &pkt).unwrap();
+            assert_eq!(got, Some(RecoveredIpv4 { ident, dont_fragment: df }));
+            pkt[30] ^= 0x04;
+            assert_eq!(recover_ipv4(&blank, &UDP, &pkt).unwrap(), None);
+        }
     }
 
     #[test]
