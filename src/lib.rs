@@ -10,3 +10,5 @@ pub mod engine;
 pub mod fuzzing;
 pub mod iwarp;
 pub mod sim;
+pub mod transport;
+pub mod verbs;

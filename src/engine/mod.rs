@@ -85,6 +85,8 @@ pub struct Stats {
     pub cnps_sent: u64,
     /// CNPs received.
     pub cnps_received: u64,
+    /// Completions queued on any CQ (lets a driver skip CQs when nothing completed).
+    pub completions: u64,
 }
 
 /// Device configuration.
@@ -383,6 +385,7 @@ impl Device {
             let cq = qp.init.recv_cq;
             if let Some(c) = self.cqs.get_mut(&cq) {
                 c.push(wc);
+                self.stats.completions += 1;
             }
             return Ok(());
         }

@@ -81,6 +81,7 @@ impl Ctx<'_> {
     pub fn complete(&mut self, cq: u32, wc: Wc) {
         if let Some(cq) = self.cqs.get_mut(&cq) {
             cq.push(wc);
+            self.stats.completions += 1;
         }
     }
 }

@@ -1,0 +1,250 @@
+//! The few Linux socket calls std does not offer: Don't-Fragment and TOS reception options,
+//! batched `recvmmsg`/`sendmmsg`, an eventfd to wake a sleeping poll thread, and `ppoll`
+//! with a sub-millisecond timeout. Every `unsafe` block of the crate is in this file.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn set_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: `value` outlives the call and the length passed is its size.
+    let rc = unsafe {
+        libc::setsockopt(fd, level, name, (&value as *const libc::c_int).cast(), size_of::<libc::c_int>() as u32)
+    };
+    check(rc).map(drop)
+}
+
+/// Sets DF on every datagram (IPv4) or forbids fragmentation (IPv6). With DF set and no
+/// connected peer, Linux sends IPv4 Identification 0, which the ICRC then covers.
+pub fn set_dont_fragment(fd: RawFd, v6: bool) -> io::Result<()> {
+    if v6 {
+        set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO)
+    } else {
+        set_int_option(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
+    }
+}
+
+/// Asks for each datagram's TOS / traffic class byte (for ECN-CE) as ancillary data.
+pub fn set_recv_tos(fd: RawFd, v6: bool) -> io::Result<()> {
+    if v6 {
+        set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)
+    } else {
+        set_int_option(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)
+    }
+}
+
+/// Sets the socket's receive and send buffer sizes (best effort: the kernel caps them).
+pub fn set_buffers(fd: RawFd, bytes: usize) {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    let _ = set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
+    let _ = set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+}
+
+const CMSG_SPACE: usize = 64;
+
+/// Reusable buffers for one `recvmmsg` call.
+pub struct RecvBatch {
+    /// Datagram buffers.
+    pub bufs: Vec<Vec<u8>>,
+    addrs: Vec<libc::sockaddr_storage>,
+    cmsgs: Vec<[u8; CMSG_SPACE]>,
+    /// Per datagram of the last call: (length, source, TOS byte).
+    pub meta: Vec<(usize, SocketAddr, u8)>,
+}
+
+impl RecvBatch {
+    /// Room for `count` datagrams of `size` bytes.
+    pub fn new(count: usize, size: usize) -> Self {
+        RecvBatch {
+            bufs: (0..count).map(|_| vec![0u8; size]).collect(),
+            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+            addrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
+            cmsgs: vec![[0u8; CMSG_SPACE]; count],
+            meta: Vec::with_capacity(count),
+        }
+    }
+
+    /// Receives what is queued without blocking; returns the number of datagrams.
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        let n = self.bufs.len();
+        let mut iovs: Vec<libc::iovec> =
+            self.bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
+        // SAFETY: mmsghdr is plain data; all-zero is a valid value.
+        let mut hdrs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { zeroed() }).collect();
+        for (i, h) in hdrs.iter_mut().enumerate() {
+            h.msg_hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_hdr.msg_iov = &mut iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = self.cmsgs[i].as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = CMSG_SPACE;
+        }
+        // SAFETY: every pointer in `hdrs` points into buffers that live until the call returns,
+        // with the lengths given.
+        let rc = unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
+        self.meta.clear();
+        let got = match check(rc) {
+            Ok(got) => got as usize,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        for (i, h) in hdrs.iter().take(got).enumerate() {
+            let src = sockaddr_to_std(&self.addrs[i]).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+            self.meta.push((h.msg_len as usize, src, tos_of(&h.msg_hdr)));
+        }
+        Ok(got)
+    }
+}
+
+fn tos_of(h: &libc::msghdr) -> u8 {
+    // SAFETY: the kernel filled msg_control with well-formed cmsgs of msg_controllen bytes;
+    // the CMSG macros walk them within those bounds.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
+            let is_tos = (level == libc::IPPROTO_IP && ty == libc::IP_TOS)
+                || (level == libc::IPPROTO_IPV6 && ty == libc::IPV6_TCLASS);
+            if is_tos {
+                let data = libc::CMSG_DATA(c);
+                // IP_TOS carries one byte; IPV6_TCLASS an int.
+                return if level == libc::IPPROTO_IP {
+                    *data
+                } else {
+                    (data.cast::<libc::c_int>().read_unaligned()) as u8
+                };
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    0
+}
+
+fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match s.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in.
+            let a: &libc::sockaddr_in = unsafe { &*(s as *const libc::sockaddr_storage).cast() };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says this storage holds a sockaddr_in6.
+            let a: &libc::sockaddr_in6 = unsafe { &*(s as *const libc::sockaddr_storage).cast() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(a.sin6_port), 0, a.sin6_scope_id)))
+        }
+        _ => None,
+    }
+}
+
+fn std_to_sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, u32) {
+    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+    let mut s: libc::sockaddr_storage = unsafe { zeroed() };
+    match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
+            let sin: &mut libc::sockaddr_in = unsafe { &mut *(&mut s as *mut libc::sockaddr_storage).cast() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            (s, size_of::<libc::sockaddr_in>() as u32)
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: as above.
+            let sin6: &mut libc::sockaddr_in6 = unsafe { &mut *(&mut s as *mut libc::sockaddr_storage).cast() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+            sin6.sin6_scope_id = v6.scope_id();
+            (s, size_of::<libc::sockaddr_in6>() as u32)
+        }
+    }
+}
+
+/// Sends each `(destination, datagram)` with one `sendmmsg`; returns how many went out.
+pub fn send_batch(fd: RawFd, msgs: &[(SocketAddr, &[u8])]) -> io::Result<usize> {
+    let mut addrs: Vec<(libc::sockaddr_storage, u32)> = msgs.iter().map(|(a, _)| std_to_sockaddr(a)).collect();
+    let mut iovs: Vec<libc::iovec> =
+        msgs.iter().map(|(_, d)| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() }).collect();
+    // SAFETY: mmsghdr is plain data; all-zero is a valid value.
+    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { zeroed() }).collect();
+    for (i, h) in hdrs.iter_mut().enumerate() {
+        h.msg_hdr.msg_name = (&mut addrs[i].0 as *mut libc::sockaddr_storage).cast();
+        h.msg_hdr.msg_namelen = addrs[i].1;
+        h.msg_hdr.msg_iov = &mut iovs[i];
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: the headers point at addresses and buffers alive for the call; sendmmsg only
+    // reads the payloads.
+    let rc = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as u32, 0) };
+    check(rc).map(|n| n as usize)
+}
+
+/// An eventfd: one thread writes to wake another sleeping in [`wait_readable`].
+pub struct Waker {
+    fd: OwnedFd,
+}
+
+impl Waker {
+    /// A new, unsignalled eventfd.
+    pub fn new() -> io::Result<Waker> {
+        // SAFETY: eventfd has no pointer arguments; on success we own the returned fd.
+        let fd = check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(Waker { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+    /// Signals the eventfd.
+    pub fn wake(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64.
+        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+    /// Clears the signal.
+    pub fn clear(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads at most 8 bytes into a live u64.
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for Waker {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Sleeps until one of `fds` is readable or `timeout` passes (`None`: no timeout).
+pub fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<()> {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+    });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `pfds` and `ts` live across the call; no signal mask is passed.
+    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ts_ptr, std::ptr::null()) };
+    match check(rc) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits (at most 10 ms) until `fd` can take another datagram.
+pub fn wait_writable(fd: RawFd) -> io::Result<()> {
+    let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one live pollfd.
+    check(unsafe { libc::poll(&mut p, 1, 10) }).map(drop)
+}

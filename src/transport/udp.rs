@@ -1,0 +1,356 @@
+//! RoCEv2 over kernel UDP sockets (IBTA Annex A17.2: UDP destination port 4791), unprivileged.
+//!
+//! Transmit: the engine's packet gets its ICRC over the IP and UDP headers the kernel will
+//! build. Those are predictable because the sockets are unconnected with DF set: Linux then
+//! sends IPv4 Identification 0 and flags DF; TTL, TOS and checksums are masked by the ICRC.
+//! Each QP sends from one of a pool of sockets, so its UDP source port is fixed and QPs spread
+//! over several ports (ECMP entropy, as hardware does).
+//!
+//! Receive: a UDP socket hides the IP header. For IPv6 nothing the ICRC covers is hidden
+//! (traffic class, flow label and hop limit are masked), so the ICRC is verified in full.
+//! For IPv4 the Identification and DF flag are hidden and covered: they are recovered from
+//! the ICRC ([`icrc::recover_ipv4`]), which leaves 15 of its 32 bits to detect corruption, on
+//! top of the UDP checksum the kernel has verified.
+
+use super::pcap::FrameLog;
+use super::sys::{self, RecvBatch};
+use crate::engine::verbs::Gid;
+use crate::engine::{Device, Transmit};
+use crate::proto::roce::icrc::{self, IpHeader};
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The RoCEv2 UDP port (IBTA Annex A17.2.1).
+pub const ROCE_PORT: u16 = 4791;
+
+/// Datagrams read per `recvmmsg`.
+const RX_BATCH: usize = 32;
+/// Largest datagram accepted (4096-byte MTU plus every header, with room for jumbo frames).
+const RX_DATAGRAM_MAX: usize = 9216;
+/// Socket buffer size asked for: enough for a window of 4 KiB packets at loopback speed.
+const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+
+/// How an endpoint's UDP sockets are set up.
+#[derive(Debug, Clone)]
+pub struct UdpConfig {
+    /// The local address (its GID is the device's GID 0).
+    pub addr: IpAddr,
+    /// The UDP port to receive on and to send to (4791 unless testing).
+    pub port: u16,
+    /// Sockets QPs send from (at least 1).
+    pub source_ports: usize,
+}
+
+impl UdpConfig {
+    /// Port 4791 on `addr`, with 8 source ports.
+    pub fn new(addr: IpAddr) -> Self {
+        UdpConfig { addr, port: ROCE_PORT, source_ports: 8 }
+    }
+}
+
+/// Transport counters (the engine counts the rest).
+#[derive(Debug, Default)]
+pub struct UdpStats {
+    /// Datagrams received.
+    pub rx_datagrams: AtomicU64,
+    /// Datagrams whose ICRC did not check (dropped before the engine).
+    pub rx_icrc_bad: AtomicU64,
+    /// Datagrams too short to be RoCEv2, or from an address family the socket cannot use.
+    pub rx_runt: AtomicU64,
+    /// IPv4 datagrams whose recovered Identification was not 0 (senders such as rxe that
+    /// number their datagrams).
+    pub rx_ipv4_ident_nonzero: AtomicU64,
+    /// Datagrams sent.
+    pub tx_datagrams: AtomicU64,
+    /// Datagrams the kernel refused.
+    pub tx_errors: AtomicU64,
+}
+
+/// The sockets of one endpoint, shared by its send and receive halves.
+struct Sockets {
+    rx: UdpSocket,
+    tx: Vec<(UdpSocket, u16)>,
+    local: IpAddr,
+    port: u16,
+}
+
+fn open_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let s = UdpSocket::bind(addr)?;
+    s.set_nonblocking(true)?;
+    let fd = s.as_raw_fd();
+    sys::set_dont_fragment(fd, addr.is_ipv6())?;
+    sys::set_recv_tos(fd, addr.is_ipv6())?;
+    sys::set_buffers(fd, SOCKET_BUFFER_BYTES);
+    Ok(s)
+}
+
+/// Opens the receive socket on `cfg.addr:cfg.port` and the source-port pool; returns the two
+/// halves.
+pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, UdpRx)> {
+    let rx = open_socket(SocketAddr::new(cfg.addr, cfg.port))?;
+    let mut tx = Vec::new();
+    for _ in 0..cfg.source_ports.max(1) {
+        let s = open_socket(SocketAddr::new(cfg.addr, 0))?;
+        let port = s.local_addr()?.port();
+        tx.push((s, port));
+    }
+    let port = rx.local_addr()?.port();
+    let sockets = Arc::new(Sockets { rx, tx, local: cfg.addr, port });
+    let stats = Arc::new(UdpStats::default());
+    let tx_half = UdpTx {
+        sockets: sockets.clone(),
+        stats: stats.clone(),
+        log: log.clone(),
+        peer_ports: HashMap::new(),
+        batch: Vec::new(),
+    };
+    let rx_half = UdpRx { sockets, stats, log, batch: RecvBatch::new(RX_BATCH, RX_DATAGRAM_MAX) };
+    Ok((tx_half, rx_half))
+}
+
+/// The IP address a GID stands for (IPv4-mapped GIDs are IPv4).
+pub fn gid_to_ip(g: &Gid) -> IpAddr {
+    let v6 = Ipv6Addr::from(*g);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// The GID of an IP address.
+pub fn ip_to_gid(a: IpAddr) -> Gid {
+    match a {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The IPv4 or IPv6 header the kernel builds for a datagram of `udp_len` bytes, as far as
+/// the ICRC covers it: IPv4 Identification 0 with DF (unconnected socket, DF set).
+pub fn ip_header(src: IpAddr, dst: IpAddr, udp_len: usize, ident: u16, df: bool, tos: u8) -> ([u8; 40], usize) {
+    let mut h = [0u8; 40];
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            h[0] = 0x45;
+            h[1] = tos;
+            h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+            h[4..6].copy_from_slice(&ident.to_be_bytes());
+            h[6] = if df { 0x40 } else { 0 };
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+            let sum = ipv4_checksum(&h[..20]);
+            h[10..12].copy_from_slice(&sum.to_be_bytes());
+            (h, 20)
+        }
+        _ => {
+            let as6 = |a: IpAddr| match a {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            h[0] = 0x60 | (tos >> 4);
+            h[1] = tos << 4;
+            h[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+            h[6] = 17;
+            h[7] = 64;
+            h[8..24].copy_from_slice(&as6(src).octets());
+            h[24..40].copy_from_slice(&as6(dst).octets());
+            (h, 40)
+        }
+    }
+}
+
+fn ipv4_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn udp_header(sport: u16, dport: u16, payload_len: usize) -> [u8; 8] {
+    let mut u = [0u8; 8];
+    u[0..2].copy_from_slice(&sport.to_be_bytes());
+    u[2..4].copy_from_slice(&dport.to_be_bytes());
+    u[4..6].copy_from_slice(&((8 + payload_len) as u16).to_be_bytes());
+    u
+}
+
+/// The sending half: fills ICRCs and sends batches.
+pub struct UdpTx {
+    sockets: Arc<Sockets>,
+    stats: Arc<UdpStats>,
+    log: Option<Arc<FrameLog>>,
+    peer_ports: HashMap<IpAddr, u16>,
+    batch: Vec<(SocketAddr, Vec<u8>, usize)>,
+}
+
+impl UdpTx {
+    /// The counters shared with the receiving half.
+    pub fn stats(&self) -> &Arc<UdpStats> {
+        &self.stats
+    }
+
+    /// The port of the receive socket.
+    pub fn port(&self) -> u16 {
+        self.sockets.port
+    }
+
+    /// Sends to `peer` on `port` instead of the endpoint's own port (tests with several
+    /// endpoints on one address).
+    pub fn set_peer_port(&mut self, peer: IpAddr, port: u16) {
+        self.peer_ports.insert(peer, port);
+    }
+
+    /// Takes every packet the engine has to send, fills its ICRC and sends them in batches.
+    pub fn flush(&mut self, dev: &mut Device, now_ns: u64) {
+        while let Some(t) = dev.poll_transmit(now_ns) {
+            self.queue(t);
+            if self.batch.len() >= RX_BATCH {
+                self.send_queued();
+            }
+        }
+        self.send_queued();
+    }
+
+    fn queue(&mut self, mut t: Transmit) {
+        let dst = gid_to_ip(&t.dst);
+        let slot = (t.src_qpn as usize).wrapping_mul(0x9e37_79b9) >> 8;
+        let socket = slot % self.sockets.tx.len();
+        let sport = self.sockets.tx[socket].1;
+        let dport = self.peer_ports.get(&dst).copied().unwrap_or(self.sockets.port);
+        let udp = udp_header(sport, dport, t.packet.len());
+        let (ip, ip_len) = ip_header(self.sockets.local, dst, 8 + t.packet.len(), 0, true, 0);
+        let ip_ref = if ip_len == 20 { IpHeader::V4(&ip[..20]) } else { IpHeader::V6(&ip[..40]) };
+        if icrc::fill(ip_ref, &udp, &mut t.packet).is_err() {
+            self.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if let Some(log) = &self.log {
+            log.record(&ip[..ip_len], &udp, &t.packet);
+        }
+        self.batch.push((SocketAddr::new(dst, dport), t.packet, socket));
+    }
+
+    fn send_queued(&mut self) {
+        let mut start = 0;
+        while start < self.batch.len() {
+            // One sendmmsg per run of datagrams leaving from the same socket.
+            let socket = self.batch[start].2;
+            let end = start + self.batch[start..].iter().take_while(|b| b.2 == socket).count();
+            let msgs: Vec<(SocketAddr, &[u8])> = self.batch[start..end].iter().map(|(a, p, _)| (*a, &p[..])).collect();
+            let fd = self.sockets.tx[socket].0.as_raw_fd();
+            let mut sent = 0;
+            while sent < msgs.len() {
+                match sys::send_batch(fd, &msgs[sent..]) {
+                    Ok(n) => sent += n.max(1),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        let _ = sys::wait_writable(fd);
+                    }
+                    Err(_) => {
+                        // The datagram is lost, as on a wire; the engine's retransmission covers it.
+                        self.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
+                        sent += 1;
+                    }
+                }
+            }
+            self.stats.tx_datagrams.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+            start = end;
+        }
+        self.batch.clear();
+    }
+}
+
+/// The receiving half: reads batches and checks ICRCs.
+pub struct UdpRx {
+    sockets: Arc<Sockets>,
+    stats: Arc<UdpStats>,
+    log: Option<Arc<FrameLog>>,
+    batch: RecvBatch,
+}
+
+/// What one received datagram becomes, before the engine sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxVerdict {
+    /// ICRC good: the source GID and whether the IP header was marked ECN-CE.
+    Good {
+        /// The sender.
+        src: Gid,
+        /// ECN Congestion Experienced.
+        ce: bool,
+    },
+    /// Dropped (counted).
+    Dropped,
+}
+
+impl UdpRx {
+    /// The receive socket's descriptor, for a poll.
+    pub fn fd(&self) -> RawFd {
+        self.sockets.rx.as_raw_fd()
+    }
+
+    /// Reads what is queued (up to one batch) without blocking; returns the count.
+    pub fn recv(&mut self) -> io::Result<usize> {
+        let n = self.batch.recv(self.sockets.rx.as_raw_fd())?;
+        self.stats.rx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Checks every datagram of the last [`UdpRx::recv`] and hands the good ones to `dev`.
+    pub fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
+        for i in 0..self.batch.meta.len() {
+            let (len, src, tos) = self.batch.meta[i];
+            let payload = &self.batch.bufs[i][..len];
+            if let RxVerdict::Good { src, ce } = self.check(src, tos, payload) {
+                dev.handle_packet_ecn(now_ns, src, ce, payload);
+            }
+        }
+    }
+
+    fn check(&self, src: SocketAddr, tos: u8, payload: &[u8]) -> RxVerdict {
+        let src_ip = match src.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        let udp = udp_header(src.port(), self.sockets.port, payload.len());
+        let local = self.sockets.local;
+        let (mut ip, ip_len) = ip_header(src_ip, local, 8 + payload.len(), 0, false, tos);
+        let ok = if ip_len == 20 {
+            match icrc::recover_ipv4(&ip[..20], &udp, payload) {
+                Ok(Some(r)) => {
+                    if r.ident != 0 {
+                        self.stats.rx_ipv4_ident_nonzero.fetch_add(1, Ordering::Relaxed);
+                    }
+                    ip = ip_header(src_ip, local, 8 + payload.len(), r.ident, r.dont_fragment, tos).0;
+                    true
+                }
+                Ok(None) => false,
+                Err(_) => return self.runt(),
+            }
+        } else {
+            match icrc::verify(IpHeader::V6(&ip[..40]), &udp, payload) {
+                Ok(()) => true,
+                Err(crate::proto::Error::BadChecksum { .. }) => false,
+                Err(_) => return self.runt(),
+            }
+        };
+        if let Some(log) = &self.log {
+            log.record(&ip[..ip_len], &udp, payload);
+        }
+        if !ok {
+            self.stats.rx_icrc_bad.fetch_add(1, Ordering::Relaxed);
+            return RxVerdict::Dropped;
+        }
+        RxVerdict::Good { src: ip_to_gid(src_ip), ce: tos & 3 == 3 }
+    }
+
+    fn runt(&self) -> RxVerdict {
+        self.stats.rx_runt.fetch_add(1, Ordering::Relaxed);
+        RxVerdict::Dropped
+    }
+}

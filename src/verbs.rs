@@ -1,0 +1,574 @@
+//! The verbs API: a RoCEv2 device over kernel UDP sockets, with names after libibverbs.
+//!
+//! [`Context::open`] (`ibv_open_device`) binds an address's port 4791 and starts the
+//! device's poll thread. Objects hang off the context: [`Context::alloc_pd`],
+//! [`Context::reg_mr`], [`Context::create_cq`], [`Context::create_srq`],
+//! [`Context::create_qp`]; a QP is driven with [`QueuePair::modify`], [`QueuePair::post_send`]
+//! and [`QueuePair::post_recv`], and completions come from [`CompletionQueue::poll`] or the
+//! blocking [`CompletionQueue::wait`].
+//!
+//! Threading: posting runs to completion on the caller's thread (the engine segments the
+//! request and the caller's thread sends the packets), so a send costs no thread hop. The
+//! poll thread receives, runs timers and sends replies. Both take the device lock for the
+//! engine work only; completions then move to each CQ's own queue, so polling a CQ never
+//! waits for the device lock.
+//!
+//! A complete RC exchange between two devices on one machine:
+//!
+//! ```
+//! use softrdma::verbs::*;
+//! use std::time::Duration;
+//!
+//! // Two devices on loopback addresses; port 0 picks a free port (tests); real peers use 4791.
+//! let open = |ip: [u8; 4]| {
+//!     let mut cfg = OpenConfig::new(std::net::Ipv4Addr::from(ip).into());
+//!     cfg.port = 0;
+//!     Context::open(cfg).unwrap()
+//! };
+//! let (a, b) = (open([127, 0, 0, 1]), open([127, 0, 0, 2]));
+//! a.set_peer_port(b.ip(), b.port());
+//! b.set_peer_port(a.ip(), a.port());
+//!
+//! let qp_for = |ctx: &Context| {
+//!     let pd = ctx.alloc_pd();
+//!     let cq = ctx.create_cq(64);
+//!     let mr = ctx.reg_mr(&pd, 4096, Access::ALL).unwrap();
+//!     let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, QpCaps::default(), None).unwrap();
+//!     (pd, cq, mr, qp)
+//! };
+//! let (_pda, cqa, mra, qpa) = qp_for(&a);
+//! let (_pdb, cqb, mrb, qpb) = qp_for(&b);
+//!
+//! // The out-of-band exchange a real application does over TCP: GID, QPN, PSN.
+//! let (psn_a, psn_b) = (a.random_psn(), b.random_psn());
+//! qpa.connect_rc(b.gid(0).unwrap(), qpb.qp_num(), psn_b, psn_a, Mtu::M1024).unwrap();
+//! qpb.connect_rc(a.gid(0).unwrap(), qpa.qp_num(), psn_a, psn_b, Mtu::M1024).unwrap();
+//!
+//! // A SEND into a posted receive, then an RDMA WRITE into b's region.
+//! qpb.post_recv(RecvWr { wr_id: 7, sgl: vec![mrb.sge(0, 64)] }).unwrap();
+//! mra.write(0, b"hello over RoCEv2");
+//! qpa.post_send(SendWr::new(1, SendOp::Send, vec![mra.sge(0, 17)])).unwrap();
+//! let wc = cqb.wait(Duration::from_secs(5)).expect("a receive completion");
+//! assert_eq!((wc.wr_id, wc.status, wc.byte_len), (7, WcStatus::Success, 17));
+//!
+//! let remote = Remote { addr: mrb.addr() + 1024, rkey: mrb.rkey() };
+//! qpa.post_send(SendWr::new(2, SendOp::Write(remote), vec![mra.sge(0, 17)])).unwrap();
+//! assert_eq!(cqa.wait(Duration::from_secs(5)).map(|w| w.wr_id), Some(1));
+//! assert_eq!(cqa.wait(Duration::from_secs(5)).map(|w| (w.wr_id, w.status)), Some((2, WcStatus::Success)));
+//! let mut got = [0u8; 17];
+//! mrb.read(1024, &mut got);
+//! assert_eq!(&got, b"hello over RoCEv2");
+//! ```
+
+use crate::engine::mem::{Mr, SharedMem};
+use crate::engine::{Device, DeviceConfig, Stats};
+use crate::transport::pcap::FrameLog;
+use crate::transport::udp::{self, UdpConfig, UdpRx, UdpStats, UdpTx};
+use crate::transport::{wait_readable, Waker};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use crate::engine::cc::CcConfig;
+pub use crate::engine::mem::{Access, Pd};
+pub use crate::engine::verbs::{
+    Gid, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, Remote, SendOp, SendWr, Sge, UdDest, VerbsError, Wc, WcOpcode,
+    WcStatus,
+};
+
+/// What [`Context::open`] takes.
+#[derive(Debug, Clone)]
+pub struct OpenConfig {
+    /// The local address; its GID is index 0.
+    pub addr: IpAddr,
+    /// UDP port to receive on and send to: 4791, or 0 for a free port (tests).
+    pub port: u16,
+    /// Seed of keys and initial PSNs (default: from the clock).
+    pub seed: u64,
+    /// Most QPs.
+    pub max_qps: usize,
+    /// Most memory regions.
+    pub max_mrs: usize,
+    /// Write every frame sent and received to this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// Congestion control (off by default).
+    pub cc: CcConfig,
+    /// UDP source ports QPs spread over.
+    pub source_ports: usize,
+}
+
+impl OpenConfig {
+    /// Port 4791 on `addr`, with defaults for the rest.
+    pub fn new(addr: IpAddr) -> Self {
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        OpenConfig {
+            addr,
+            port: udp::ROCE_PORT,
+            seed,
+            max_qps: 16384,
+            max_mrs: 16384,
+            pcap: None,
+            cc: CcConfig::default(),
+            source_ports: 8,
+        }
+    }
+}
+
+/// What the device lock guards: the engine and the sending half of the transport.
+struct Core {
+    dev: Device,
+    tx: UdpTx,
+    completions_seen: u64,
+}
+
+/// A CQ's completions, once they left the engine.
+#[derive(Default)]
+struct CqQueue {
+    entries: Mutex<VecDeque<Wc>>,
+    ready: Condvar,
+}
+
+struct Shared {
+    core: Mutex<Core>,
+    cqs: RwLock<HashMap<u32, Arc<CqQueue>>>,
+    waker: Waker,
+    /// The deadline the poll thread sleeps towards (ns since `epoch`; `u64::MAX`: none).
+    armed_ns: AtomicU64,
+    stop: AtomicBool,
+    epoch: Instant,
+    udp_stats: Arc<UdpStats>,
+    log: Option<Arc<FrameLog>>,
+    ip: IpAddr,
+    port: u16,
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock is a bug in the engine; the state is still the
+        // engine's own, so carry on rather than poison every later call.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After any engine work: send what it produced, hand out completions, and wake the
+    /// poll thread if the next deadline moved earlier.
+    fn settle(&self, core: &mut Core, now_ns: u64) {
+        let Core { dev, tx, .. } = core;
+        tx.flush(dev, now_ns);
+        if core.dev.stats.completions != core.completions_seen {
+            core.completions_seen = core.dev.stats.completions;
+            let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
+            for (&id, q) in cqs.iter() {
+                let wcs = core.dev.poll_cq(id, usize::MAX);
+                if !wcs.is_empty() {
+                    q.entries.lock().unwrap_or_else(|e| e.into_inner()).extend(wcs);
+                    q.ready.notify_all();
+                }
+            }
+        }
+        let deadline = core.dev.poll_timeout().unwrap_or(u64::MAX);
+        if deadline < self.armed_ns.fetch_min(deadline, Ordering::AcqRel) {
+            self.waker.wake();
+        }
+    }
+
+    fn with_core<T>(&self, f: impl FnOnce(&mut Device) -> T) -> T {
+        let mut core = self.lock();
+        let out = f(&mut core.dev);
+        let now = self.now_ns();
+        self.settle(&mut core, now);
+        out
+    }
+}
+
+/// The poll thread: sleeps until a datagram, a wake-up or the engine's next deadline.
+fn poll_loop(shared: Arc<Shared>, mut rx: UdpRx) {
+    let fds = [rx.fd(), shared.waker.as_raw_fd()];
+    while !shared.stop.load(Ordering::Acquire) {
+        let armed = shared.armed_ns.load(Ordering::Acquire);
+        let timeout = (armed != u64::MAX).then(|| Duration::from_nanos(armed.saturating_sub(shared.now_ns())));
+        if wait_readable(&fds, timeout).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        shared.waker.clear();
+        loop {
+            let n = rx.recv().unwrap_or(0);
+            let mut core = shared.lock();
+            let now = shared.now_ns();
+            if n > 0 {
+                rx.deliver(&mut core.dev, now);
+            }
+            if core.dev.poll_timeout().is_some_and(|t| t <= now) {
+                core.dev.handle_timeout(now);
+            }
+            shared.armed_ns.store(u64::MAX, Ordering::Release);
+            shared.settle(&mut core, now);
+            if n == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// An open device (`ibv_context`).
+pub struct Context {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Device and transport counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// The engine's counters.
+    pub engine: Stats,
+    /// UDP datagrams received.
+    pub rx_datagrams: u64,
+    /// Datagrams dropped for a bad ICRC.
+    pub rx_icrc_bad: u64,
+    /// Datagrams too short to be RoCEv2.
+    pub rx_runt: u64,
+    /// IPv4 datagrams that came with a non-zero Identification.
+    pub rx_ipv4_ident_nonzero: u64,
+    /// UDP datagrams sent.
+    pub tx_datagrams: u64,
+    /// Datagrams the kernel refused.
+    pub tx_errors: u64,
+}
+
+impl Context {
+    /// Opens a device on `cfg.addr` (`ibv_open_device`) and starts its poll thread.
+    pub fn open(cfg: OpenConfig) -> io::Result<Context> {
+        let log = match &cfg.pcap {
+            Some(p) => Some(Arc::new(FrameLog::create(p)?)),
+            None => None,
+        };
+        let ucfg = UdpConfig { addr: cfg.addr, port: cfg.port, source_ports: cfg.source_ports };
+        let (tx, rx) = udp::open(&ucfg, log.clone())?;
+        let dev = Device::new(DeviceConfig {
+            gid: udp::ip_to_gid(cfg.addr),
+            seed: cfg.seed,
+            max_qps: cfg.max_qps,
+            max_mrs: cfg.max_mrs,
+            cc: cfg.cc,
+        });
+        let shared = Arc::new(Shared {
+            udp_stats: tx.stats().clone(),
+            port: tx.port(),
+            core: Mutex::new(Core { dev, tx, completions_seen: 0 }),
+            cqs: RwLock::new(HashMap::new()),
+            waker: Waker::new()?,
+            armed_ns: AtomicU64::new(u64::MAX),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            log,
+            ip: cfg.addr,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || poll_loop(s, rx))?;
+        Ok(Context { shared, thread: Some(thread) })
+    }
+
+    /// The local IP address.
+    pub fn ip(&self) -> IpAddr {
+        self.shared.ip
+    }
+
+    /// The UDP port the device receives on.
+    pub fn port(&self) -> u16 {
+        self.shared.port
+    }
+
+    /// Sends to `peer` on `port` rather than this device's own port (several devices on
+    /// one address, in tests).
+    pub fn set_peer_port(&self, peer: IpAddr, port: u16) {
+        self.shared.lock().tx.set_peer_port(peer, port);
+    }
+
+    /// A GID of the table (`ibv_query_gid`).
+    pub fn gid(&self, index: u8) -> Option<Gid> {
+        self.shared.lock().dev.gids().get(usize::from(index)).copied()
+    }
+
+    /// Adds a GID (another local address) and returns its index.
+    pub fn add_gid(&self, gid: Gid) -> u8 {
+        self.shared.lock().dev.add_gid(gid)
+    }
+
+    /// A random initial PSN.
+    pub fn random_psn(&self) -> u32 {
+        self.shared.lock().dev.random_psn()
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        ProtectionDomain { pd: self.shared.lock().dev.alloc_pd() }
+    }
+
+    /// `ibv_reg_mr`: `len` zeroed bytes the application and remote peers share.
+    pub fn reg_mr(&self, pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
+        let mr = self.shared.lock().dev.reg_mr(pd.pd, len, access)?;
+        Ok(MemoryRegion { mr, shared: self.shared.clone() })
+    }
+
+    /// `ibv_create_cq`.
+    pub fn create_cq(&self, cqe: usize) -> CompletionQueue {
+        let id = self.shared.lock().dev.create_cq(cqe);
+        let queue = Arc::new(CqQueue::default());
+        self.shared.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue.clone());
+        CompletionQueue { id, queue }
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
+        let id = self.shared.lock().dev.create_srq(max_wr, max_sge);
+        SharedReceiveQueue { id, shared: self.shared.clone() }
+    }
+
+    /// `ibv_create_qp`: a QP in RESET.
+    pub fn create_qp(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        qp_type: QpType,
+        caps: QpCaps,
+        srq: Option<&SharedReceiveQueue>,
+    ) -> Result<QueuePair, VerbsError> {
+        let init = crate::engine::verbs::QpInit {
+            qp_type,
+            pd: pd.pd,
+            send_cq: send_cq.id,
+            recv_cq: recv_cq.id,
+            caps,
+            srq: srq.map(|s| s.id),
+        };
+        let qpn = self.shared.lock().dev.create_qp(init)?;
+        Ok(QueuePair { qpn, shared: self.shared.clone() })
+    }
+
+    /// The device's counters.
+    pub fn stats(&self) -> DeviceStats {
+        let engine = self.shared.lock().dev.stats.clone();
+        let u = &self.shared.udp_stats;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        DeviceStats {
+            engine,
+            rx_datagrams: get(&u.rx_datagrams),
+            rx_icrc_bad: get(&u.rx_icrc_bad),
+            rx_runt: get(&u.rx_runt),
+            rx_ipv4_ident_nonzero: get(&u.rx_ipv4_ident_nonzero),
+            tx_datagrams: get(&u.tx_datagrams),
+            tx_errors: get(&u.tx_errors),
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(log) = &self.shared.log {
+            let _ = log.close();
+        }
+    }
+}
+
+/// `ibv_pd`.
+#[derive(Debug)]
+pub struct ProtectionDomain {
+    pd: Pd,
+}
+
+/// `ibv_mr`: registered memory. Its bytes are atomic words the engine and the application
+/// share (see ARCHITECTURE.md), read and written by copy.
+pub struct MemoryRegion {
+    mr: Mr,
+    shared: Arc<Shared>,
+}
+
+impl MemoryRegion {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.mr.rkey
+    }
+    /// The address of the first byte, as remote peers name it.
+    pub fn addr(&self) -> u64 {
+        self.mr.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.mem.len()
+    }
+    /// True for an empty region.
+    pub fn is_empty(&self) -> bool {
+        self.mr.mem.is_empty()
+    }
+    /// An SGE of `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge { addr: self.mr.addr + offset as u64, length: len, lkey: self.mr.lkey }
+    }
+    /// Copies out of the region; false if out of bounds.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        self.mr.mem.read(offset, out)
+    }
+    /// Copies into the region; false if out of bounds.
+    pub fn write(&self, offset: usize, data: &[u8]) -> bool {
+        self.mr.mem.write(offset, data)
+    }
+    /// The shared bytes.
+    pub fn mem(&self) -> &Arc<SharedMem> {
+        &self.mr.mem
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self.shared.lock().dev.dereg_mr(&self.mr);
+    }
+}
+
+/// `ibv_cq`.
+pub struct CompletionQueue {
+    id: u32,
+    queue: Arc<CqQueue>,
+}
+
+impl CompletionQueue {
+    /// `ibv_poll_cq`: up to `max` completions, without waiting.
+    pub fn poll(&self, max: usize) -> Vec<Wc> {
+        let mut q = self.queue.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let n = max.min(q.len());
+        q.drain(..n).collect()
+    }
+
+    /// One completion, waiting at most `timeout` for it.
+    pub fn wait(&self, timeout: Duration) -> Option<Wc> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.queue.entries.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(wc) = q.pop_front() {
+                return Some(wc);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            q = self.queue.ready.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// `ibv_srq`.
+pub struct SharedReceiveQueue {
+    id: u32,
+    shared: Arc<Shared>,
+}
+
+impl SharedReceiveQueue {
+    /// `ibv_post_srq_recv`.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
+        self.shared.with_core(|d| d.post_srq_recv(self.id, wr))
+    }
+    /// Arms the limit event (`ibv_modify_srq` with `srq_limit`).
+    pub fn arm_limit(&self, limit: usize) -> Result<(), VerbsError> {
+        self.shared.with_core(|d| d.arm_srq_limit(self.id, limit))
+    }
+}
+
+/// `ibv_qp`.
+pub struct QueuePair {
+    qpn: u32,
+    shared: Arc<Shared>,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), VerbsError> {
+        self.shared.with_core(|d| d.modify_qp(self.qpn, attr))
+    }
+
+    /// The QP's state (`ibv_query_qp`).
+    pub fn state(&self) -> Option<QpState> {
+        self.shared.lock().dev.qp_state(self.qpn)
+    }
+
+    /// `ibv_post_send`: the caller's thread segments and sends.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
+        self.shared.with_core(|d| d.post_send(self.qpn, wr))
+    }
+
+    /// Posts several send requests under one lock; stops at the first error.
+    pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), VerbsError> {
+        self.shared.with_core(|d| wrs.into_iter().try_for_each(|wr| d.post_send(self.qpn, wr)))
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
+        self.shared.with_core(|d| d.post_recv(self.qpn, wr))
+    }
+
+    /// Takes an RC or UC QP from RESET to RTS towards `dest_qpn` at `dest_gid`, the way
+    /// perftest and ibv_rc_pingpong do: `rq_psn` is the PSN the peer starts sending with,
+    /// `sq_psn` the one this QP starts with. Timeout 14 (67 ms), 7 retries, infinite RNR
+    /// retries, 16 outstanding READs/atomics each way.
+    pub fn connect_rc(
+        &self,
+        dest_gid: Gid,
+        dest_qpn: u32,
+        rq_psn: u32,
+        sq_psn: u32,
+        mtu: Mtu,
+    ) -> Result<(), VerbsError> {
+        let state = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+        self.modify(&QpAttr { access: Some(Access::ALL), pkey: Some(0xffff), ..state(QpState::Init) })?;
+        self.modify(&QpAttr {
+            dest_gid: Some(dest_gid),
+            dest_qpn: Some(dest_qpn),
+            rq_psn: Some(rq_psn),
+            path_mtu: Some(mtu),
+            max_dest_rd_atomic: Some(16),
+            min_rnr_timer: Some(12),
+            ..state(QpState::Rtr)
+        })?;
+        self.modify(&QpAttr {
+            sq_psn: Some(sq_psn),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(16),
+            ..state(QpState::Rts)
+        })
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let _ = self.shared.lock().dev.destroy_qp(self.qpn);
+    }
+}
+
+impl SendWr {
+    /// A signaled, unsolicited request on a connected QP.
+    pub fn new(wr_id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
+        SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud: None }
+    }
+}
