@@ -1,0 +1,271 @@
+//! Two devices over kernel UDP on loopback addresses, through the public verbs API: every
+//! operation with its data checked, a peer that dies mid-transfer, and packets injected
+//! from a plain UDP socket.
+
+use softrdma::proto::roce::bth::BthRepr;
+use softrdma::proto::roce::ext::RethRepr;
+use softrdma::proto::roce::icrc::{self, IpHeader};
+use softrdma::proto::roce::packet::pad_for;
+use softrdma::proto::roce::{Psn, RoceRepr};
+use softrdma::transport::udp::ip_header;
+use softrdma::verbs::*;
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Side {
+    ctx: Context,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    qp: QueuePair,
+    _pd: ProtectionDomain,
+}
+
+fn open(ip: [u8; 4]) -> Context {
+    let mut cfg = OpenConfig::new(IpAddr::V4(Ipv4Addr::from(ip)));
+    cfg.port = 0;
+    cfg.seed = u64::from(ip[3]);
+    Context::open(cfg).expect("open a device on a loopback address")
+}
+
+fn side(ctx: Context, len: usize) -> Side {
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4096);
+    let mr = ctx.reg_mr(&pd, len, Access::ALL).unwrap();
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, QpCaps::default(), None).unwrap();
+    Side { ctx, cq, mr, qp, _pd: pd }
+}
+
+/// Two connected RC QPs on `net`.1 and `net`.2; A sends with PSN 0x100, B with 0x200.
+fn pair(net: [u8; 3], len: usize) -> (Side, Side) {
+    let a = side(open([net[0], net[1], net[2], 1]), len);
+    let b = side(open([net[0], net[1], net[2], 2]), len);
+    a.ctx.set_peer_port(b.ctx.ip(), b.ctx.port());
+    b.ctx.set_peer_port(a.ctx.ip(), a.ctx.port());
+    let (ga, gb) = (a.ctx.gid(0).unwrap(), b.ctx.gid(0).unwrap());
+    a.qp.connect_rc(gb, b.qp.qp_num(), 0x200, 0x100, Mtu::M1024).unwrap();
+    b.qp.connect_rc(ga, a.qp.qp_num(), 0x100, 0x200, Mtu::M1024).unwrap();
+    (a, b)
+}
+
+fn wait_ok(cq: &CompletionQueue, wr_id: u64) -> Wc {
+    let wc = cq.wait(WAIT).unwrap_or_else(|| panic!("no completion for wr {wr_id}"));
+    assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success), "{wc:?}");
+    wc
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn every_operation_over_loopback_udp_with_data_checked() {
+    let (a, b) = pair([127, 10, 1], 4 << 20);
+    // SEND, SEND with immediate, a 1 MiB WRITE, WRITE with immediate, READ.
+    let msg = pattern(3000, 1);
+    a.mr.write(0, &msg);
+    b.qp.post_recv(RecvWr { wr_id: 10, sgl: vec![b.mr.sge(0, 4096)] }).unwrap();
+    a.qp.post_send(SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, 3000)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 10).byte_len, 3000);
+    wait_ok(&a.cq, 1);
+    let mut got = vec![0u8; 3000];
+    b.mr.read(0, &mut got);
+    assert_eq!(got, msg);
+
+    b.qp.post_recv(RecvWr { wr_id: 11, sgl: vec![b.mr.sge(8192, 64)] }).unwrap();
+    a.qp.post_send(SendWr::new(2, SendOp::SendImm(0xfeed_f00d), vec![a.mr.sge(0, 10)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 11).imm, Some(0xfeed_f00d));
+    wait_ok(&a.cq, 2);
+
+    let big = pattern(1 << 20, 7);
+    a.mr.write(1 << 20, &big);
+    let at = Remote { addr: b.mr.addr() + (2 << 20), rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(3, SendOp::Write(at), vec![a.mr.sge(1 << 20, 1 << 20)])).unwrap();
+    wait_ok(&a.cq, 3);
+    let mut got = vec![0u8; 1 << 20];
+    b.mr.read(2 << 20, &mut got);
+    assert!(got == big, "1 MiB WRITE arrived intact");
+
+    b.qp.post_recv(RecvWr { wr_id: 12, sgl: vec![] }).unwrap();
+    let at = Remote { addr: b.mr.addr() + 100, rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(4, SendOp::WriteImm(at, 42), vec![a.mr.sge(0, 200)])).unwrap();
+    let wc = wait_ok(&b.cq, 12);
+    assert_eq!((wc.opcode, wc.imm), (WcOpcode::RecvRdmaWithImm, Some(42)));
+    wait_ok(&a.cq, 4);
+
+    let from = Remote { addr: b.mr.addr() + (2 << 20), rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(5, SendOp::Read(from), vec![a.mr.sge(3 << 20, 100_000)])).unwrap();
+    assert_eq!(wait_ok(&a.cq, 5).opcode, WcOpcode::RdmaRead);
+    let mut got = vec![0u8; 100_000];
+    a.mr.read(3 << 20, &mut got);
+    assert_eq!(got, big[..100_000]);
+
+    // Atomics: big-endian 8-byte words at B, original value returned at A.
+    b.mr.write(64, &5u64.to_ne_bytes());
+    let word = Remote { addr: b.mr.addr() + 64, rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(6, SendOp::FetchAdd(word, 10), vec![a.mr.sge(0, 8)])).unwrap();
+    wait_ok(&a.cq, 6);
+    a.qp.post_send(SendWr::new(7, SendOp::CompareSwap(word, 15, 99), vec![a.mr.sge(8, 8)])).unwrap();
+    wait_ok(&a.cq, 7);
+    let (mut w0, mut w1, mut wb) = ([0u8; 8], [0u8; 8], [0u8; 8]);
+    a.mr.read(0, &mut w0);
+    a.mr.read(8, &mut w1);
+    b.mr.read(64, &mut wb);
+    assert_eq!((u64::from_ne_bytes(w0), u64::from_ne_bytes(w1), u64::from_ne_bytes(wb)), (5, 15, 99));
+
+    // SEND with invalidate of B's own rkey: B's region stops taking remote access.
+    let extra = b.ctx.reg_mr(&b._pd, 4096, Access::ALL).unwrap();
+    b.qp.post_recv(RecvWr { wr_id: 13, sgl: vec![b.mr.sge(0, 64)] }).unwrap();
+    a.qp.post_send(SendWr::new(8, SendOp::SendInv(extra.rkey()), vec![a.mr.sge(0, 16)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 13).invalidated_rkey, Some(extra.rkey()));
+    wait_ok(&a.cq, 8);
+    let dead = Remote { addr: extra.addr(), rkey: extra.rkey() };
+    a.qp.post_send(SendWr::new(9, SendOp::Write(dead), vec![a.mr.sge(0, 16)])).unwrap();
+    let wc = a.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::RemAccessErr));
+
+    let sa = a.ctx.stats();
+    assert_eq!((sa.rx_icrc_bad, sa.rx_ipv4_ident_nonzero, sa.tx_errors), (0, 0, 0), "{sa:?}");
+    assert!(b.ctx.stats().rx_datagrams >= 1024, "a 1 MiB WRITE is 1024 packets at MTU 1024");
+}
+
+#[test]
+fn a_peer_that_dies_mid_transfer_ends_every_request_with_retry_exceeded_then_flush() {
+    let (a, b) = pair([127, 10, 2], 1 << 20);
+    // Short timer: 4.096 µs × 2^12 = 16.8 ms, 2 retries.
+    let fast = QpAttr { timeout: Some(12), retry_cnt: Some(2), ..QpAttr::default() };
+    a.qp.modify(&QpAttr { state: Some(QpState::Sqd), ..QpAttr::default() }).ok();
+    a.qp.modify(&QpAttr { state: Some(QpState::Rts), ..fast }).unwrap();
+    let at = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    for i in 0..100u64 {
+        a.qp.post_send(SendWr::new(i, SendOp::Write(at), vec![a.mr.sge(0, 64 << 10)])).unwrap();
+        if i == 3 {
+            drop(b); // the peer's device goes away: its socket closes and nothing answers
+            break;
+        }
+    }
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    while let Some(wc) = a.cq.wait(Duration::from_secs(5)) {
+        seen.push(wc);
+        if seen.len() == 4 {
+            break;
+        }
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let ids: Vec<u64> = seen.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [0, 1, 2, 3], "one completion per request, in order");
+    // Whatever completed before the peer died succeeded; the first to fail ran out of
+    // retries; everything after it was flushed.
+    let first_bad = seen.iter().position(|w| w.status != WcStatus::Success).expect("a failure");
+    assert_eq!(seen[first_bad].status, WcStatus::RetryExcErr, "{seen:?}");
+    assert!(seen[first_bad + 1..].iter().all(|w| w.status == WcStatus::WrFlushErr), "{seen:?}");
+    assert_eq!(a.qp.state(), Some(QpState::Err));
+    assert!(a.cq.wait(Duration::from_millis(200)).is_none(), "no completion twice");
+}
+
+/// A hand-made packet to `qpn`, with its ICRC as a sender at `src:sport` computes it.
+fn forge(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, r: &RoceRepr<'_>) -> Vec<u8> {
+    let mut buf = vec![0u8; r.buffer_len()];
+    r.emit(&mut buf).unwrap();
+    let mut udp = [0u8; 8];
+    udp[0..2].copy_from_slice(&sport.to_be_bytes());
+    udp[2..4].copy_from_slice(&dport.to_be_bytes());
+    udp[4..6].copy_from_slice(&((8 + buf.len()) as u16).to_be_bytes());
+    let (ip, _) = ip_header(src.into(), dst.into(), 8 + buf.len(), 0, true, 0);
+    icrc::fill(IpHeader::V4(&ip[..20]), &udp, &mut buf).unwrap();
+    buf
+}
+
+fn write_only(qpn: u32, psn: u32, reth: RethRepr, payload: &[u8]) -> RoceRepr<'_> {
+    let bth = BthRepr {
+        opcode: 0x0a, // RC RDMA WRITE Only
+        solicited: false,
+        mig_req: true,
+        pad_count: pad_for(payload.len()),
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qp: qpn,
+        ack_req: true,
+        psn: Psn::new(psn),
+    };
+    RoceRepr {
+        bth,
+        deth: None,
+        feth: None,
+        reth: Some(reth),
+        atomic_eth: None,
+        aeth: None,
+        atomic_ack_eth: None,
+        immdt: None,
+        ieth: None,
+        payload,
+    }
+}
+
+#[test]
+fn injected_packets_are_dropped_or_naked_and_counted_while_real_traffic_carries_on() {
+    let (a, b) = pair([127, 10, 3], 1 << 20);
+    // A second connection whose responder the injector will upset.
+    let b2 = b.ctx.create_qp(&b._pd, &b.cq, &b.cq, QpType::Rc, QpCaps::default(), None).unwrap();
+    let a_ip = Ipv4Addr::new(127, 10, 3, 1);
+    let b_ip = Ipv4Addr::new(127, 10, 3, 2);
+    b2.connect_rc(a.ctx.gid(0).unwrap(), 0x77, 0x500, 0x600, Mtu::M1024).unwrap();
+    let inj = UdpSocket::bind((a_ip, 0)).unwrap();
+    let sport = inj.local_addr().unwrap().port();
+    let to = (b_ip, b.ctx.port());
+    let reth = |rkey| RethRepr { va: b.mr.addr(), rkey, dma_len: 8 };
+
+    // Real traffic runs while the injector sends.
+    let at = Remote { addr: b.mr.addr() + 4096, rkey: b.mr.rkey() };
+    let data = pattern(256 << 10, 3);
+    a.mr.write(0, &data);
+    for i in 0..8 {
+        a.qp.post_send(SendWr::new(i, SendOp::Write(at), vec![a.mr.sge(0, 256 << 10)])).unwrap();
+    }
+    let before = b.ctx.stats();
+    inj.send_to(b"garbage, not a RoCEv2 packet at all", to).unwrap();
+    inj.send_to(&[0u8; 5], to).unwrap();
+    let mut bad_icrc =
+        forge(a_ip, sport, b_ip, to.1, &write_only(b.qp.qp_num(), 0x100, reth(b.mr.rkey()), b"XXXXXXXX"));
+    let n = bad_icrc.len();
+    bad_icrc[n - 1] ^= 0xff;
+    inj.send_to(&bad_icrc, to).unwrap();
+    inj.send_to(&forge(a_ip, sport, b_ip, to.1, &write_only(0xabcdef, 0, reth(b.mr.rkey()), b"XXXXXXXX")), to).unwrap();
+    // A stale PSN (before A's first) is a duplicate: re-ACKed, never executed.
+    let stale =
+        write_only(b.qp.qp_num(), 0x100 - 10, RethRepr { va: b.mr.addr(), rkey: b.mr.rkey(), dma_len: 8 }, b"STALE!!!");
+    inj.send_to(&forge(a_ip, sport, b_ip, to.1, &stale), to).unwrap();
+    // A wrong rkey on the second connection: remote access NAK, that QP to ERR.
+    inj.send_to(&forge(a_ip, sport, b_ip, to.1, &write_only(b2.qp_num(), 0x500, reth(0x0bad_0bad), b"XXXXXXXX")), to)
+        .unwrap();
+
+    for i in 0..8 {
+        wait_ok(&a.cq, i);
+    }
+    let mut got = vec![0u8; 256 << 10];
+    b.mr.read(4096, &mut got);
+    assert!(got == data, "the real WRITEs arrived intact");
+    let mut first = [0u8; 8];
+    b.mr.read(0, &mut first);
+    assert_eq!(first, [0u8; 8], "no injected payload was written");
+
+    let deadline = Instant::now() + WAIT;
+    let after = loop {
+        let s = b.ctx.stats();
+        if s.engine.naks_sent > before.engine.naks_sent || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(after.rx_runt - before.rx_runt, 1, "{after:?}");
+    assert_eq!(after.rx_icrc_bad - before.rx_icrc_bad, 2, "garbage and the flipped ICRC: {after:?}");
+    assert_eq!(after.engine.rx_unknown_qp - before.engine.rx_unknown_qp, 1, "{after:?}");
+    assert_eq!(after.engine.duplicates_received - before.engine.duplicates_received, 1, "{after:?}");
+    assert_eq!(after.engine.naks_sent - before.engine.naks_sent, 1, "{after:?}");
+    assert_eq!(b2.state(), Some(QpState::Err));
+    assert_eq!(b.qp.state(), Some(QpState::Rts));
+}
