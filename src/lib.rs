@@ -10,5 +10,6 @@ pub mod engine;
 pub mod fuzzing;
 pub mod iwarp;
 pub mod sim;
+pub mod tools;
 pub mod transport;
 pub mod verbs;

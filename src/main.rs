@@ -2,6 +2,9 @@
 
 use clap::{Parser, Subcommand};
 use softrdma::capture::{self, report::FileReport, report::Tally};
+use softrdma::tools::bench::{Params, Test};
+use softrdma::tools::perf::ToolArgs;
+use softrdma::verbs::Mtu;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +35,82 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         from: u64,
     },
+    /// Two devices on this machine (127.0.0.1, 127.0.0.2) exchanging RDMA traffic: a
+    /// perftest-style table next to plain UDP measured on the same path.
+    Demo {
+        /// Also run this many QPs on one device: memory per idle QP, aggregate bandwidth.
+        #[arg(long, default_value_t = 0)]
+        qps: usize,
+        /// Seconds per bandwidth row (roughly).
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// RDMA WRITE bandwidth (like ib_write_bw).
+    WriteBw(PerfArgs),
+    /// RDMA READ bandwidth (like ib_read_bw).
+    ReadBw(PerfArgs),
+    /// SEND bandwidth (like ib_send_bw).
+    SendBw(PerfArgs),
+    /// Atomic fetch-and-add rate (like ib_atomic_bw).
+    AtomicBw(PerfArgs),
+    /// RDMA WRITE ping-pong latency (like ib_write_lat).
+    WriteLat(PerfArgs),
+    /// RDMA READ latency (like ib_read_lat).
+    ReadLat(PerfArgs),
+    /// SEND ping-pong latency (like ib_send_lat).
+    SendLat(PerfArgs),
+}
+
+/// perftest's options, with its flag names.
+#[derive(clap::Args, Clone)]
+struct PerfArgs {
+    /// The server to connect to; without it, wait for a client.
+    server: Option<String>,
+    /// Message size in bytes (default: 65536 for bandwidth, 2 for latency, 8 for atomics).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Iterations (default: 5000 for bandwidth, 1000 for latency).
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<u64>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long)]
+    duration: Option<u64>,
+    /// Run every size from 2 bytes to 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Number of QPs.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: usize,
+    /// Path MTU in bytes (256, 512, 1024, 2048, 4096).
+    #[arg(short = 'm', long = "mtu", default_value_t = 4096)]
+    mtu: usize,
+    /// Local GID index.
+    #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
+    gid_index: u8,
+    /// Report Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long, default_value_t = softrdma::tools::oob::DEFAULT_PORT)]
+    port: u16,
+    /// Outstanding requests per QP (bandwidth tests).
+    #[arg(short = 't', long = "tx-depth")]
+    tx_depth: Option<usize>,
+    /// Receives posted per QP (SEND tests).
+    #[arg(short = 'r', long = "rx-depth")]
+    rx_depth: Option<usize>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Local address for RDMA (default: the one the TCP connection uses).
+    #[arg(long)]
+    bind: Option<std::net::IpAddr>,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -58,6 +137,57 @@ fn main() -> ExitCode {
         Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
         Command::Sim { seed: Some(seed), .. } => sim_one(seed),
         Command::Sim { seed: None, seeds, from } => sim_many(from, seeds),
+        Command::Demo { qps, seconds, json } => {
+            match softrdma::tools::demo::run(&softrdma::tools::demo::DemoArgs { qps, seconds, json }) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("softrdma demo: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::WriteBw(a) => perf(Test::WriteBw, a),
+        Command::ReadBw(a) => perf(Test::ReadBw, a),
+        Command::SendBw(a) => perf(Test::SendBw, a),
+        Command::AtomicBw(a) => perf(Test::AtomicBw, a),
+        Command::WriteLat(a) => perf(Test::WriteLat, a),
+        Command::ReadLat(a) => perf(Test::ReadLat, a),
+        Command::SendLat(a) => perf(Test::SendLat, a),
+    }
+}
+
+fn perf(test: Test, a: PerfArgs) -> ExitCode {
+    let Some(mtu) = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].into_iter().find(|m| m.bytes() == a.mtu)
+    else {
+        eprintln!("-m {}: the MTU is one of 256, 512, 1024, 2048, 4096", a.mtu);
+        return ExitCode::FAILURE;
+    };
+    let mut params = Params::defaults(test);
+    params.size = a.size.unwrap_or(params.size);
+    params.iters = a.iters.unwrap_or(params.iters).max(1);
+    params.duration = a.duration.map(std::time::Duration::from_secs);
+    params.qps = if test.is_latency() { 1 } else { a.qps.max(1) };
+    params.mtu = mtu;
+    params.tx_depth = a.tx_depth.unwrap_or(params.tx_depth).max(1);
+    params.rx_depth = a.rx_depth.unwrap_or(params.rx_depth).max(1);
+    params.progress = !a.json;
+    let args = ToolArgs {
+        params,
+        server: a.server,
+        port: a.port,
+        gid_index: a.gid_index,
+        all_sizes: a.all,
+        report_gbits: a.report_gbits,
+        json: a.json,
+        bind: a.bind,
+        pcap: a.pcap,
+    };
+    match softrdma::tools::perf::run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softrdma: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

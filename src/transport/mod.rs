@@ -5,4 +5,9 @@ pub mod pcap;
 mod sys;
 pub mod udp;
 
-pub use sys::{wait_readable, Waker};
+pub use sys::{wait_readable, RecvBatch, Waker};
+
+/// Sends datagrams with one `sendmmsg` (the plain-UDP baseline uses it too).
+pub fn send_batch(s: &std::net::UdpSocket, msgs: &[(std::net::SocketAddr, &[u8])]) -> std::io::Result<usize> {
+    sys::send_batch(std::os::fd::AsRawFd::as_raw_fd(s), msgs)
+}

@@ -1,0 +1,530 @@
+//! The measuring loops of the perftest-style tools, over the verbs API. They follow
+//! perftest's data path so that a softrdma tool can face `ib_write_bw` & co.: each side's
+//! buffer holds a send area and a receive area per QP of `max(size, 4096)` bytes, the key
+//! message names the receive area, and the latency ping-pongs write an iteration counter
+//! into the last byte of each message.
+
+use super::oob::Dest;
+use crate::verbs::*;
+use std::time::{Duration, Instant};
+
+/// The seven tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// RDMA WRITE bandwidth.
+    WriteBw,
+    /// RDMA READ bandwidth.
+    ReadBw,
+    /// SEND bandwidth.
+    SendBw,
+    /// Atomic fetch-and-add rate.
+    AtomicBw,
+    /// RDMA WRITE ping-pong latency.
+    WriteLat,
+    /// RDMA READ latency.
+    ReadLat,
+    /// SEND ping-pong latency.
+    SendLat,
+}
+
+impl Test {
+    /// True for the latency tests.
+    pub fn is_latency(self) -> bool {
+        matches!(self, Test::WriteLat | Test::ReadLat | Test::SendLat)
+    }
+    /// perftest's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "RDMA_Write BW",
+            Test::ReadBw => "RDMA_Read BW",
+            Test::SendBw => "Send BW",
+            Test::AtomicBw => "Atomic FETCH_AND_ADD BW",
+            Test::WriteLat => "RDMA_Write Latency",
+            Test::ReadLat => "RDMA_Read Latency",
+            Test::SendLat => "Send Latency",
+        }
+    }
+}
+
+/// What a run measures.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// The test.
+    pub test: Test,
+    /// Message size, bytes.
+    pub size: usize,
+    /// Iterations per QP (ignored with `duration`).
+    pub iters: u64,
+    /// Run for this long instead of a number of iterations.
+    pub duration: Option<Duration>,
+    /// QPs.
+    pub qps: usize,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Outstanding requests per QP (bandwidth tests).
+    pub tx_depth: usize,
+    /// Receives posted per QP (SEND tests).
+    pub rx_depth: usize,
+    /// A signaled request every this many (bandwidth tests).
+    pub cq_mod: usize,
+    /// Largest size the buffer must hold (for `-a`).
+    pub max_size: usize,
+    /// Print a progress line on long runs.
+    pub progress: bool,
+}
+
+impl Params {
+    /// perftest's defaults for `test`.
+    pub fn defaults(test: Test) -> Params {
+        let lat = test.is_latency();
+        Params {
+            test,
+            size: match test {
+                Test::AtomicBw => 8,
+                _ if lat => 2,
+                _ => 65536,
+            },
+            iters: if lat { 1000 } else { 5000 },
+            duration: None,
+            qps: 1,
+            mtu: Mtu::M4096,
+            tx_depth: if lat { 1 } else { 128 },
+            rx_depth: 512,
+            cq_mod: 100,
+            max_size: 0,
+            progress: false,
+        }
+    }
+
+    /// perftest's `BUFF_SIZE`: each area holds a message and at least a page.
+    pub fn area_bytes(&self) -> usize {
+        self.max_size.max(self.size).max(4096)
+    }
+}
+
+/// One side's resources: a PD, CQs, one buffer and the QPs.
+pub struct Endpoint<'a> {
+    /// The device.
+    pub ctx: &'a Context,
+    _pd: ProtectionDomain,
+    /// Send completions.
+    pub cq: CompletionQueue,
+    /// Receive completions.
+    pub rcq: CompletionQueue,
+    /// The buffer: a send area then a receive area per QP.
+    pub mr: MemoryRegion,
+    /// The QPs.
+    pub qps: Vec<QueuePair>,
+    area: usize,
+    psns: Vec<u32>,
+}
+
+impl<'a> Endpoint<'a> {
+    /// Creates everything `p` needs on `ctx`.
+    pub fn new(ctx: &'a Context, p: &Params) -> Result<Endpoint<'a>, VerbsError> {
+        let pd = ctx.alloc_pd();
+        let depth = p.tx_depth.max(p.rx_depth) * p.qps + 16;
+        let cq = ctx.create_cq(depth);
+        let rcq = ctx.create_cq(depth);
+        let area = p.area_bytes();
+        let mr = ctx.reg_mr(&pd, 2 * p.qps * area, Access::ALL)?;
+        let caps = QpCaps { max_send_wr: p.tx_depth.max(1) + 1, max_recv_wr: p.rx_depth.max(1), max_sge: 1 };
+        let mut qps = Vec::new();
+        let mut psns = Vec::new();
+        for _ in 0..p.qps {
+            qps.push(ctx.create_qp(&pd, &cq, &rcq, QpType::Rc, caps, None)?);
+            psns.push(ctx.random_psn());
+        }
+        Ok(Endpoint { ctx, _pd: pd, cq, rcq, mr, qps, area, psns })
+    }
+
+    /// This side's key messages, one per QP.
+    pub fn dests(&self, gid_index: u8) -> Vec<Dest> {
+        let gid = self.ctx.gid(gid_index).unwrap_or_default();
+        (0..self.qps.len())
+            .map(|i| Dest {
+                lid: 0,
+                out_reads: 16,
+                qpn: self.qps[i].qp_num(),
+                psn: self.psns[i],
+                rkey: self.mr.rkey(),
+                vaddr: self.mr.addr() + ((self.qps.len() + i) * self.area) as u64,
+                gid,
+                srqn: 0,
+            })
+            .collect()
+    }
+
+    /// Connects each QP to the peer's.
+    pub fn connect(&self, theirs: &[Dest], mtu: Mtu) -> Result<(), VerbsError> {
+        for (i, (qp, d)) in self.qps.iter().zip(theirs).enumerate() {
+            qp.connect_rc(d.gid, d.qpn, d.psn, self.psns[i], mtu)?;
+            let ord = d.out_reads.clamp(1, 16) as u8;
+            qp.modify(&QpAttr { max_rd_atomic: Some(ord), ..QpAttr::default() })?;
+        }
+        Ok(())
+    }
+
+    fn send_sge(&self, q: usize, size: usize) -> Sge {
+        self.mr.sge(q * self.area, size as u32)
+    }
+
+    fn recv_offset(&self, q: usize) -> usize {
+        (self.qps.len() + q) * self.area
+    }
+}
+
+/// A bandwidth result.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BwResult {
+    /// Message size.
+    pub size: usize,
+    /// Messages completed (all QPs).
+    pub iters: u64,
+    /// Bytes per second over the whole run.
+    pub avg_bytes_per_s: f64,
+    /// Bytes per second over the best tenth of the run.
+    pub peak_bytes_per_s: f64,
+    /// Messages per second.
+    pub msg_per_s: f64,
+}
+
+/// Turns (time, messages done) samples into a result.
+fn bw_result(size: usize, samples: &[(Instant, u64)]) -> BwResult {
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return BwResult::default() };
+    let secs = last.0.duration_since(first.0).as_secs_f64().max(1e-9);
+    let done = last.1;
+    let avg = done as f64 * size as f64 / secs;
+    let window = secs / 10.0;
+    let mut peak = avg;
+    let mut j = 0;
+    for i in 0..samples.len() {
+        while j < samples.len() && samples[j].0.duration_since(samples[i].0).as_secs_f64() < window {
+            j += 1;
+        }
+        if j == samples.len() {
+            break;
+        }
+        let dt = samples[j].0.duration_since(samples[i].0).as_secs_f64();
+        peak = peak.max((samples[j].1 - samples[i].1) as f64 * size as f64 / dt);
+    }
+    BwResult { size, iters: done, avg_bytes_per_s: avg, peak_bytes_per_s: peak, msg_per_s: done as f64 / secs }
+}
+
+fn work_request(test: Test, ep: &Endpoint<'_>, q: usize, rem: &Dest, size: usize, id: u64) -> SendWr {
+    let remote = Remote { addr: rem.vaddr, rkey: rem.rkey };
+    let op = match test {
+        Test::WriteBw | Test::WriteLat => SendOp::Write(remote),
+        Test::ReadBw | Test::ReadLat => SendOp::Read(remote),
+        Test::AtomicBw => SendOp::FetchAdd(remote, 1),
+        Test::SendBw | Test::SendLat => SendOp::Send,
+    };
+    let len = if test == Test::AtomicBw { 8 } else { size };
+    SendWr::new(id, op, vec![ep.send_sge(q, len)])
+}
+
+/// Prints a progress line on stderr about once a second.
+struct Progress {
+    on: bool,
+    start: Instant,
+    next: Instant,
+}
+
+impl Progress {
+    fn new(on: bool) -> Self {
+        let now = Instant::now();
+        Progress { on, start: now, next: now + Duration::from_secs(2) }
+    }
+    fn tick(&mut self, bytes: u64) {
+        if !self.on || Instant::now() < self.next {
+            return;
+        }
+        self.next += Duration::from_secs(1);
+        let secs = self.start.elapsed().as_secs_f64();
+        eprint!("\r {secs:6.1} s  {:10.2} MB/s ", bytes as f64 / secs / 1e6);
+    }
+    fn done(&self) {
+        if self.on && Instant::now() >= self.start + Duration::from_secs(2) {
+            eprintln!();
+        }
+    }
+}
+
+/// The requester side of WRITE, READ, SEND and atomic bandwidth.
+pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwResult, String> {
+    let nq = ep.qps.len();
+    let cq_mod = p.cq_mod.clamp(1, p.tx_depth.max(1)) as u64;
+    let (mut posted, mut done) = (vec![0u64; nq], vec![0u64; nq]);
+    let end = p.duration.map(|d| Instant::now() + d);
+    let target = |posted: u64| end.map_or(posted < p.iters, |e| Instant::now() < e);
+    let mut samples = vec![(Instant::now(), 0u64)];
+    let mut progress = Progress::new(p.progress);
+    loop {
+        for q in 0..nq {
+            let mut batch = Vec::new();
+            while posted[q] - done[q] < p.tx_depth as u64 && target(posted[q]) {
+                let n = posted[q] + 1;
+                let mut wr = work_request(p.test, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
+                let last = end.is_none() && n == p.iters;
+                wr.signaled = n % cq_mod == 0 || last;
+                batch.push(wr);
+                posted[q] = n;
+            }
+            if !batch.is_empty() {
+                ep.qps[q].post_send_batch(batch).map_err(|e| format!("post_send: {e:?}"))?;
+            }
+        }
+        let total_posted: u64 = posted.iter().sum();
+        let total_done: u64 = done.iter().sum();
+        if total_done == total_posted && !(0..nq).any(|q| target(posted[q])) {
+            break;
+        }
+        let Some(wc) = ep.cq.wait(Duration::from_secs(30)) else {
+            return Err(format!("no completion for 30 s ({total_done} of {total_posted} done)"));
+        };
+        if wc.status != WcStatus::Success {
+            return Err(format!("completion with error: {:?} (wr {:#x})", wc.status, wc.wr_id));
+        }
+        let q = (wc.wr_id >> 48) as usize;
+        done[q] = wc.wr_id & ((1 << 48) - 1);
+        let all: u64 = done.iter().sum();
+        samples.push((Instant::now(), all));
+        progress.tick(all * p.size as u64);
+    }
+    progress.done();
+    Ok(bw_result(p.size, &samples))
+}
+
+/// The responder side of SEND bandwidth: keeps receives posted and counts messages.
+/// Receives are posted ([`SendServer::post`]) before the handshake that lets the client go.
+pub struct SendServer(());
+
+impl SendServer {
+    /// Posts `rx_depth` receives on every QP.
+    pub fn post(ep: &Endpoint<'_>, p: &Params) -> Result<SendServer, String> {
+        for (q, qp) in ep.qps.iter().enumerate() {
+            for i in 0..p.rx_depth {
+                let sge = ep.mr.sge(ep.recv_offset(q), p.size as u32);
+                qp.post_recv(RecvWr { wr_id: ((q as u64) << 48) | i as u64, sgl: vec![sge] })
+                    .map_err(|e| format!("post_recv: {e:?}"))?;
+            }
+        }
+        Ok(SendServer(()))
+    }
+
+    /// Counts the client's messages, reposting each receive.
+    pub fn run(self, ep: &Endpoint<'_>, p: &Params) -> Result<BwResult, String> {
+        run_bw_send_server(ep, p)
+    }
+}
+
+fn run_bw_send_server(ep: &Endpoint<'_>, p: &Params) -> Result<BwResult, String> {
+    let nq = ep.qps.len();
+    let want = p.iters * nq as u64;
+    let mut got = 0u64;
+    let mut samples = Vec::new();
+    let idle = if p.duration.is_some() { Duration::from_secs(1) } else { Duration::from_secs(30) };
+    while p.duration.is_some() || got < want {
+        let Some(wc) = ep.rcq.wait(idle) else {
+            if p.duration.is_some() && got > 0 {
+                break;
+            }
+            return Err(format!("no message for {} s ({got} of {want} received)", idle.as_secs()));
+        };
+        if wc.status != WcStatus::Success {
+            return Err(format!("receive completion with error: {:?}", wc.status));
+        }
+        got += 1;
+        samples.push((Instant::now(), got));
+        let q = (wc.wr_id >> 48) as usize;
+        let sge = ep.mr.sge(ep.recv_offset(q), p.size as u32);
+        ep.qps[q].post_recv(RecvWr { wr_id: wc.wr_id, sgl: vec![sge] }).map_err(|e| format!("post_recv: {e:?}"))?;
+    }
+    // Rates count from the first message, which started the clock.
+    if let Some(first) = samples.first_mut() {
+        first.1 = 0;
+        for s in samples.iter_mut().skip(1) {
+            s.1 -= 1;
+        }
+    }
+    let mut r = bw_result(p.size, &samples);
+    r.iters = got;
+    Ok(r)
+}
+
+/// A latency result: one-way times (half round trips for the ping-pongs), µs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LatResult {
+    /// Message size.
+    pub size: usize,
+    /// Samples, µs, sorted.
+    pub usec: Vec<f64>,
+}
+
+impl LatResult {
+    fn pct(&self, q: f64) -> f64 {
+        if self.usec.is_empty() {
+            return 0.0;
+        }
+        let i = ((self.usec.len() as f64 - 1.0) * q).round() as usize;
+        self.usec[i.min(self.usec.len() - 1)]
+    }
+    /// Minimum.
+    pub fn min(&self) -> f64 {
+        self.pct(0.0)
+    }
+    /// Maximum.
+    pub fn max(&self) -> f64 {
+        self.pct(1.0)
+    }
+    /// Median (perftest's "typical").
+    pub fn typical(&self) -> f64 {
+        self.pct(0.5)
+    }
+    /// Percentile `q` in 0..=1.
+    pub fn percentile(&self, q: f64) -> f64 {
+        self.pct(q)
+    }
+    /// Mean.
+    pub fn avg(&self) -> f64 {
+        self.usec.iter().sum::<f64>() / self.usec.len().max(1) as f64
+    }
+    /// Standard deviation.
+    pub fn stdev(&self) -> f64 {
+        let m = self.avg();
+        (self.usec.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / self.usec.len().max(1) as f64).sqrt()
+    }
+}
+
+fn lat_result(size: usize, posted: &[Instant], halve: bool) -> LatResult {
+    let div = if halve { 2.0 } else { 1.0 };
+    let mut usec: Vec<f64> = posted.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / div).collect();
+    usec.sort_by(f64::total_cmp);
+    LatResult { size, usec }
+}
+
+/// Spins on `cond`, yielding the CPU between looks (the poll threads need it).
+fn spin_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
+    let start = Instant::now();
+    let mut n = 0u32;
+    while !cond() {
+        n = n.wrapping_add(1);
+        if n % 64 == 0 {
+            if start.elapsed() > limit {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+    true
+}
+
+/// The WRITE ping-pong (both sides run it; the server writes first, perftest's order):
+/// each side writes the iteration number into the last byte of its message and waits
+/// for the peer's.
+pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Result<LatResult, String> {
+    let size = p.size.max(1);
+    let poll_at = ep.recv_offset(0) + size - 1;
+    let mut posted = Vec::with_capacity(p.iters as usize);
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let mut byte = [0u8; 1];
+    while scnt < p.iters || rcnt < p.iters {
+        if rcnt < p.iters && !(scnt == 0 && server) {
+            rcnt += 1;
+            let want = rcnt as u8;
+            let seen = spin_until(|| ep.mr.read(poll_at, &mut byte) && byte[0] == want, Duration::from_secs(10));
+            if !seen {
+                return Err(format!("the peer's write {rcnt} did not arrive within 10 s"));
+            }
+        }
+        if scnt < p.iters {
+            posted.push(Instant::now());
+            scnt += 1;
+            ep.mr.write(size - 1, &[scnt as u8]);
+            ep.qps[0].post_send(work_request(Test::WriteLat, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
+            let wc = spin_poll(&ep.cq).ok_or("no WRITE completion within 10 s")?;
+            if wc.status != WcStatus::Success {
+                return Err(format!("WRITE completed with {:?}", wc.status));
+            }
+        }
+    }
+    Ok(lat_result(size, &posted, true))
+}
+
+fn post_lat_recv(ep: &Endpoint<'_>, size: usize, id: u64) -> Result<(), String> {
+    let sge = ep.mr.sge(ep.recv_offset(0), size as u32);
+    ep.qps[0].post_recv(RecvWr { wr_id: id, sgl: vec![sge] }).map_err(|e| format!("post_recv: {e:?}"))
+}
+
+/// The SEND ping-pong: the client sends first; each side answers every receive. Receives
+/// are posted ([`SendLat::post`]) before the handshake that starts the run.
+pub struct SendLat(());
+
+impl SendLat {
+    /// Posts the receives.
+    pub fn post(ep: &Endpoint<'_>, p: &Params) -> Result<SendLat, String> {
+        for i in 0..p.rx_depth.min(p.iters as usize + 1).max(1) {
+            post_lat_recv(ep, p.size, i as u64)?;
+        }
+        Ok(SendLat(()))
+    }
+
+    /// Runs the ping-pong.
+    pub fn run(self, ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Result<LatResult, String> {
+        run_lat_send(ep, rem, p, server)
+    }
+}
+
+fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Result<LatResult, String> {
+    let size = p.size;
+    let mut posted = Vec::with_capacity(p.iters as usize);
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    while scnt < p.iters || rcnt < p.iters {
+        if rcnt < p.iters && !(scnt == 0 && !server) {
+            let wc = spin_poll(&ep.rcq).ok_or("no SEND from the peer within 10 s")?;
+            if wc.status != WcStatus::Success {
+                return Err(format!("receive completed with {:?}", wc.status));
+            }
+            rcnt += 1;
+            post_lat_recv(ep, size, wc.wr_id)?;
+        }
+        if scnt < p.iters {
+            posted.push(Instant::now());
+            scnt += 1;
+            ep.qps[0].post_send(work_request(Test::SendLat, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
+            let wc = spin_poll(&ep.cq).ok_or("no SEND completion within 10 s")?;
+            if wc.status != WcStatus::Success {
+                return Err(format!("SEND completed with {:?}", wc.status));
+            }
+        }
+    }
+    Ok(lat_result(size, &posted, true))
+}
+
+/// READ latency: one READ at a time, each timed whole.
+pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResult, String> {
+    let mut posted = Vec::with_capacity(p.iters as usize + 1);
+    for i in 0..p.iters {
+        posted.push(Instant::now());
+        ep.qps[0].post_send(work_request(Test::ReadLat, ep, 0, rem, p.size, i)).map_err(|e| format!("{e:?}"))?;
+        let wc = spin_poll(&ep.cq).ok_or("no READ completion within 10 s")?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("READ completed with {:?}", wc.status));
+        }
+    }
+    posted.push(Instant::now());
+    Ok(lat_result(p.size, &posted, false))
+}
+
+/// One completion, spinning (with yields) for at most 10 s.
+fn spin_poll(cq: &CompletionQueue) -> Option<Wc> {
+    let mut wc = None;
+    spin_until(
+        || {
+            wc = cq.poll(1).pop();
+            wc.is_some()
+        },
+        Duration::from_secs(10),
+    );
+    wc
+}

@@ -1,0 +1,341 @@
+//! `softrdma demo`: two devices on this machine (127.0.0.1 and 127.0.0.2, no set-up, no
+//! privileges) run the perftest loops, next to plain UDP measured on the same path in the
+//! same run, so that every figure is also a ratio.
+
+use super::bench::{self, BwResult, Endpoint, LatResult, Params, Test};
+use crate::transport::udp::ROCE_PORT;
+use crate::verbs::{Context, Mtu, OpenConfig};
+use serde_json::json;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct DemoArgs {
+    /// Also run this many QPs on one device (0: skip).
+    pub qps: usize,
+    /// Seconds per bandwidth row (roughly).
+    pub seconds: f64,
+    /// JSON instead of the table.
+    pub json: bool,
+}
+
+const A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+/// Opens the two devices: on port 4791 when it is free, else on free ports.
+fn open_pair() -> std::io::Result<(Context, Context)> {
+    let open = |ip: Ipv4Addr, port: u16| {
+        let mut c = OpenConfig::new(IpAddr::V4(ip));
+        c.port = port;
+        Context::open(c)
+    };
+    match (open(A, ROCE_PORT), open(B, ROCE_PORT)) {
+        (Ok(a), Ok(b)) => Ok((a, b)),
+        _ => {
+            let (a, b) = (open(A, 0)?, open(B, 0)?);
+            a.set_peer_port(b.ip(), b.port());
+            b.set_peer_port(a.ip(), a.port());
+            Ok((a, b))
+        }
+    }
+}
+
+/// Plain UDP on the same path: one thread sends `size`-byte datagrams in batches, another
+/// receives; bytes per second at the receiver.
+pub fn udp_bandwidth(size: usize, secs: f64) -> std::io::Result<f64> {
+    let rx = UdpSocket::bind((B, 0))?;
+    let tx = UdpSocket::bind((A, 0))?;
+    let to = rx.local_addr()?;
+    rx.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            let buf = vec![0x5au8; size];
+            let batch: Vec<(SocketAddr, &[u8])> = (0..32).map(|_| (to, &buf[..])).collect();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = crate::transport::send_batch(&tx, &batch);
+            }
+        });
+        let mut got = 0u64;
+        let mut batch = crate::transport::RecvBatch::new(32, size + 64);
+        let start = Instant::now();
+        let mut first: Option<Instant> = None;
+        while start.elapsed().as_secs_f64() < secs {
+            let _ = crate::transport::wait_readable(
+                &[std::os::fd::AsRawFd::as_raw_fd(&rx)],
+                Some(Duration::from_millis(50)),
+            );
+            let n = batch.recv(std::os::fd::AsRawFd::as_raw_fd(&rx)).unwrap_or(0);
+            if n > 0 && first.is_none() {
+                first = Some(Instant::now());
+                continue;
+            }
+            got += batch.meta.iter().map(|m| m.0 as u64).sum::<u64>();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = sender.join();
+        let secs = first.map_or(1.0, |f| f.elapsed().as_secs_f64());
+        Ok(got as f64 / secs)
+    })
+}
+
+/// Plain UDP ping-pong of `size` bytes between two threads: one-way time (half the round
+/// trip), µs, as perftest reports latency.
+pub fn udp_latency(size: usize, iters: usize) -> std::io::Result<LatResult> {
+    let a = UdpSocket::bind((A, 0))?;
+    let b = UdpSocket::bind((B, 0))?;
+    let (to_a, to_b) = (a.local_addr()?, b.local_addr()?);
+    for s in [&a, &b] {
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = vec![0u8; size.max(1)];
+            for _ in 0..iters {
+                if b.recv(&mut buf).is_err() {
+                    return;
+                }
+                let _ = b.send_to(&buf[..size], to_a);
+            }
+        });
+        let mut buf = vec![0u8; size.max(1)];
+        let mut posted = Vec::with_capacity(iters + 1);
+        for _ in 0..iters {
+            posted.push(Instant::now());
+            a.send_to(&buf[..size], to_b)?;
+            a.recv(&mut buf)?;
+        }
+        posted.push(Instant::now());
+        let mut usec: Vec<f64> =
+            posted.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / 2.0).collect();
+        usec.sort_by(f64::total_cmp);
+        Ok(LatResult { size, usec })
+    })
+}
+
+/// Connects `qps` QPs of endpoint `x` to those of `y`, in both directions.
+fn connect(x: &Endpoint<'_>, y: &Endpoint<'_>, mtu: Mtu) -> Result<(), String> {
+    let (dx, dy) = (x.dests(0), y.dests(0));
+    x.connect(&dy, mtu).map_err(|e| format!("{e:?}"))?;
+    y.connect(&dx, mtu).map_err(|e| format!("{e:?}"))
+}
+
+/// Iterations that take about `secs` at `bytes_per_s`.
+fn iters_for(size: usize, secs: f64, guess_bytes_per_s: f64) -> u64 {
+    ((guess_bytes_per_s * secs / size as f64) as u64).clamp(200, 2_000_000)
+}
+
+/// One bandwidth row between the two devices.
+fn rdma_bw(a: &Context, b: &Context, test: Test, size: usize, qps: usize, secs: f64) -> Result<BwResult, String> {
+    let mut p = Params::defaults(test);
+    p.size = size;
+    p.qps = qps;
+    p.iters = iters_for(size, secs / qps as f64, 3e8);
+    let (x, y) =
+        (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
+    connect(&x, &y, p.mtu)?;
+    if test == Test::SendBw {
+        let server = bench::SendServer::post(&y, &p)?;
+        return std::thread::scope(|s| {
+            let h = s.spawn(|| server.run(&y, &p));
+            let c = bench::run_bw_client(&x, &y.dests(0), &p);
+            let srv = h.join().map_err(|_| "server thread panicked".to_string())?;
+            c.and(srv)
+        });
+    }
+    bench::run_bw_client(&x, &y.dests(0), &p)
+}
+
+/// One latency row between the two devices.
+fn rdma_lat(a: &Context, b: &Context, test: Test, size: usize, iters: u64) -> Result<LatResult, String> {
+    let mut p = Params::defaults(test);
+    p.size = size;
+    p.iters = iters;
+    let (x, y) =
+        (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
+    connect(&x, &y, p.mtu)?;
+    let (dx, dy) = (x.dests(0), y.dests(0));
+    match test {
+        Test::ReadLat => bench::run_lat_read(&x, &dy[0], &p),
+        Test::WriteLat => std::thread::scope(|s| {
+            let h = s.spawn(|| bench::run_lat_write(&y, &dx[0], &p, true));
+            let c = bench::run_lat_write(&x, &dy[0], &p, false);
+            h.join().map_err(|_| "peer thread panicked".to_string())?.and(c)
+        }),
+        _ => {
+            let (px, py) = (bench::SendLat::post(&x, &p)?, bench::SendLat::post(&y, &p)?);
+            std::thread::scope(|s| {
+                let h = s.spawn(|| py.run(&y, &dx[0], &p, true));
+                let c = px.run(&x, &dy[0], &p, false);
+                h.join().map_err(|_| "peer thread panicked".to_string())?.and(c)
+            })
+        }
+    }
+}
+
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Memory per idle connected QP: RSS growth over `n` QPs on each device, connected to each
+/// other, with no registered memory.
+fn idle_qp_bytes(a: &Context, b: &Context, n: usize) -> Result<f64, String> {
+    let before = rss_bytes().ok_or("cannot read /proc/self/statm")?;
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(16), b.create_cq(16));
+    let caps = crate::verbs::QpCaps::default();
+    let mut keep = Vec::with_capacity(2 * n);
+    for _ in 0..n {
+        let qa = a.create_qp(&pa, &ca, &ca, crate::verbs::QpType::Rc, caps, None).map_err(|e| format!("{e:?}"))?;
+        let qb = b.create_qp(&pb, &cb, &cb, crate::verbs::QpType::Rc, caps, None).map_err(|e| format!("{e:?}"))?;
+        let (ga, gb) = (a.gid(0).unwrap_or_default(), b.gid(0).unwrap_or_default());
+        qa.connect_rc(gb, qb.qp_num(), 1, 2, Mtu::M4096).map_err(|e| format!("{e:?}"))?;
+        qb.connect_rc(ga, qa.qp_num(), 2, 1, Mtu::M4096).map_err(|e| format!("{e:?}"))?;
+        keep.push(qa);
+        keep.push(qb);
+    }
+    let after = rss_bytes().ok_or("cannot read /proc/self/statm")?;
+    Ok(after.saturating_sub(before) as f64 / (2 * n) as f64)
+}
+
+struct Row {
+    test: &'static str,
+    size: usize,
+    iters: u64,
+    value: f64,
+    baseline: f64,
+}
+
+/// Runs the demo and prints its table.
+pub fn run(args: &DemoArgs) -> Result<(), String> {
+    let (a, b) = open_pair().map_err(|e| format!("cannot open the two devices on 127.0.0.1/127.0.0.2: {e}"))?;
+    let datagram = 4096 + 16; // a middle WRITE packet at MTU 4096: BTH, payload, ICRC
+    let udp_bw = udp_bandwidth(datagram, args.seconds).map_err(|e| format!("UDP baseline: {e}"))?;
+    let udp_lat = udp_latency(8, 20_000).map_err(|e| format!("UDP baseline: {e}"))?;
+    let mut bw_rows = Vec::new();
+    for (test, name) in [(Test::WriteBw, "write_bw"), (Test::ReadBw, "read_bw"), (Test::SendBw, "send_bw")] {
+        for size in [4096, 65536, 1 << 20] {
+            let r = rdma_bw(&a, &b, test, size, 1, args.seconds)?;
+            bw_rows.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: udp_bw });
+        }
+    }
+    let mut lat_rows = Vec::new();
+    for (test, name) in [(Test::WriteLat, "write_lat"), (Test::ReadLat, "read_lat"), (Test::SendLat, "send_lat")] {
+        for size in [8, 4096] {
+            let r = rdma_lat(&a, &b, test, size, 5000)?;
+            lat_rows.push((
+                Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: udp_lat.typical() },
+                r,
+            ));
+        }
+    }
+    let scale = if args.qps > 0 { Some(scale_rows(&a, &b, args)?) } else { None };
+    let stats = [a.stats(), b.stats()];
+    if args.json {
+        let bw: Vec<_> = bw_rows
+            .iter()
+            .map(|r| {
+                json!({"test": r.test, "bytes": r.size, "iterations": r.iters,
+            "bw_avg_bytes_per_s": r.value, "udp_bytes_per_s": r.baseline, "ratio": r.value / r.baseline})
+            })
+            .collect();
+        let lat: Vec<_> = lat_rows
+            .iter()
+            .map(|(r, l)| {
+                json!({"test": r.test, "result": super::perf::lat_json(l),
+            "udp_t_typical_us": r.baseline, "ratio": r.value / r.baseline})
+            })
+            .collect();
+        let scale = scale.map(
+            |s| json!({"qps": args.qps, "idle_qp_bytes": s.0, "one_qp_bytes_per_s": s.1, "all_qps_bytes_per_s": s.2}),
+        );
+        let doc = json!({"udp_bytes_per_s": udp_bw, "udp_t_typical_us": udp_lat.typical(), "bandwidth": bw, "latency": lat,
+            "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
+            "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad});
+        println!("{doc}");
+        return Ok(());
+    }
+    print_table(&a, udp_bw, &udp_lat, datagram, &bw_rows, &lat_rows);
+    if let Some((idle, one, all)) = scale {
+        println!(
+            " {} QPs on one device: {:.2} KiB per idle connected QP (registered memory excluded)",
+            args.qps,
+            idle / 1024.0
+        );
+        println!(
+            " write_bw 65536 over {} QPs: {:.2} MB/sec, {:.2}x one QP ({:.2} MB/sec)",
+            args.qps,
+            all / 1e6 * 1e6 / f64::from(1 << 20),
+            all / one,
+            one / f64::from(1 << 20)
+        );
+        println!("{}", "-".repeat(87));
+    }
+    let (s0, s1) = (&stats[0], &stats[1]);
+    println!(
+        " datagrams: {} sent, {} received, {} bad ICRC; retransmission timeouts {}, sequence NAKs {}, RNR NAKs {}",
+        s0.tx_datagrams + s1.tx_datagrams,
+        s0.rx_datagrams + s1.rx_datagrams,
+        s0.rx_icrc_bad + s1.rx_icrc_bad,
+        s0.engine.retransmit_timeouts + s1.engine.retransmit_timeouts,
+        s0.engine.seq_naks_sent + s1.engine.seq_naks_sent,
+        s0.engine.rnr_naks_sent + s1.engine.rnr_naks_sent
+    );
+    Ok(())
+}
+
+/// Memory per idle QP, then WRITE bandwidth over one QP and over `args.qps`.
+fn scale_rows(a: &Context, b: &Context, args: &DemoArgs) -> Result<(f64, f64, f64), String> {
+    let idle = idle_qp_bytes(a, b, args.qps)?;
+    let one = rdma_bw(a, b, Test::WriteBw, 65536, 1, args.seconds)?.avg_bytes_per_s;
+    let mut p = Params::defaults(Test::WriteBw);
+    p.qps = args.qps;
+    p.tx_depth = 2;
+    p.cq_mod = 1;
+    p.iters = iters_for(65536, args.seconds, one).div_ceil(args.qps as u64).max(4);
+    let (x, y) =
+        (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
+    connect(&x, &y, p.mtu)?;
+    let all = bench::run_bw_client(&x, &y.dests(0), &p)?.avg_bytes_per_s;
+    Ok((idle, one, all))
+}
+
+fn print_table(a: &Context, udp_bw: f64, udp_lat: &LatResult, datagram: usize, bw: &[Row], lat: &[(Row, LatResult)]) {
+    let line = "-".repeat(87);
+    let mb = |x: f64| x / f64::from(1 << 20);
+    println!("{line}");
+    println!(" softrdma demo: RoCEv2 between two devices on 127.0.0.1 and 127.0.0.2, UDP port {}, MTU 4096", a.port());
+    println!(" baseline, plain UDP on the same path, measured in this run:");
+    println!("   {datagram}-byte datagrams, one stream: {:.2} MB/sec", mb(udp_bw));
+    println!("   8-byte ping-pong: {:.2} usec one-way (half the round trip, typical)", udp_lat.typical());
+    println!("{line}");
+    println!(" test        #bytes     #iterations    BW average[MB/sec]    of UDP");
+    for r in bw {
+        println!(
+            " {:<10}  {:<9}  {:<13}  {:<20.2}  {:>5.2}",
+            r.test,
+            r.size,
+            r.iters,
+            mb(r.value),
+            r.value / r.baseline
+        );
+    }
+    println!("{line}");
+    println!(" test        #bytes     #iterations    t_typical[usec]   t_avg[usec]   99% [usec]   x UDP");
+    for (r, l) in lat {
+        println!(
+            " {:<10}  {:<9}  {:<13}  {:<16.2}  {:<12.2}  {:<11.2}  {:>5.2}",
+            r.test,
+            r.size,
+            r.iters,
+            l.typical(),
+            l.avg(),
+            l.percentile(0.99),
+            r.value / r.baseline
+        );
+    }
+    println!("{line}");
+}

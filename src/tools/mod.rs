@@ -1,0 +1,6 @@
+//! The command-line tools: perftest-style benchmarks, ibv_rc_pingpong, and the demo.
+
+pub mod bench;
+pub mod demo;
+pub mod oob;
+pub mod perf;

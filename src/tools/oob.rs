@@ -1,0 +1,309 @@
+//! perftest's out-of-band exchange over TCP, byte for byte as perftest 6.06 (Debian 12)
+//! speaks it, so that a softrdma tool and `ib_write_bw` & co. can face each other.
+//!
+//! Order on the socket (the client writes first in every exchange, the server reads first):
+//! version string (16 bytes, NUL padded), then for peers of version 5.32 and later the page
+//! and cache line sizes (4-byte big-endian each), then the path MTU as the `ibv_mtu` enum in
+//! decimal (2 bytes for 5.31 and later), then "handshakes": each a 108-byte key message
+//! `lid:out_reads:qpn:psn:rkey:vaddr:gid bytes…:srqn:` with a NUL. Bandwidth reports go as
+//! big-endian u64 size and iterations and three big-endian doubles. "done" ends it.
+
+use crate::engine::verbs::{Gid, Mtu};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// perftest's default port.
+pub const DEFAULT_PORT: u16 = 18515;
+/// The version softrdma announces: Debian 12's perftest.
+pub const VERSION: &str = "6.06";
+const VERSION_LEN: usize = 16;
+const KEY_MSG_LEN: usize = 108;
+/// The oldest perftest that speaks this exchange (perftest refuses older ones too).
+const OLDEST_VERSION: f64 = 5.70;
+
+/// How long a silent peer is waited for before the exchange fails.
+const PEER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An out-of-band failure, said plainly.
+#[derive(Debug)]
+pub enum OobError {
+    /// The socket failed or the peer left.
+    Io(io::Error),
+    /// The peer sent something that is not perftest's exchange.
+    Protocol(String),
+}
+
+impl fmt::Display for OobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OobError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                f.write_str("the peer closed the out-of-band connection")
+            }
+            OobError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                write!(f, "the peer said nothing for {} s", PEER_TIMEOUT.as_secs())
+            }
+            OobError::Io(e) => write!(f, "out-of-band connection: {e}"),
+            OobError::Protocol(s) => write!(f, "out-of-band exchange: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for OobError {}
+
+impl From<io::Error> for OobError {
+    fn from(e: io::Error) -> Self {
+        OobError::Io(e)
+    }
+}
+
+/// One QP's connection data (perftest's `struct pingpong_dest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// Outstanding READs/atomics the sender allows.
+    pub out_reads: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// The PSN the sender starts with.
+    pub psn: u32,
+    /// rkey of the sender's buffer.
+    pub rkey: u32,
+    /// Address of the sender's receive area.
+    pub vaddr: u64,
+    /// The sender's GID.
+    pub gid: Gid,
+    /// SRQ number (XRC only; 0).
+    pub srqn: u32,
+}
+
+impl Dest {
+    /// The 108-byte key message.
+    pub fn to_msg(&self) -> [u8; KEY_MSG_LEN] {
+        let mut s = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid, self.out_reads, self.qpn, self.psn, self.rkey, self.vaddr
+        );
+        for b in self.gid {
+            s.push_str(&format!("{b:02x}:"));
+        }
+        s.push_str(&format!("{:08x}:", self.srqn));
+        let mut out = [0u8; KEY_MSG_LEN];
+        let n = s.len().min(KEY_MSG_LEN - 1);
+        out[..n].copy_from_slice(&s.as_bytes()[..n]);
+        out
+    }
+
+    /// Parses a key message.
+    pub fn parse(msg: &[u8]) -> Result<Dest, OobError> {
+        let text = msg.split(|&b| b == 0).next().unwrap_or(&[]);
+        let text = std::str::from_utf8(text).map_err(|_| bad_keys(msg))?;
+        let fields: Vec<&str> = text.split(':').collect();
+        if fields.len() < 23 {
+            return Err(bad_keys(msg));
+        }
+        let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|_| bad_keys(msg));
+        let mut gid = [0u8; 16];
+        for (i, g) in gid.iter_mut().enumerate() {
+            *g = hex(fields[6 + i])? as u8;
+        }
+        Ok(Dest {
+            lid: hex(fields[0])? as u16,
+            out_reads: hex(fields[1])? as u16,
+            qpn: hex(fields[2])? as u32 & 0xff_ffff,
+            psn: hex(fields[3])? as u32 & 0xff_ffff,
+            rkey: hex(fields[4])? as u32,
+            vaddr: hex(fields[5])?,
+            gid,
+            srqn: hex(fields[22])? as u32,
+        })
+    }
+}
+
+fn bad_keys(msg: &[u8]) -> OobError {
+    OobError::Protocol(format!("not a perftest key message: {:?}", String::from_utf8_lossy(msg)))
+}
+
+/// A bandwidth report as perftest exchanges it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BwReport {
+    /// Message size, bytes.
+    pub size: u64,
+    /// Iterations.
+    pub iters: u64,
+    /// Peak bandwidth (perftest's unit: MB/s or Gb/s as the run reports).
+    pub bw_peak: f64,
+    /// Average bandwidth.
+    pub bw_avg: f64,
+    /// Messages per second, millions.
+    pub msg_rate: f64,
+}
+
+/// The ibv_mtu enum value of an MTU (IB_MTU_256 = 1 … IB_MTU_4096 = 5).
+pub fn mtu_enum(m: Mtu) -> u8 {
+    match m {
+        Mtu::M256 => 1,
+        Mtu::M512 => 2,
+        Mtu::M1024 => 3,
+        Mtu::M2048 => 4,
+        Mtu::M4096 => 5,
+    }
+}
+
+/// The MTU of an ibv_mtu enum value.
+pub fn mtu_from_enum(v: u8) -> Option<Mtu> {
+    [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].get(usize::from(v).wrapping_sub(1)).copied()
+}
+
+/// One side of perftest's out-of-band connection.
+pub struct Oob {
+    stream: TcpStream,
+    client: bool,
+    /// The peer's perftest version.
+    pub peer_version: f64,
+}
+
+impl Oob {
+    /// The server side: waits for one client on `port` (all addresses).
+    pub fn accept(port: u16) -> Result<Oob, OobError> {
+        let listener = TcpListener::bind(("0.0.0.0", port))?;
+        let (stream, _) = listener.accept()?;
+        Oob::new(stream, false)
+    }
+
+    /// The client side.
+    pub fn connect(server: &str, port: u16) -> Result<Oob, OobError> {
+        let addr = (server, port)
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| OobError::Protocol(format!("{server}: no address")))?;
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+        Oob::new(stream, true)
+    }
+
+    fn new(stream: TcpStream, client: bool) -> Result<Oob, OobError> {
+        stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+        stream.set_nodelay(true)?;
+        Ok(Oob { stream, client, peer_version: 0.0 })
+    }
+
+    /// The local address of the TCP connection: the one to run RDMA from.
+    pub fn local_ip(&self) -> io::Result<std::net::IpAddr> {
+        Ok(self.stream.local_addr()?.ip())
+    }
+
+    /// perftest's `ctx_xchg_data`: the client writes then reads, the server the reverse.
+    fn exchange(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), OobError> {
+        if self.client {
+            self.stream.write_all(mine)?;
+            self.stream.read_exact(theirs)?;
+        } else {
+            self.stream.read_exact(theirs)?;
+            self.stream.write_all(mine)?;
+        }
+        Ok(())
+    }
+
+    /// Versions, system data and MTU; returns the MTU both sides use.
+    pub fn preamble(&mut self, mtu: Mtu) -> Result<Mtu, OobError> {
+        let mut mine = [0u8; VERSION_LEN];
+        mine[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let mut theirs = [0u8; VERSION_LEN];
+        self.exchange(&mine, &mut theirs)?;
+        let text = theirs.split(|&b| b == 0).next().unwrap_or(&[]);
+        let version = std::str::from_utf8(text).ok().and_then(|s| s.trim().parse::<f64>().ok());
+        self.peer_version = match version {
+            Some(v) if v >= OLDEST_VERSION => v,
+            Some(v) => return Err(OobError::Protocol(format!("peer perftest version {v} is older than 5.70"))),
+            None => {
+                let got = String::from_utf8_lossy(&theirs);
+                return Err(OobError::Protocol(format!("not a perftest peer (version field {got:?})")));
+            }
+        };
+        // Page size and cache line size: both sides keep the larger.
+        for mine in [4096u32, 64] {
+            let mut theirs = [0u8; 4];
+            self.exchange(&mine.to_be_bytes(), &mut theirs)?;
+        }
+        let mine = [b'0' + mtu_enum(mtu), 0];
+        let mut theirs = [0u8; 2];
+        self.exchange(&mine, &mut theirs)?;
+        let peer = theirs[0].checked_sub(b'0').and_then(mtu_from_enum);
+        Ok(match peer {
+            Some(p) if p.bytes() < mtu.bytes() => p,
+            _ => mtu,
+        })
+    }
+
+    /// One handshake: our key message for theirs.
+    pub fn handshake(&mut self, mine: &Dest) -> Result<Dest, OobError> {
+        let mut theirs = [0u8; KEY_MSG_LEN];
+        self.exchange(&mine.to_msg(), &mut theirs)?;
+        Dest::parse(&theirs)
+    }
+
+    /// perftest's `xchg_bw_reports`.
+    pub fn exchange_reports(&mut self, mine: &BwReport) -> Result<BwReport, OobError> {
+        let mut r = BwReport::default();
+        let mut b8 = [0u8; 8];
+        self.exchange(&mine.size.to_be_bytes(), &mut b8)?;
+        r.size = u64::from_be_bytes(b8);
+        self.exchange(&mine.iters.to_be_bytes(), &mut b8)?;
+        r.iters = u64::from_be_bytes(b8);
+        for (m, t) in [(mine.bw_peak, &mut r.bw_peak), (mine.bw_avg, &mut r.bw_avg), (mine.msg_rate, &mut r.msg_rate)] {
+            self.exchange(&m.to_bits().to_be_bytes(), &mut b8)?;
+            *t = f64::from_bits(u64::from_be_bytes(b8));
+        }
+        Ok(r)
+    }
+
+    /// perftest's `ctx_close_connection`: a last handshake, then "done".
+    pub fn close(&mut self, mine: &Dest) -> Result<(), OobError> {
+        self.handshake(mine)?;
+        self.stream.write_all(b"done\0")?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_message_matches_perftests_format() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[10, 77, 0, 2]);
+        let d = Dest {
+            lid: 0,
+            out_reads: 16,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            rkey: 0x1234,
+            vaddr: 0x5555_0000_1000,
+            gid,
+            srqn: 0,
+        };
+        let msg = d.to_msg();
+        let text = std::str::from_utf8(&msg[..107]).unwrap();
+        assert_eq!(
+            text,
+            "0000:0010:000011:abcdef:00001234:0000555500001000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:4d:00:02:00000000:"
+        );
+        assert_eq!(msg[107], 0);
+        assert_eq!(Dest::parse(&msg).unwrap(), d);
+        assert!(Dest::parse(b"garbage").is_err());
+    }
+
+    #[test]
+    fn mtu_enum_round_trips() {
+        for m in [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096] {
+            assert_eq!(mtu_from_enum(mtu_enum(m)), Some(m));
+        }
+        assert_eq!(mtu_from_enum(0), None);
+        assert_eq!(mtu_from_enum(6), None);
+    }
+}

@@ -1,0 +1,316 @@
+//! The perftest-compatible tools: `softrdma write-bw | read-bw | send-bw | atomic-bw |
+//! write-lat | read-lat | send-lat`. A server (no address) waits for a client on TCP port
+//! 18515, both open a device on the address of that TCP connection, exchange keys the way
+//! perftest 6.06 does (same number of handshakes at the same points) and run the test.
+
+use super::bench::{self, BwResult, Endpoint, LatResult, Params, Test};
+use super::oob::{BwReport, Dest, Oob};
+use crate::verbs::{Context, OpenConfig};
+use serde_json::json;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// What the command line chose.
+#[derive(Debug, Clone)]
+pub struct ToolArgs {
+    /// The test and its sizes.
+    pub params: Params,
+    /// Server address (client mode); `None`: server mode.
+    pub server: Option<String>,
+    /// TCP port of the out-of-band exchange.
+    pub port: u16,
+    /// Local GID index.
+    pub gid_index: u8,
+    /// Run every size from 2 to 8 MiB.
+    pub all_sizes: bool,
+    /// Report Gb/s instead of MB/s.
+    pub report_gbits: bool,
+    /// JSON on stdout instead of the table.
+    pub json: bool,
+    /// Local address (default: the one the TCP connection uses).
+    pub bind: Option<IpAddr>,
+    /// Capture file.
+    pub pcap: Option<PathBuf>,
+}
+
+/// Sizes of a run: 2^1..=2^23 with `-a` (perftest's range), else the one size.
+fn sizes(a: &ToolArgs) -> Vec<usize> {
+    if a.all_sizes {
+        let top = if a.params.test == Test::AtomicBw { 3 } else { 23 };
+        (if a.params.test == Test::AtomicBw { 3 } else { 1 }..=top).map(|i| 1usize << i).collect()
+    } else {
+        vec![a.params.size]
+    }
+}
+
+/// Runs a tool; the error is what to print before exiting 1.
+pub fn run(a: &ToolArgs) -> Result<(), String> {
+    let client = a.server.is_some();
+    if !client && !a.json {
+        println!("\n************************************\n* Waiting for client to connect... *\n************************************");
+    }
+    let mut oob = match &a.server {
+        Some(s) => Oob::connect(s, a.port),
+        None => Oob::accept(a.port),
+    }
+    .map_err(|e| e.to_string())?;
+    let mtu = oob.preamble(a.params.mtu).map_err(|e| e.to_string())?;
+    let local = match a.bind {
+        Some(ip) => ip,
+        None => oob.local_ip().map_err(|e| e.to_string())?,
+    };
+    let mut cfg = OpenConfig::new(local);
+    cfg.pcap = a.pcap.clone();
+    let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
+    let mut p = a.params.clone();
+    p.mtu = mtu;
+    p.max_size = sizes(a).into_iter().max().unwrap_or(p.size);
+    let ep = Endpoint::new(&ctx, &p).map_err(|e| format!("{e:?}"))?;
+    if a.gid_index != 0 && ctx.gid(a.gid_index).is_none() {
+        return Err(format!("GID index {} does not exist (this device has GID 0 only)", a.gid_index));
+    }
+    let mine = ep.dests(a.gid_index);
+    let theirs = connect(&mut oob, &ep, &mine, &p).map_err(|e| e.to_string())?;
+    if !a.json {
+        print_header(&p, &mine, &theirs, client);
+    }
+    let out = match p.test {
+        Test::WriteBw | Test::ReadBw | Test::AtomicBw => rdma_bw(a, &p, &mut oob, &ep, &mine, &theirs),
+        Test::SendBw => send_bw(a, &p, &mut oob, &ep, &mine, &theirs),
+        Test::WriteLat | Test::SendLat | Test::ReadLat => latency(a, &p, &mut oob, &ep, &mine, &theirs),
+    };
+    let results = out?;
+    if a.json {
+        println!("{}", json!({ "test": p.test.name(), "mtu": mtu.bytes(), "results": results }));
+    }
+    Ok(())
+}
+
+/// The handshakes up to the data phase; returns the peer's keys.
+fn connect(
+    oob: &mut Oob,
+    ep: &Endpoint<'_>,
+    mine: &[Dest],
+    p: &Params,
+) -> Result<Vec<Dest>, Box<dyn std::error::Error>> {
+    // write_lat and read_lat shake hands once more before the per-QP keys.
+    if matches!(p.test, Test::WriteLat | Test::ReadLat) {
+        oob.handshake(&mine[0])?;
+    }
+    let mut theirs = Vec::new();
+    for d in mine {
+        theirs.push(oob.handshake(d)?);
+    }
+    ep.connect(&theirs, p.mtu).map_err(|e| format!("connecting the QPs: {e:?}"))?;
+    for d in mine {
+        oob.handshake(d)?;
+    }
+    oob.handshake(&mine[0])?;
+    Ok(theirs)
+}
+
+fn print_header(p: &Params, mine: &[Dest], theirs: &[Dest], client: bool) {
+    let line = "-".repeat(87);
+    println!("{line}\n                    {} Test", p.test.name());
+    println!(" Number of qps   : {}\t\tTransport type : IB", p.qps);
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" Mtu             : {}[B]", p.mtu.bytes());
+    println!(" Link type       : Ethernet (softrdma over UDP)");
+    println!(" Role            : {}", if client { "client" } else { "server" });
+    println!("{line}");
+    for (side, ds) in [("local", mine), ("remote", theirs)] {
+        for d in ds {
+            let gid: Vec<String> = d.gid.iter().map(|b| format!("{b:02x}")).collect();
+            println!(
+                " {side} address: LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}\n GID: {}",
+                d.lid,
+                d.qpn,
+                d.psn,
+                d.rkey,
+                d.vaddr,
+                gid.join(":")
+            );
+        }
+    }
+}
+
+fn bw_table_header(gbits: bool) {
+    let unit = if gbits { "Gb/sec" } else { "MB/sec" };
+    println!("{}", "-".repeat(87));
+    println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
+}
+
+fn bw_units(bytes_per_s: f64, gbits: bool) -> f64 {
+    if gbits {
+        bytes_per_s * 8.0 / 1e9
+    } else {
+        bytes_per_s / f64::from(1 << 20)
+    }
+}
+
+fn bw_row(r: &BwResult, gbits: bool) {
+    println!(
+        " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
+        r.size,
+        r.iters,
+        bw_units(r.peak_bytes_per_s, gbits),
+        bw_units(r.avg_bytes_per_s, gbits),
+        r.msg_per_s / 1e6
+    );
+}
+
+fn bw_json(r: &BwResult) -> serde_json::Value {
+    json!({
+        "bytes": r.size, "iterations": r.iters,
+        "bw_peak_bytes_per_s": r.peak_bytes_per_s, "bw_avg_bytes_per_s": r.avg_bytes_per_s,
+        "msg_rate_per_s": r.msg_per_s,
+    })
+}
+
+fn report_of(r: &BwResult, gbits: bool) -> BwReport {
+    BwReport {
+        size: r.size as u64,
+        iters: r.iters,
+        bw_peak: bw_units(r.peak_bytes_per_s, gbits),
+        bw_avg: bw_units(r.avg_bytes_per_s, gbits),
+        msg_rate: r.msg_per_s / 1e6,
+    }
+}
+
+type Results = Result<Vec<serde_json::Value>, String>;
+
+/// WRITE, READ and atomic bandwidth: the client works, the server waits for its report.
+fn rdma_bw(a: &ToolArgs, p: &Params, oob: &mut Oob, ep: &Endpoint<'_>, mine: &[Dest], theirs: &[Dest]) -> Results {
+    let e = |e: super::oob::OobError| e.to_string();
+    let mut out = Vec::new();
+    if !a.json {
+        bw_table_header(a.report_gbits);
+    }
+    if a.server.is_none() {
+        oob.handshake(&mine[0]).map_err(e)?;
+        let r = oob.exchange_reports(&BwReport::default()).map_err(e)?;
+        if !a.json {
+            println!(
+                " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
+                r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate
+            );
+            println!("{}", "-".repeat(87));
+        }
+        return oob.close(&mine[0]).map(|_| out).map_err(e);
+    }
+    let mut last = BwResult::default();
+    for size in sizes(a) {
+        let run = Params { size, ..p.clone() };
+        last = bench::run_bw_client(ep, theirs, &run)?;
+        if a.json {
+            out.push(bw_json(&last));
+        } else {
+            bw_row(&last, a.report_gbits);
+        }
+    }
+    if !a.json {
+        println!("{}", "-".repeat(87));
+    }
+    oob.handshake(&mine[0]).map_err(e)?;
+    oob.exchange_reports(&report_of(&last, a.report_gbits)).map_err(e)?;
+    oob.close(&mine[0]).map_err(e)?;
+    Ok(out)
+}
+
+/// SEND bandwidth: the server posts receives and counts; both print their own figures.
+fn send_bw(a: &ToolArgs, p: &Params, oob: &mut Oob, ep: &Endpoint<'_>, mine: &[Dest], theirs: &[Dest]) -> Results {
+    let e = |e: super::oob::OobError| e.to_string();
+    let mut out = Vec::new();
+    if !a.json {
+        bw_table_header(a.report_gbits);
+    }
+    let all = sizes(a);
+    for (i, &size) in all.iter().enumerate() {
+        let run = Params { size, ..p.clone() };
+        let r = if a.server.is_some() {
+            oob.handshake(&mine[0]).map_err(e)?;
+            bench::run_bw_client(ep, theirs, &run)?
+        } else {
+            let server = bench::SendServer::post(ep, &run)?;
+            oob.handshake(&mine[0]).map_err(e)?;
+            server.run(ep, &run)?
+        };
+        if a.json {
+            out.push(bw_json(&r));
+        } else {
+            bw_row(&r, a.report_gbits);
+        }
+        if a.all_sizes && i + 1 < all.len() {
+            oob.handshake(&mine[0]).map_err(e)?;
+        }
+    }
+    if !a.json {
+        println!("{}", "-".repeat(87));
+    }
+    oob.close(&mine[0]).map_err(e)?;
+    Ok(out)
+}
+
+fn lat_row(r: &LatResult) {
+    println!(
+        " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
+        r.size,
+        r.usec.len(),
+        r.min(),
+        r.max(),
+        r.typical(),
+        r.avg(),
+        r.stdev(),
+        r.percentile(0.99),
+        r.percentile(0.999)
+    );
+}
+
+/// The latency figures of a run as JSON.
+pub fn lat_json(r: &LatResult) -> serde_json::Value {
+    json!({
+        "bytes": r.size, "iterations": r.usec.len(),
+        "t_min_us": r.min(), "t_max_us": r.max(), "t_typical_us": r.typical(), "t_avg_us": r.avg(),
+        "t_stdev_us": r.stdev(), "t_p99_us": r.percentile(0.99), "t_p999_us": r.percentile(0.999),
+    })
+}
+
+/// The three latency tests.
+fn latency(a: &ToolArgs, p: &Params, oob: &mut Oob, ep: &Endpoint<'_>, mine: &[Dest], theirs: &[Dest]) -> Results {
+    let e = |e: super::oob::OobError| e.to_string();
+    let server = a.server.is_none();
+    if p.test == Test::ReadLat && server {
+        // The READ target stays registered until the client says it is done.
+        oob.close(&mine[0]).map_err(e)?;
+        return Ok(Vec::new());
+    }
+    if !a.json {
+        println!("{}", "-".repeat(87));
+        println!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ");
+    }
+    let mut out = Vec::new();
+    for size in sizes(a) {
+        let run = Params { size, ..p.clone() };
+        let r = match p.test {
+            Test::WriteLat => bench::run_lat_write(ep, &theirs[0], &run, server)?,
+            Test::ReadLat => bench::run_lat_read(ep, &theirs[0], &run)?,
+            _ => {
+                let posted = bench::SendLat::post(ep, &run)?;
+                oob.handshake(&mine[0]).map_err(e)?;
+                posted.run(ep, &theirs[0], &run, server)?
+            }
+        };
+        if a.json {
+            out.push(lat_json(&r));
+        } else {
+            lat_row(&r);
+        }
+    }
+    if !a.json {
+        println!("{}", "-".repeat(87));
+    }
+    if p.test != Test::WriteLat {
+        oob.close(&mine[0]).map_err(e)?;
+    }
+    Ok(out)
+}
