@@ -409,7 +409,7 @@ fn spin_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
     let mut n = 0u32;
     while !cond() {
         n = n.wrapping_add(1);
-        if n % 64 == 0 {
+        if n.is_multiple_of(64) {
             if start.elapsed() > limit {
                 return false;
             }
@@ -480,7 +480,7 @@ fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Resu
     let mut posted = Vec::with_capacity(p.iters as usize);
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     while scnt < p.iters || rcnt < p.iters {
-        if rcnt < p.iters && !(scnt == 0 && !server) {
+        if rcnt < p.iters && (server || scnt != 0) {
             let wc = spin_poll(&ep.rcq).ok_or("no SEND from the peer within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("receive completed with {:?}", wc.status));
