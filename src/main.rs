@@ -48,6 +48,35 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// ibv_rc_pingpong's test, compatible with it on the wire and out of band.
+    RcPingpong {
+        /// The server to connect to; without it, wait for a client.
+        server: Option<String>,
+        /// TCP port of the exchange.
+        #[arg(short = 'p', long, default_value_t = 18515)]
+        port: u16,
+        /// Message size.
+        #[arg(short = 's', long, default_value_t = 4096)]
+        size: usize,
+        /// Path MTU in bytes.
+        #[arg(short = 'm', long, default_value_t = 1024)]
+        mtu: usize,
+        /// Receives kept posted.
+        #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+        rx_depth: usize,
+        /// Exchanges.
+        #[arg(short = 'n', long, default_value_t = 1000)]
+        iters: u64,
+        /// Local GID index.
+        #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
+        gid_index: u8,
+        /// Local address for RDMA (default: the one the TCP connection uses).
+        #[arg(long)]
+        bind: Option<std::net::IpAddr>,
+        /// Write every frame sent and received to this pcap file.
+        #[arg(long)]
+        pcap: Option<PathBuf>,
+    },
     /// RDMA WRITE bandwidth (like ib_write_bw).
     WriteBw(PerfArgs),
     /// RDMA READ bandwidth (like ib_read_bw).
@@ -146,6 +175,27 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::RcPingpong { server, port, size, mtu, rx_depth, iters, gid_index, bind, pcap } => {
+            let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
+            let args = softrdma::tools::pingpong::PingPongArgs {
+                server,
+                port,
+                size,
+                rx_depth: rx_depth.max(2),
+                iters: iters.max(1),
+                mtu,
+                gid_index,
+                bind,
+                pcap,
+            };
+            match softrdma::tools::pingpong::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("softrdma rc-pingpong: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::WriteBw(a) => perf(Test::WriteBw, a),
         Command::ReadBw(a) => perf(Test::ReadBw, a),
         Command::SendBw(a) => perf(Test::SendBw, a),
@@ -156,12 +206,16 @@ fn main() -> ExitCode {
     }
 }
 
+fn mtu_of(bytes: usize) -> Option<Mtu> {
+    let m = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].into_iter().find(|m| m.bytes() == bytes);
+    if m.is_none() {
+        eprintln!("-m {bytes}: the MTU is one of 256, 512, 1024, 2048, 4096");
+    }
+    m
+}
+
 fn perf(test: Test, a: PerfArgs) -> ExitCode {
-    let Some(mtu) = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].into_iter().find(|m| m.bytes() == a.mtu)
-    else {
-        eprintln!("-m {}: the MTU is one of 256, 512, 1024, 2048, 4096", a.mtu);
-        return ExitCode::FAILURE;
-    };
+    let Some(mtu) = mtu_of(a.mtu) else { return ExitCode::FAILURE };
     let mut params = Params::defaults(test);
     params.size = a.size.unwrap_or(params.size);
     params.iters = a.iters.unwrap_or(params.iters).max(1);

@@ -4,3 +4,4 @@ pub mod bench;
 pub mod demo;
 pub mod oob;
 pub mod perf;
+pub mod pingpong;

@@ -1,0 +1,236 @@
+//! `softrdma rc-pingpong`: ibv_rc_pingpong's exchange and ping-pong, so either side can be
+//! rdma-core's example. Out of band (TCP port 18515): the client sends
+//! `lid:qpn:psn:gid` (`%04x:%06x:%06x:` and the GID's 16 bytes as 32 hex digits, 52 bytes
+//! with the NUL), the server connects its QP and answers with its own, the client says
+//! "done". Then each side keeps receives posted and sends a message whenever its previous
+//! send and a receive have both completed; the client starts.
+
+use crate::verbs::*;
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const MSG_LEN: usize = 52;
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+
+/// ibv_rc_pingpong's options.
+#[derive(Debug, Clone)]
+pub struct PingPongArgs {
+    /// Server to connect to; `None`: wait for a client.
+    pub server: Option<String>,
+    /// TCP port.
+    pub port: u16,
+    /// Message size.
+    pub size: usize,
+    /// Receives kept posted.
+    pub rx_depth: usize,
+    /// Exchanges.
+    pub iters: u64,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Local GID index.
+    pub gid_index: u8,
+    /// Local address for RDMA (default: the TCP connection's).
+    pub bind: Option<IpAddr>,
+    /// Capture file.
+    pub pcap: Option<PathBuf>,
+}
+
+/// A peer's address as the exchange carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PpDest {
+    /// LID.
+    pub lid: u16,
+    /// QPN.
+    pub qpn: u32,
+    /// Starting PSN.
+    pub psn: u32,
+    /// GID.
+    pub gid: Gid,
+}
+
+impl PpDest {
+    /// The 52-byte message.
+    pub fn to_msg(&self) -> [u8; MSG_LEN] {
+        let gid: String = self.gid.iter().map(|b| format!("{b:02x}")).collect();
+        let s = format!("{:04x}:{:06x}:{:06x}:{gid}", self.lid, self.qpn, self.psn);
+        let mut out = [0u8; MSG_LEN];
+        out[..s.len().min(MSG_LEN - 1)].copy_from_slice(&s.as_bytes()[..s.len().min(MSG_LEN - 1)]);
+        out
+    }
+
+    /// Parses a message.
+    pub fn parse(msg: &[u8]) -> Result<PpDest, String> {
+        let bad = || format!("not an ibv_rc_pingpong address: {:?}", String::from_utf8_lossy(msg));
+        let text = std::str::from_utf8(msg.split(|&b| b == 0).next().unwrap_or(&[])).map_err(|_| bad())?;
+        let f: Vec<&str> = text.split(':').collect();
+        if f.len() != 4 || f[3].len() != 32 {
+            return Err(bad());
+        }
+        let hex = |s: &str| u32::from_str_radix(s, 16).map_err(|_| bad());
+        let mut gid = [0u8; 16];
+        for (i, g) in gid.iter_mut().enumerate() {
+            *g = u8::from_str_radix(&f[3][2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(PpDest { lid: hex(f[0])? as u16, qpn: hex(f[1])? & 0xff_ffff, psn: hex(f[2])? & 0xff_ffff, gid })
+    }
+}
+
+fn gid_text(g: &Gid) -> String {
+    std::net::Ipv6Addr::from(*g).to_string()
+}
+
+fn io(e: std::io::Error) -> String {
+    format!("out-of-band connection: {e}")
+}
+
+/// Runs ibv_rc_pingpong's test; returns the two report lines.
+pub fn run(a: &PingPongArgs) -> Result<(), String> {
+    let mut stream = match &a.server {
+        Some(s) => {
+            TcpStream::connect((s.as_str(), a.port)).map_err(|e| format!("cannot connect to {s}:{}: {e}", a.port))?
+        }
+        None => TcpListener::bind(("0.0.0.0", a.port)).and_then(|l| l.accept()).map(|(s, _)| s).map_err(io)?,
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(60))).map_err(io)?;
+    let local = match a.bind {
+        Some(ip) => ip,
+        None => stream.local_addr().map_err(io)?.ip(),
+    };
+    let mut cfg = OpenConfig::new(local);
+    cfg.pcap = a.pcap.clone();
+    let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(a.rx_depth + 1);
+    let mr = ctx.reg_mr(&pd, a.size.max(1), Access::ALL).map_err(|e| format!("{e:?}"))?;
+    let caps = QpCaps { max_send_wr: 1, max_recv_wr: a.rx_depth, max_sge: 1 };
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, caps, None).map_err(|e| format!("{e:?}"))?;
+    qp.modify(&QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
+        .map_err(|e| format!("{e:?}"))?;
+    let recv = || qp.post_recv(RecvWr { wr_id: RECV_WRID, sgl: vec![mr.sge(0, a.size as u32)] });
+    for _ in 0..a.rx_depth {
+        recv().map_err(|e| format!("post_recv: {e:?}"))?;
+    }
+    let gid = ctx.gid(a.gid_index).ok_or(format!("GID index {} does not exist", a.gid_index))?;
+    let mine = PpDest { lid: 0, qpn: qp.qp_num(), psn: ctx.random_psn(), gid };
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        0,
+        mine.qpn,
+        mine.psn,
+        gid_text(&gid)
+    );
+    let connect = |rem: &PpDest| connect_qp(&qp, rem, mine.psn, a.mtu, a.gid_index);
+    let mut msg = [0u8; MSG_LEN];
+    let rem = if a.server.is_some() {
+        stream.write_all(&mine.to_msg()).map_err(io)?;
+        stream.read_exact(&mut msg).map_err(io)?;
+        stream.write_all(b"done\0").map_err(io)?;
+        let rem = PpDest::parse(&msg)?;
+        connect(&rem)?;
+        rem
+    } else {
+        stream.read_exact(&mut msg).map_err(io)?;
+        let rem = PpDest::parse(&msg)?;
+        connect(&rem)?;
+        stream.write_all(&mine.to_msg()).map_err(io)?;
+        let mut done = [0u8; 5];
+        stream.read_exact(&mut done).map_err(io)?;
+        rem
+    };
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        rem.lid,
+        rem.qpn,
+        rem.psn,
+        gid_text(&rem.gid)
+    );
+    let usec = pingpong(a, &qp, &cq, &mr, recv)?;
+    let bytes = a.size as u64 * a.iters * 2;
+    println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
+    println!("{} iters in {:.2} seconds = {:.2} usec/iter", a.iters, usec / 1e6, usec / a.iters as f64);
+    Ok(())
+}
+
+fn connect_qp(qp: &QueuePair, rem: &PpDest, my_psn: u32, mtu: Mtu, sgid: u8) -> Result<(), String> {
+    let state = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+    qp.modify(&QpAttr {
+        path_mtu: Some(mtu),
+        dest_qpn: Some(rem.qpn),
+        rq_psn: Some(rem.psn),
+        max_dest_rd_atomic: Some(1),
+        min_rnr_timer: Some(12),
+        dest_gid: Some(rem.gid),
+        sgid_index: Some(sgid),
+        ..state(QpState::Rtr)
+    })
+    .map_err(|e| format!("modify QP to RTR: {e:?}"))?;
+    qp.modify(&QpAttr {
+        timeout: Some(14),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        sq_psn: Some(my_psn),
+        max_rd_atomic: Some(1),
+        ..state(QpState::Rts)
+    })
+    .map_err(|e| format!("modify QP to RTS: {e:?}"))
+}
+
+/// The ping-pong loop of ibv_rc_pingpong; returns its duration in µs.
+fn pingpong(
+    a: &PingPongArgs,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    recv: impl Fn() -> Result<(), VerbsError>,
+) -> Result<f64, String> {
+    let send = || qp.post_send(SendWr::new(SEND_WRID, SendOp::Send, vec![mr.sge(0, a.size as u32)]));
+    let mut pending = RECV_WRID;
+    if a.server.is_some() {
+        send().map_err(|e| format!("post_send: {e:?}"))?;
+        pending |= SEND_WRID;
+    }
+    let start = Instant::now();
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    while rcnt < a.iters || scnt < a.iters {
+        let wc = cq.wait(Duration::from_secs(30)).ok_or("no completion for 30 s")?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("Failed status {:?} for wr_id {}", wc.status, wc.wr_id));
+        }
+        match wc.wr_id {
+            SEND_WRID => scnt += 1,
+            RECV_WRID => {
+                rcnt += 1;
+                recv().map_err(|e| format!("post_recv: {e:?}"))?;
+            }
+            other => return Err(format!("Completion for unknown wr_id {other}")),
+        }
+        pending &= !wc.wr_id;
+        if scnt < a.iters && pending == 0 {
+            send().map_err(|e| format!("post_send: {e:?}"))?;
+            pending = RECV_WRID | SEND_WRID;
+        }
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_matches_ibv_rc_pingpong() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[10, 77, 0, 2]);
+        let d = PpDest { lid: 0, qpn: 0x11, psn: 0x0a0b0c, gid };
+        let m = d.to_msg();
+        assert_eq!(&m[..51], b"0000:000011:0a0b0c:00000000000000000000ffff0a4d0002");
+        assert_eq!(m[51], 0);
+        assert_eq!(PpDest::parse(&m).unwrap(), d);
+        assert!(PpDest::parse(b"0000:11:22:short").is_err());
+    }
+}
