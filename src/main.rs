@@ -217,7 +217,8 @@ fn mtu_of(bytes: usize) -> Option<Mtu> {
 fn perf(test: Test, a: PerfArgs) -> ExitCode {
     let Some(mtu) = mtu_of(a.mtu) else { return ExitCode::FAILURE };
     let mut params = Params::defaults(test);
-    params.size = a.size.unwrap_or(params.size);
+    // Atomics are 8 bytes whatever -s says (as ib_atomic_bw).
+    params.size = if test == Test::AtomicBw { 8 } else { a.size.unwrap_or(params.size) };
     params.iters = a.iters.unwrap_or(params.iters).max(1);
     params.duration = a.duration.map(std::time::Duration::from_secs);
     params.qps = if test.is_latency() { 1 } else { a.qps.max(1) };

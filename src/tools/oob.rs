@@ -157,6 +157,20 @@ pub fn mtu_from_enum(v: u8) -> Option<Mtu> {
     [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].get(usize::from(v).wrapping_sub(1)).copied()
 }
 
+/// Connects, retrying for a few seconds while nobody listens yet (a client started just
+/// before its server).
+pub fn connect_retrying(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// One side of perftest's out-of-band connection.
 pub struct Oob {
     stream: TcpStream,
@@ -179,8 +193,7 @@ impl Oob {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| OobError::Protocol(format!("{server}: no address")))?;
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
-        Oob::new(stream, true)
+        Oob::new(connect_retrying(addr)?, true)
     }
 
     fn new(stream: TcpStream, client: bool) -> Result<Oob, OobError> {

@@ -1,0 +1,192 @@
+//! The perftest-style tools and rc-pingpong as a user runs them: a server process and a
+//! client process on loopback addresses, their JSON, their captures (checked by
+//! `softrdma pcap check` and tshark), and clear errors for bad out-of-band input.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn softrdma() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_softrdma"))
+}
+
+/// Waits for a child at most `limit`, killing it after; returns its output.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().ok().flatten().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("child output")
+}
+
+fn spawn(args: &[String]) -> Child {
+    softrdma().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run softrdma")
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+/// Runs `tool` as server on `net`.1 and client on `net`.2 with `extra` flags on both;
+/// the client captures to a pcap. Returns (server output, client output, capture).
+fn pair_run(tool: &str, net: &str, port: u16, extra: &[&str]) -> (Output, Output, PathBuf) {
+    let pcap = tmp(&format!("{tool}-{port}.pcap"));
+    let mut server = strings(&[tool, "-p", &port.to_string(), "--bind", &format!("{net}.1")]);
+    server.extend(strings(extra));
+    let s = spawn(&server);
+    let mut client = strings(&[tool, &format!("{net}.1"), "-p", &port.to_string(), "--bind", &format!("{net}.2")]);
+    client.extend(strings(&["--pcap", pcap.to_str().unwrap()]));
+    client.extend(strings(extra));
+    let c = finish(spawn(&client), Duration::from_secs(60));
+    let s = finish(s, Duration::from_secs(10));
+    (s, c, pcap)
+}
+
+fn json_of(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// `softrdma pcap check` passes on a capture and finds RoCEv2 packets in it.
+fn capture_checks(pcap: &PathBuf) -> u64 {
+    let out = softrdma().args(["pcap", "check", "--json"]).arg(pcap).output().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{doc}");
+    let t = &doc["tally"];
+    assert_eq!((t["checksum_bad"].as_u64(), t["malformed"].as_u64()), (Some(0), Some(0)), "{doc}");
+    assert_eq!(t["checksum_ok"], t["roce_packets"], "{doc}");
+    let packets = t["roce_packets"].as_u64().unwrap();
+    // Wireshark decodes every frame as InfiniBand, with no malformed or expert marks.
+    let out = Command::new("tshark")
+        .args(["-r"])
+        .arg(pcap)
+        .args(["-Y", "udp.dstport == 4791", "-T", "fields", "-E", "separator=,"])
+        .args(["-e", "infiniband.bth.opcode", "-e", "_ws.malformed", "-e", "_ws.expert.severity"])
+        .output()
+        .expect("tshark is needed for this test: apt-get install tshark (see README)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len() as u64, packets, "{}", String::from_utf8_lossy(&out.stderr));
+    for row in rows {
+        let f: Vec<&str> = row.split(',').collect();
+        assert!(!f[0].is_empty() && f[1..].iter().all(|x| x.is_empty()), "tshark says {row}");
+    }
+    packets
+}
+
+#[test]
+fn every_bandwidth_tool_runs_between_two_processes_and_captures_clean_frames() {
+    let cases = [("write-bw", 19201, 200), ("read-bw", 19202, 200), ("send-bw", 19203, 200), ("atomic-bw", 19204, 500)];
+    for (tool, port, iters) in cases {
+        let n = iters.to_string();
+        let (s, c, pcap) = pair_run(tool, "127.31.0", port, &["-n", &n, "--json", "-s", "8192", "-m", "1024"]);
+        let doc = json_of(&c);
+        let r = &doc["results"][0];
+        let size = if tool == "atomic-bw" { 8 } else { 8192 };
+        assert_eq!((r["bytes"].as_u64(), r["iterations"].as_u64()), (Some(size), Some(iters)), "{tool}: {doc}");
+        assert!(r["bw_avg_bytes_per_s"].as_f64().unwrap() > 0.0);
+        assert!(s.status.success(), "{tool} server: {}", String::from_utf8_lossy(&s.stderr));
+        if tool == "send-bw" {
+            assert_eq!(json_of(&s)["results"][0]["iterations"].as_u64(), Some(iters), "the server received every SEND");
+        }
+        let packets = capture_checks(&pcap);
+        assert!(packets >= iters, "{tool}: {packets} packets captured");
+    }
+}
+
+#[test]
+fn every_latency_tool_and_rc_pingpong_run_between_two_processes() {
+    for (tool, port) in [("write-lat", 19211), ("read-lat", 19212), ("send-lat", 19213)] {
+        let (s, c, pcap) = pair_run(tool, "127.32.0", port, &["-n", "300", "--json", "-s", "64"]);
+        let doc = json_of(&c);
+        let r = &doc["results"][0];
+        assert_eq!(
+            (r["bytes"].as_u64(), r["iterations"].as_u64()),
+            (Some(64), Some(if tool == "read-lat" { 300 } else { 299 }))
+        );
+        assert!(r["t_typical_us"].as_f64().unwrap() > 0.0, "{doc}");
+        assert!(s.status.success(), "{tool} server: {}", String::from_utf8_lossy(&s.stderr));
+        capture_checks(&pcap);
+    }
+    let (s, c, pcap) = pair_run("rc-pingpong", "127.32.0", 19214, &["-n", "200", "-s", "1000"]);
+    for o in [&s, &c] {
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{text} {}", String::from_utf8_lossy(&o.stderr));
+        assert!(text.contains("400000 bytes in"), "{text}");
+        assert!(text.contains("200 iters in"), "{text}");
+    }
+    assert!(capture_checks(&pcap) >= 400, "200 SENDs each way, with ACKs");
+}
+
+/// A fake peer on `port` that accepts one connection and does `act` with it.
+fn fake_server(port: u16, act: impl FnOnce(TcpStream) + Send + 'static) -> std::thread::JoinHandle<()> {
+    let l = TcpListener::bind(("127.33.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        if let Ok((s, _)) = l.accept() {
+            act(s);
+        }
+    })
+}
+
+fn client_error(port: u16) -> String {
+    let c = finish(
+        spawn(&strings(&["write-bw", "127.33.0.1", "-p", &port.to_string(), "--bind", "127.33.0.2"])),
+        Duration::from_secs(20),
+    );
+    assert_eq!(c.status.code(), Some(1), "a clear failure, not a hang or a crash");
+    String::from_utf8_lossy(&c.stderr).into_owned()
+}
+
+#[test]
+fn bad_out_of_band_input_is_a_clear_error_not_a_hang() {
+    let t = fake_server(19221, |mut s| {
+        let _ = s.write_all(b"HTTP/1.1 400 Bad");
+        let mut b = [0u8; 64];
+        let _ = s.read(&mut b);
+    });
+    let e = client_error(19221);
+    assert!(e.contains("not a perftest peer"), "{e}");
+    t.join().unwrap();
+
+    let t = fake_server(19222, |mut s| {
+        let mut v = [0u8; 16];
+        v[..4].copy_from_slice(b"4.50");
+        let _ = s.write_all(&v);
+        let mut b = [0u8; 64];
+        let _ = s.read(&mut b);
+    });
+    let e = client_error(19222);
+    assert!(e.contains("older than 5.70"), "{e}");
+    t.join().unwrap();
+
+    let t = fake_server(19223, |s| drop(s));
+    let e = client_error(19223);
+    assert!(e.contains("closed"), "{e}");
+    t.join().unwrap();
+
+    // A server whose client sends garbage where the keys belong.
+    let server = spawn(&strings(&["write-bw", "-p", "19224", "--bind", "127.33.0.1"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut s = TcpStream::connect(("127.33.0.1", 19224)).unwrap();
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(b"6.06");
+    s.write_all(&v).unwrap();
+    let mut theirs = [0u8; 16 + 4 + 4 + 2];
+    s.write_all(&[0, 0, 16, 0, 0, 0, 0, 64, b'5', 0]).unwrap();
+    s.read_exact(&mut theirs).unwrap();
+    s.write_all(&[b'z'; 108]).unwrap();
+    let out = finish(server, Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("not a perftest key message"), "{e}");
+}
