@@ -169,7 +169,7 @@ fn bad_out_of_band_input_is_a_clear_error_not_a_hang() {
     assert!(e.contains("older than 5.70"), "{e}");
     t.join().unwrap();
 
-    let t = fake_server(19223, |s| drop(s));
+    let t = fake_server(19223, drop);
     let e = client_error(19223);
     assert!(e.contains("closed"), "{e}");
     t.join().unwrap();
