@@ -267,3 +267,36 @@ fn injected_packets_are_dropped_or_naked_and_counted_while_real_traffic_carries_
     assert_eq!(b2.state(), Some(QpState::Err));
     assert_eq!(b.qp.state(), Some(QpState::Rts));
 }
+
+#[test]
+fn ipv6_devices_exchange_sends_writes_and_reads_with_full_icrc_checks() {
+    let open6 = || {
+        let mut cfg = OpenConfig::new(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST));
+        cfg.port = 0;
+        Context::open(cfg).expect("open a device on ::1")
+    };
+    let (a, b) = (side(open6(), 1 << 20), side(open6(), 1 << 20));
+    a.ctx.set_peer_port(b.ctx.ip(), b.ctx.port());
+    b.ctx.set_peer_port(a.ctx.ip(), a.ctx.port());
+    let g = a.ctx.gid(0).unwrap();
+    assert_eq!(g, std::net::Ipv6Addr::LOCALHOST.octets(), "an IPv6 GID, not IPv4-mapped");
+    a.qp.connect_rc(g, b.qp.qp_num(), 7, 9, Mtu::M4096).unwrap();
+    b.qp.connect_rc(g, a.qp.qp_num(), 9, 7, Mtu::M4096).unwrap();
+    let data = pattern(100_000, 9);
+    a.mr.write(0, &data);
+    b.qp.post_recv(RecvWr { wr_id: 1, sgl: vec![b.mr.sge(0, 100_000)] }).unwrap();
+    a.qp.post_send(SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, 100_000)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 1).byte_len, 100_000);
+    wait_ok(&a.cq, 1);
+    let at = Remote { addr: b.mr.addr() + 200_000, rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(2, SendOp::Write(at), vec![a.mr.sge(0, 100_000)])).unwrap();
+    wait_ok(&a.cq, 2);
+    a.qp.post_send(SendWr::new(3, SendOp::Read(at), vec![a.mr.sge(500_000, 100_000)])).unwrap();
+    wait_ok(&a.cq, 3);
+    let mut got = vec![0u8; 100_000];
+    for (mr, off) in [(&b.mr, 0), (&b.mr, 200_000), (&a.mr, 500_000)] {
+        mr.read(off, &mut got);
+        assert!(got == data, "data at {off}");
+    }
+    assert_eq!(a.ctx.stats().rx_icrc_bad + b.ctx.stats().rx_icrc_bad, 0);
+}
