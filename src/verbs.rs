@@ -70,7 +70,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -147,6 +147,10 @@ struct Shared {
     log: Option<Arc<FrameLog>>,
     ip: IpAddr,
     port: u16,
+    /// The receiving half of the transport: the poll thread's, or a busy-polling caller's.
+    rx: Mutex<UdpRx>,
+    /// Application threads busy-polling now.
+    busy_pollers: AtomicUsize,
 }
 
 impl Shared {
@@ -192,31 +196,42 @@ impl Shared {
 }
 
 /// The poll thread: sleeps until a datagram, a wake-up or the engine's next deadline.
-fn poll_loop(shared: Arc<Shared>, mut rx: UdpRx) {
-    let fds = [rx.fd(), shared.waker.as_raw_fd()];
+/// While an application thread busy-polls ([`Context::busy_poll`]), it leaves the socket
+/// to that thread and keeps only the timers.
+fn poll_loop(shared: Arc<Shared>) {
+    let rx_fd = shared.rx.lock().unwrap_or_else(|e| e.into_inner()).fd();
+    let waker_fd = shared.waker.as_raw_fd();
     while !shared.stop.load(Ordering::Acquire) {
         let armed = shared.armed_ns.load(Ordering::Acquire);
         let timeout = (armed != u64::MAX).then(|| Duration::from_nanos(armed.saturating_sub(shared.now_ns())));
-        if wait_readable(&fds, timeout).is_err() {
+        let busy = shared.busy_pollers.load(Ordering::Acquire) > 0;
+        let fds: &[std::os::fd::RawFd] = if busy { &[waker_fd] } else { &[rx_fd, waker_fd] };
+        if wait_readable(fds, timeout).is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
         shared.waker.clear();
-        loop {
-            let n = rx.recv().unwrap_or(0);
-            let mut core = shared.lock();
-            let now = shared.now_ns();
-            if n > 0 {
-                rx.deliver(&mut core.dev, now);
-            }
-            if core.dev.poll_timeout().is_some_and(|t| t <= now) {
-                core.dev.handle_timeout(now);
-            }
-            shared.armed_ns.store(u64::MAX, Ordering::Release);
-            shared.settle(&mut core, now);
-            if n == 0 {
-                break;
-            }
+        while shared.progress() > 0 {}
+    }
+}
+
+impl Shared {
+    /// Receives one batch (if the socket is free), fires due timers and settles; returns
+    /// the number of datagrams handled.
+    fn progress(&self) -> usize {
+        let Ok(mut rx) = self.rx.try_lock() else { return 0 };
+        let n = rx.recv().unwrap_or(0);
+        let mut core = self.lock();
+        let now = self.now_ns();
+        if n > 0 {
+            rx.deliver(&mut core.dev, now);
         }
+        drop(rx);
+        if core.dev.poll_timeout().is_some_and(|t| t <= now) {
+            core.dev.handle_timeout(now);
+        }
+        self.armed_ns.store(u64::MAX, Ordering::Release);
+        self.settle(&mut core, now);
+        n
     }
 }
 
@@ -272,9 +287,11 @@ impl Context {
             epoch: Instant::now(),
             log,
             ip: cfg.addr,
+            rx: Mutex::new(rx),
+            busy_pollers: AtomicUsize::new(0),
         });
         let s = shared.clone();
-        let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || poll_loop(s, rx))?;
+        let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || poll_loop(s))?;
         Ok(Context { shared, thread: Some(thread) })
     }
 
@@ -356,6 +373,22 @@ impl Context {
         Ok(QueuePair { qpn, shared: self.shared.clone() })
     }
 
+    /// Receives and processes what has arrived, on the caller's thread, without waiting.
+    /// Returns the number of datagrams handled. Latency-bound loops call this while they
+    /// spin, inside a [`Context::busy_poll`] section.
+    pub fn progress(&self) -> usize {
+        self.shared.progress()
+    }
+
+    /// Starts a busy-polling section: until the guard drops, the poll thread leaves the
+    /// socket to callers of [`Context::progress`] (and keeps firing timers), so a received
+    /// packet is handled on the spinning thread with no thread hand-off.
+    pub fn busy_poll(&self) -> BusyPoll<'_> {
+        self.shared.busy_pollers.fetch_add(1, Ordering::AcqRel);
+        self.shared.waker.wake();
+        BusyPoll { shared: &self.shared }
+    }
+
     /// The device's counters.
     pub fn stats(&self) -> DeviceStats {
         let engine = self.shared.lock().dev.stats.clone();
@@ -383,6 +416,18 @@ impl Drop for Context {
         if let Some(log) = &self.shared.log {
             let _ = log.close();
         }
+    }
+}
+
+/// A busy-polling section ([`Context::busy_poll`]).
+pub struct BusyPoll<'a> {
+    shared: &'a Arc<Shared>,
+}
+
+impl Drop for BusyPoll<'_> {
+    fn drop(&mut self) {
+        self.shared.busy_pollers.fetch_sub(1, Ordering::AcqRel);
+        self.shared.waker.wake();
     }
 }
 

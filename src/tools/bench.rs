@@ -403,11 +403,13 @@ fn lat_result(size: usize, posted: &[Instant], halve: bool) -> LatResult {
     LatResult { size, usec }
 }
 
-/// Spins on `cond`, yielding the CPU between looks (the poll threads need it).
-fn spin_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
+/// Spins on `cond`, receiving on this thread between looks (the caller holds a
+/// busy-polling section) and yielding now and then.
+fn spin_until(ctx: &Context, mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
     let start = Instant::now();
     let mut n = 0u32;
     while !cond() {
+        ctx.progress();
         n = n.wrapping_add(1);
         if n.is_multiple_of(64) {
             if start.elapsed() > limit {
@@ -423,6 +425,7 @@ fn spin_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
 /// each side writes the iteration number into the last byte of its message and waits
 /// for the peer's.
 pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Result<LatResult, String> {
+    let _busy = ep.ctx.busy_poll();
     let size = p.size.max(1);
     let poll_at = ep.recv_offset(0) + size - 1;
     let mut posted = Vec::with_capacity(p.iters as usize);
@@ -432,7 +435,8 @@ pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) ->
         if rcnt < p.iters && !(scnt == 0 && server) {
             rcnt += 1;
             let want = rcnt as u8;
-            let seen = spin_until(|| ep.mr.read(poll_at, &mut byte) && byte[0] == want, Duration::from_secs(10));
+            let seen =
+                spin_until(ep.ctx, || ep.mr.read(poll_at, &mut byte) && byte[0] == want, Duration::from_secs(10));
             if !seen {
                 return Err(format!("the peer's write {rcnt} did not arrive within 10 s"));
             }
@@ -442,7 +446,7 @@ pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) ->
             scnt += 1;
             ep.mr.write(size - 1, &[scnt as u8]);
             ep.qps[0].post_send(work_request(Test::WriteLat, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
-            let wc = spin_poll(&ep.cq).ok_or("no WRITE completion within 10 s")?;
+            let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no WRITE completion within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("WRITE completed with {:?}", wc.status));
             }
@@ -476,12 +480,13 @@ impl SendLat {
 }
 
 fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Result<LatResult, String> {
+    let _busy = ep.ctx.busy_poll();
     let size = p.size;
     let mut posted = Vec::with_capacity(p.iters as usize);
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     while scnt < p.iters || rcnt < p.iters {
         if rcnt < p.iters && (server || scnt != 0) {
-            let wc = spin_poll(&ep.rcq).ok_or("no SEND from the peer within 10 s")?;
+            let wc = spin_poll(ep.ctx, &ep.rcq).ok_or("no SEND from the peer within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("receive completed with {:?}", wc.status));
             }
@@ -492,7 +497,7 @@ fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Resu
             posted.push(Instant::now());
             scnt += 1;
             ep.qps[0].post_send(work_request(Test::SendLat, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
-            let wc = spin_poll(&ep.cq).ok_or("no SEND completion within 10 s")?;
+            let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no SEND completion within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("SEND completed with {:?}", wc.status));
             }
@@ -503,11 +508,12 @@ fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Resu
 
 /// READ latency: one READ at a time, each timed whole.
 pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResult, String> {
+    let _busy = ep.ctx.busy_poll();
     let mut posted = Vec::with_capacity(p.iters as usize + 1);
     for i in 0..p.iters {
         posted.push(Instant::now());
         ep.qps[0].post_send(work_request(Test::ReadLat, ep, 0, rem, p.size, i)).map_err(|e| format!("{e:?}"))?;
-        let wc = spin_poll(&ep.cq).ok_or("no READ completion within 10 s")?;
+        let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no READ completion within 10 s")?;
         if wc.status != WcStatus::Success {
             return Err(format!("READ completed with {:?}", wc.status));
         }
@@ -517,9 +523,10 @@ pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResu
 }
 
 /// One completion, spinning (with yields) for at most 10 s.
-fn spin_poll(cq: &CompletionQueue) -> Option<Wc> {
+fn spin_poll(ctx: &Context, cq: &CompletionQueue) -> Option<Wc> {
     let mut wc = None;
     spin_until(
+        ctx,
         || {
             wc = cq.poll(1).pop();
             wc.is_some()
