@@ -115,7 +115,9 @@ impl OpenConfig {
             max_qps: 16384,
             max_mrs: 16384,
             pcap: None,
-            cc: CcConfig::default(),
+            // Sockets drop rather than mark: a loss window keeps a requester from flooding
+            // its peer's receive buffer.
+            cc: CcConfig { loss_window_max_packets: 256, loss_window_initial_packets: 4, ..CcConfig::default() },
             source_ports: 8,
         }
     }

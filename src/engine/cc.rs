@@ -21,6 +21,11 @@ pub struct CcConfig {
     pub additive_step_bytes_per_us: u64,
     /// DCQCN's g: the weight of a new CNP in alpha, as a fraction (1/256ths).
     pub g_256: u32,
+    /// Largest loss window, packets in flight per QP; 0: no window. Independent of
+    /// `enabled`: a path that drops instead of marking (kernel UDP sockets) needs it.
+    pub loss_window_max_packets: u32,
+    /// The loss window a QP starts with.
+    pub loss_window_initial_packets: u32,
 }
 
 impl Default for CcConfig {
@@ -33,7 +38,57 @@ impl Default for CcConfig {
             increase_interval_ns: 55_000,
             additive_step_bytes_per_us: 50,
             g_256: 16,
+            loss_window_max_packets: 0,
+            loss_window_initial_packets: 16,
         }
+    }
+}
+
+/// A loss-driven window on a requester's unacknowledged packets (AIMD as TCP's congestion
+/// avoidance): RoCE assumes a lossless fabric, but a UDP socket's buffer overflows when a
+/// requester sends faster than its peer drains. Slow start doubles the window per round
+/// trip up to `ssthresh`, then it grows by one packet per window acknowledged; a
+/// retransmission timeout or a sequence NAK halves it. IBTA leaves the requester's send
+/// rate to the implementation (9.7.7 flow control concerns the responder's credits).
+#[derive(Debug, Clone)]
+pub struct LossWindow {
+    /// Packets allowed in flight.
+    pub packets: u32,
+    max: u32,
+    ssthresh: u32,
+    credit: u32,
+}
+
+impl LossWindow {
+    /// A window of `initial` packets growing to at most `max`.
+    pub fn new(initial: u32, max: u32) -> Self {
+        let max = max.max(1);
+        LossWindow { packets: initial.clamp(1, max), max, ssthresh: max, credit: 0 }
+    }
+
+    /// True when one more packet may go out with `in_flight` unacknowledged.
+    pub fn allows(&self, in_flight: u32) -> bool {
+        in_flight < self.packets
+    }
+
+    /// `n` packets were acknowledged.
+    pub fn on_acked(&mut self, n: u32) {
+        if self.packets < self.ssthresh {
+            self.packets = (self.packets + n).min(self.ssthresh).min(self.max);
+            return;
+        }
+        self.credit += n;
+        while self.credit >= self.packets {
+            self.credit -= self.packets;
+            self.packets = (self.packets + 1).min(self.max);
+        }
+    }
+
+    /// A packet was lost: halve.
+    pub fn on_loss(&mut self) {
+        self.ssthresh = (self.packets / 2).max(2);
+        self.packets = (self.packets / 2).max(1);
+        self.credit = 0;
     }
 }
 
@@ -129,6 +184,26 @@ mod tests {
         assert!(r.rate > low, "recovers without CNPs");
         r.tick(10_000 * cfg.increase_interval_ns, &cfg);
         assert_eq!(r.rate, cfg.line_rate_bytes_per_us, "back to line rate, and no further");
+    }
+
+    #[test]
+    fn loss_window_slow_starts_halves_on_loss_then_grows_by_one_per_window() {
+        let mut w = LossWindow::new(4, 64);
+        assert!(w.allows(3) && !w.allows(4));
+        w.on_acked(4);
+        assert_eq!(w.packets, 8, "slow start: one more per packet acknowledged");
+        w.on_acked(100);
+        assert_eq!(w.packets, 64, "never beyond the maximum");
+        w.on_loss();
+        assert_eq!(w.packets, 32);
+        w.on_acked(31);
+        assert_eq!(w.packets, 32, "congestion avoidance: a whole window for one more");
+        w.on_acked(1);
+        assert_eq!(w.packets, 33);
+        for _ in 0..10 {
+            w.on_loss();
+        }
+        assert_eq!(w.packets, 1, "down to one packet, never zero");
     }
 
     #[test]

@@ -273,6 +273,10 @@ impl Device {
             // DCQCN's reaction point paces at line rate until the first CNP.
             qp.req.limiter = Some(cc::RateLimiter::new(&self.cfg.cc));
         }
+        if self.cfg.cc.loss_window_max_packets > 0 && init.qp_type == QpType::Rc {
+            let cc = &self.cfg.cc;
+            qp.req.window = Some(cc::LossWindow::new(cc.loss_window_initial_packets, cc.loss_window_max_packets));
+        }
         self.qps.insert(qpn, qp);
         Ok(qpn)
     }

@@ -155,7 +155,14 @@ pub fn pick_faults(rng: &mut Rng) -> Faults {
 /// Device `i` of a seed's simulation.
 pub fn device(i: usize, seed: u64) -> Device {
     let gid = gid_from_ipv4([10, 0, 0, 1 + i as u8]);
-    Device::new(DeviceConfig { gid, seed: seed ^ (0x5eed << i), max_qps: 64, max_mrs: 256, cc: Default::default() })
+    // One seed in five runs with a loss window (as the UDP driver does), sized from the seed
+    // alone so that the other seeds stay exactly as they were.
+    let mut cc = crate::engine::cc::CcConfig::default();
+    if seed % 5 == 4 {
+        cc.loss_window_max_packets = 1 + (seed / 5 % 64) as u32;
+        cc.loss_window_initial_packets = 1 + (seed / 320 % 16) as u32;
+    }
+    Device::new(DeviceConfig { gid, seed: seed ^ (0x5eed << i), max_qps: 64, max_mrs: 256, cc })
 }
 
 /// Connects a QP on device `a` to one on device `b` (RESET → INIT → RTR → RTS both ways).

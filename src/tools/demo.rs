@@ -232,7 +232,13 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
             ));
         }
     }
-    let scale = if args.qps > 0 { Some(scale_rows(&a, &b, args)?) } else { None };
+    let scale = if args.qps > 0 {
+        let r = scale_rows(&a, &b, args);
+        let r = r.map_err(|e| format!("{e}\n{:?}\n{:?}", a.stats(), b.stats()))?;
+        Some(r)
+    } else {
+        None
+    };
     let stats = [a.stats(), b.stats()];
     if args.json {
         let bw: Vec<_> = bw_rows

@@ -43,11 +43,16 @@ pub fn set_recv_tos(fd: RawFd, v6: bool) -> io::Result<()> {
     }
 }
 
-/// Sets the socket's receive and send buffer sizes (best effort: the kernel caps them).
+/// Sets the socket's receive and send buffer sizes: beyond the system's limit when
+/// privileged (`SO_RCVBUFFORCE`), else as far as the limit allows.
 pub fn set_buffers(fd: RawFd, bytes: usize) {
     let v = bytes.min(i32::MAX as usize) as libc::c_int;
-    let _ = set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
-    let _ = set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+    if set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v).is_err() {
+        let _ = set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
+    }
+    if set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
+        let _ = set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+    }
 }
 
 const CMSG_SPACE: usize = 64;

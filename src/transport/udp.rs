@@ -31,8 +31,8 @@ pub const ROCE_PORT: u16 = 4791;
 const RX_BATCH: usize = 32;
 /// Largest datagram accepted (4096-byte MTU plus every header, with room for jumbo frames).
 const RX_DATAGRAM_MAX: usize = 9216;
-/// Socket buffer size asked for: enough for a window of 4 KiB packets at loopback speed.
-const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+/// Socket buffer size asked for: room for a full loss window of 4 KiB packets on many QPs.
+const SOCKET_BUFFER_BYTES: usize = 32 << 20;
 
 /// How an endpoint's UDP sockets are set up.
 #[derive(Debug, Clone)]

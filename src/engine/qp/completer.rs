@@ -47,6 +47,9 @@ impl Requester {
         // message that has not finished.
         if self.acked.is_none_or(|a| a.serial_cmp(psn).is_lt()) && self.outstanding_or_before(psn) {
             progress = self.acked.is_some();
+            if let (Some(win), Some(a)) = (self.window.as_mut(), self.acked) {
+                win.on_acked(a.distance_to(psn).max(0) as u32);
+            }
             self.acked = Some(psn);
         }
         for w in self.wqes.iter_mut() {
@@ -119,6 +122,9 @@ impl Requester {
                 // The same hole NAKed again while its resend is under way: stale packets
                 // sent before the rewind provoked it. A NAK further on is new information.
                 if self.rewound_to != Some(psn) || !self.already_resending(psn) {
+                    if let Some(win) = self.window.as_mut() {
+                        win.on_loss();
+                    }
                     self.rewind(psn);
                 }
             }
@@ -218,6 +224,9 @@ impl Requester {
         if last {
             w.done = Some(WcStatus::Success);
         }
+        if let Some(win) = self.window.as_mut() {
+            win.on_acked(1);
+        }
         self.progress(ctx.now);
     }
 
@@ -248,6 +257,9 @@ impl Requester {
         }
         self.retry_left -= 1;
         ctx.stats.retransmit_timeouts += 1;
+        if let Some(win) = self.window.as_mut() {
+            win.on_loss();
+        }
         self.rewind(resume);
     }
 

@@ -95,6 +95,8 @@ pub struct Requester {
     pub limiter: Option<crate::engine::cc::RateLimiter>,
     /// Sending is held back by the pacer until this time.
     pub paced_until: Option<u64>,
+    /// The loss window on unacknowledged packets, when the device has one.
+    pub window: Option<crate::engine::cc::LossWindow>,
     caps: QpCaps,
 }
 
@@ -117,6 +119,7 @@ impl Requester {
             acked: None,
             limiter: None,
             paced_until: None,
+            window: None,
             caps,
         }
     }
@@ -222,6 +225,9 @@ impl Requester {
                 break;
             }
             self.paced_until = None;
+            if self.window.as_ref().is_some_and(|win| !win.allows(self.unacked_in_flight())) {
+                break;
+            }
             if !self.start_next() {
                 break;
             }
@@ -243,6 +249,7 @@ impl Requester {
             if path.qp_type != QpType::Rc && w.next_pkt == w.npkts {
                 w.done = Some(WcStatus::Success);
             }
+            self.ask_ack_at_window_edge(ctx);
         }
         if path.qp_type != QpType::Rc {
             return sent;
@@ -302,6 +309,36 @@ impl Requester {
         }
         self.send_idx = i;
         self.rewound_to = Some(psn);
+    }
+
+    /// With a loss window, the responder must be asked to acknowledge before the window
+    /// closes, and twice per window to keep ACKs flowing (IBTA 9.7.2 leaves AckReq to the
+    /// requester): sets AckReq on the packet just queued.
+    fn ask_ack_at_window_edge(&self, ctx: &mut Ctx<'_>) {
+        let Some(win) = self.window.as_ref() else { return };
+        let in_flight = self.unacked_in_flight();
+        if in_flight >= win.packets || in_flight.is_multiple_of((win.packets / 2).max(1)) {
+            if let Some(t) = ctx.out.back_mut() {
+                if let Ok(mut bth) = crate::proto::roce::bth::BthPacket::new_checked(&mut t.packet[..]) {
+                    bth.set_ack_req(true);
+                }
+            }
+        }
+    }
+
+    /// PSNs sent and not yet acknowledged (a READ counts its whole response once asked).
+    fn unacked_in_flight(&self) -> u32 {
+        let Some(first) = self.wqes.iter().find(|w| w.started && w.done.is_none()) else { return 0 };
+        let mut base = first.first_psn.add(first.done_pkts);
+        if let Some(a) = self.acked.filter(|a| base.serial_cmp(*a).is_le()) {
+            base = a.next();
+        }
+        let cursor = match self.wqes.get(self.send_idx) {
+            Some(w) if w.started && w.wr.op.is_read_or_atomic() && w.next_pkt > 0 => w.end_psn(),
+            Some(w) if w.started => w.first_psn.add(w.next_pkt),
+            _ => self.next_psn,
+        };
+        base.distance_to(cursor).max(0) as u32
     }
 
     /// The PSN of the next packet the requester will put on the wire.
