@@ -1,0 +1,70 @@
+#!/bin/bash
+# rxe.sh - softrdma against Linux rdma_rxe, live, both ways, in the softrdma VM.
+#
+# Needs root and ../shared/softrdma-vm (built with its build-image.sh). Boots the VM twice
+# on the private bridge in netns "softrdma" (host 10.77.0.1, VM 10.77.0.2): first the Linux
+# tools serve and softrdma connects, then softrdma serves and the Linux tools connect.
+# Every pairing is captured on the bridge to $OUT/<direction>-<test>.pcap and checked with
+# `softrdma pcap check`. Prints one line per pairing: ok or FAILED.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+VM=${SOFTRDMA_VM:-$REPO/../shared/softrdma-vm}
+BIN=$REPO/target/release/softrdma
+OUT=${OUT:-$REPO/pcaps/interop}
+NS="ip netns exec softrdma"
+mkdir -p "$OUT" /tmp/softrdma-interop
+cp "$HERE/rxe-guest.sh" /tmp/softrdma-interop/
+"$VM/net.sh" up 1 >/dev/null
+
+# name  softrdma-args  (ports as in rxe-guest.sh: base+0..7)
+TESTS=(
+  "rc_pingpong rc-pingpong -n 100 -s 4096"
+  "write_bw write-bw -n 50 -s 8192"
+  "read_bw read-bw -n 50 -s 8192"
+  "send_bw send-bw -n 50 -s 8192"
+  "write_lat write-lat -n 100 -s 64"
+  "read_lat read-lat -n 100 -s 64"
+  "send_lat send-lat -n 100 -s 64"
+  "atomic_bw atomic-bw -n 50"
+)
+
+pair() { # direction base
+    local dir=$1 base=$2 i=0
+    for t in "${TESTS[@]}"; do
+        set -- $t; local name=$1; shift
+        local port=$((base + i)); i=$((i + 1))
+        local pcap="$OUT/$dir-$name.pcap"
+        $NS tcpdump -i srbr0 -U -w "$pcap" "udp port 4791 or tcp port $port" 2>/dev/null & local dump=$!
+        sleep 0.5
+        local rc log=/tmp/softrdma-interop/$dir-$name.txt
+        if [ "$dir" = rxe-serves ]; then
+            for _ in $(seq 60); do
+                timeout 90 $NS "$BIN" "$@" 10.77.0.2 -p $port >"$log" 2>&1; rc=$?
+                [ $rc = 0 ] && break; sleep 1
+            done
+        else
+            timeout 120 $NS "$BIN" "$@" -p $port >"$log" 2>&1; rc=$?
+        fi
+        sleep 0.5; kill $dump 2>/dev/null; wait $dump 2>/dev/null
+        local check; check=$("$BIN" pcap check -q "$pcap" | tail -1)
+        if [ $rc = 0 ] && "$BIN" pcap check -q "$pcap" >/dev/null; then
+            echo "ok      $dir $name: $check"
+        else
+            echo "FAILED  $dir $name (rc=$rc): $check"; tail -3 "$log" | sed 's/^/        /'
+        fi
+    done
+}
+
+"$VM/boot.sh" --links rxe --offload off --share /tmp/softrdma-interop --run "bash /mnt/host/rxe-guest.sh server" \
+    >/tmp/softrdma-interop/vm-server.log 2>&1 &
+vm=$!
+pair rxe-serves 18600
+wait $vm
+"$VM/boot.sh" --links rxe --offload off --share /tmp/softrdma-interop --run "bash /mnt/host/rxe-guest.sh client" \
+    >/tmp/softrdma-interop/vm-client.log 2>&1 &
+vm=$!
+sleep 4
+pair softrdma-serves 18700
+wait $vm
+grep -h "^=== .*rc=" /tmp/softrdma-interop/vm-*.log
