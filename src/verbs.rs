@@ -117,7 +117,12 @@ impl OpenConfig {
             pcap: None,
             // Sockets drop rather than mark: a loss window keeps a requester from flooding
             // its peer's receive buffer.
-            cc: CcConfig { loss_window_max_packets: 256, loss_window_initial_packets: 4, ..CcConfig::default() },
+            cc: CcConfig {
+                loss_window_max_packets: 256,
+                loss_window_initial_packets: 4,
+                loss_window_device_packets: 1024,
+                ..CcConfig::default()
+            },
             source_ports: 8,
         }
     }

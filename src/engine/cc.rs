@@ -26,6 +26,9 @@ pub struct CcConfig {
     pub loss_window_max_packets: u32,
     /// The loss window a QP starts with.
     pub loss_window_initial_packets: u32,
+    /// Packets in flight on the whole device at most: each RC QP's window is capped at its
+    /// share, so that many QPs together do not overrun the peer (0: no device cap).
+    pub loss_window_device_packets: u32,
 }
 
 impl Default for CcConfig {
@@ -40,6 +43,7 @@ impl Default for CcConfig {
             g_256: 16,
             loss_window_max_packets: 0,
             loss_window_initial_packets: 16,
+            loss_window_device_packets: 0,
         }
     }
 }
@@ -66,6 +70,13 @@ impl LossWindow {
         LossWindow { packets: initial.clamp(1, max), max, ssthresh: max, credit: 0 }
     }
 
+    /// Caps the window at `max` packets (a new share of the device's budget).
+    pub fn set_max(&mut self, max: u32) {
+        self.max = max.max(1);
+        self.packets = self.packets.min(self.max);
+        self.ssthresh = self.ssthresh.min(self.max);
+    }
+
     /// True when one more packet may go out with `in_flight` unacknowledged.
     pub fn allows(&self, in_flight: u32) -> bool {
         in_flight < self.packets
@@ -84,10 +95,18 @@ impl LossWindow {
         }
     }
 
-    /// A packet was lost: halve.
+    /// A sequence NAK reported a hole while later packets got through: halve.
     pub fn on_loss(&mut self) {
         self.ssthresh = (self.packets / 2).max(2);
         self.packets = (self.packets / 2).max(1);
+        self.credit = 0;
+    }
+
+    /// The retransmit timer fired: nothing got through, so start again from one packet
+    /// and slow-start back to half the old window (TCP's loss window, RFC 5681 §3.1).
+    pub fn on_timeout(&mut self) {
+        self.ssthresh = (self.packets / 2).max(2);
+        self.packets = 1;
         self.credit = 0;
     }
 }
@@ -204,6 +223,11 @@ mod tests {
             w.on_loss();
         }
         assert_eq!(w.packets, 1, "down to one packet, never zero");
+        let mut w = LossWindow::new(64, 64);
+        w.on_timeout();
+        assert_eq!(w.packets, 1, "a timeout restarts from one packet");
+        w.on_acked(40);
+        assert_eq!(w.packets, 32, "slow start up to half the old window");
     }
 
     #[test]

@@ -278,12 +278,28 @@ impl Device {
             qp.req.window = Some(cc::LossWindow::new(cc.loss_window_initial_packets, cc.loss_window_max_packets));
         }
         self.qps.insert(qpn, qp);
+        self.share_window_budget();
         Ok(qpn)
     }
 
     /// Destroys a QP.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
-        self.qps.remove(&qpn).map(|_| ()).ok_or(VerbsError::NotFound)
+        self.qps.remove(&qpn).map(|_| ()).ok_or(VerbsError::NotFound)?;
+        self.share_window_budget();
+        Ok(())
+    }
+
+    /// Splits the device's in-flight budget evenly over the QPs that have a loss window.
+    fn share_window_budget(&mut self) {
+        let cc = self.cfg.cc;
+        if cc.loss_window_device_packets == 0 || cc.loss_window_max_packets == 0 {
+            return;
+        }
+        let n = self.qps.values().filter(|q| q.req.window.is_some()).count().max(1) as u32;
+        let share = (cc.loss_window_device_packets / n).clamp(1, cc.loss_window_max_packets);
+        for w in self.qps.values_mut().filter_map(|q| q.req.window.as_mut()) {
+            w.set_max(share);
+        }
     }
 
     /// A one-line account of a QP's send and receive state, for failure reports.
@@ -473,24 +489,37 @@ impl Device {
     fn fill(&mut self, now: u64) {
         let cursor = self.cursor;
         let (qps, mut ctx) = self.split(now);
-        let order: Vec<u32> = qps.range(cursor + 1..).chain(qps.range(..=cursor)).map(|(k, _)| *k).collect();
-        for qpn in order {
-            let Some(qp) = qps.get_mut(&qpn) else {
-                continue;
-            };
-            let mut n = qp.resp.pump(&qp.path, &mut ctx, BURST);
-            if matches!(qp.state, QpState::Rts) {
-                n += qp.req.pump(&qp.path, &mut ctx, BURST);
-                if qp.init.qp_type != QpType::Rc {
-                    settle(qp, &mut ctx);
-                }
-            }
-            if n > 0 {
-                self.cursor = qpn;
-                return;
+        let mut served = None;
+        for (&qpn, qp) in qps.range_mut(cursor + 1..) {
+            if pump_qp(qp, &mut ctx) > 0 {
+                served = Some(qpn);
+                break;
             }
         }
+        if served.is_none() {
+            for (&qpn, qp) in qps.range_mut(..=cursor) {
+                if pump_qp(qp, &mut ctx) > 0 {
+                    served = Some(qpn);
+                    break;
+                }
+            }
+        }
+        if let Some(q) = served {
+            self.cursor = q;
+        }
     }
+}
+
+/// One QP's turn: its responder's replies, then (in RTS) its requester's packets.
+fn pump_qp(qp: &mut Qp, ctx: &mut Ctx<'_>) -> usize {
+    let mut n = qp.resp.pump(&qp.path, ctx, BURST);
+    if matches!(qp.state, QpState::Rts) {
+        n += qp.req.pump(&qp.path, ctx, BURST);
+        if qp.init.qp_type != QpType::Rc {
+            settle(qp, ctx);
+        }
+    }
+    n
 }
 
 /// The BTH opcode of a Congestion Notification Packet (Annex A17.9.3).

@@ -258,7 +258,7 @@ impl Requester {
         self.retry_left -= 1;
         ctx.stats.retransmit_timeouts += 1;
         if let Some(win) = self.window.as_mut() {
-            win.on_loss();
+            win.on_timeout();
         }
         self.rewind(resume);
     }
