@@ -194,6 +194,13 @@ impl MrTable {
         MrTable { regions: HashMap::new(), next_index: 0, max_regions }
     }
 
+    /// A table whose key indices start at a point drawn from `seed`, so that a peer cannot
+    /// guess the first region's index either (the 8 key bits alone are 1 in 256).
+    pub fn with_start(max_regions: usize, seed: u64) -> Self {
+        let start = Rng::new(seed ^ 0x6d72_5f6b_6579_7321).next_u64() as u32 & 0xff_ffff;
+        MrTable { regions: HashMap::new(), next_index: start, max_regions }
+    }
+
     /// Registers `len` bytes. Index bits are a permutation of a counter (not sequential on
     /// the wire); the 8 key bits are random, so a re-registration gets a new key.
     pub fn register(&mut self, pd: Pd, len: usize, access: Access, rng: &mut Rng) -> Option<Mr> {

@@ -130,7 +130,7 @@ pub struct Device {
 impl Device {
     /// A device with no objects.
     pub fn new(cfg: DeviceConfig) -> Self {
-        let mrs = MrTable::new(cfg.max_mrs);
+        let mrs = MrTable::with_start(cfg.max_mrs, cfg.seed);
         Device {
             gids: vec![cfg.gid],
             rng: Rng::new(cfg.seed),
