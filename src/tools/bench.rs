@@ -241,7 +241,7 @@ impl Progress {
         }
         self.next += Duration::from_secs(1);
         let secs = self.start.elapsed().as_secs_f64();
-        eprint!("\r {secs:6.1} s  {:10.2} MB/s ", bytes as f64 / secs / 1e6);
+        eprint!("\r {secs:6.1} s  {:10.2} MB/sec ", bytes as f64 / secs / f64::from(1 << 20));
     }
     fn done(&self) {
         if self.on && Instant::now() >= self.start + Duration::from_secs(2) {
@@ -254,7 +254,7 @@ impl Progress {
 pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwResult, String> {
     let nq = ep.qps.len();
     let cq_mod = p.cq_mod.clamp(1, p.tx_depth.max(1)) as u64;
-    let (mut posted, mut done) = (vec![0u64; nq], vec![0u64; nq]);
+    let (mut posted, mut done, mut signaled) = (vec![0u64; nq], vec![0u64; nq], vec![0u64; nq]);
     let end = p.duration.map(|d| Instant::now() + d);
     let target = |posted: u64| end.map_or(posted < p.iters, |e| Instant::now() < e);
     let mut samples = vec![(Instant::now(), 0u64)];
@@ -267,6 +267,9 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
                 let mut wr = work_request(p.test, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
                 let last = end.is_none() && n == p.iters;
                 wr.signaled = n % cq_mod == 0 || last;
+                if wr.signaled {
+                    signaled[q] = n;
+                }
                 batch.push(wr);
                 posted[q] = n;
             }
@@ -276,7 +279,9 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
         }
         let total_posted: u64 = posted.iter().sum();
         let total_done: u64 = done.iter().sum();
-        if total_done == total_posted && !(0..nq).any(|q| target(posted[q])) {
+        // Done when nothing more is to be posted and every signaled request completed
+        // (a timed run's unsignaled tail completes without being waited for).
+        if !(0..nq).any(|q| target(posted[q])) && (0..nq).all(|q| done[q] >= signaled[q]) {
             break;
         }
         let Some(wc) = ep.cq.wait(Duration::from_secs(30)) else {
