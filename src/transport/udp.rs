@@ -108,7 +108,13 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
         peer_ports: HashMap::new(),
         batch: Vec::new(),
     };
-    let rx_half = UdpRx { sockets, stats, log, batch: RecvBatch::new(RX_BATCH, RX_DATAGRAM_MAX) };
+    let rx_half = UdpRx {
+        sockets,
+        stats,
+        log,
+        batch: RecvBatch::new(RX_BATCH, RX_DATAGRAM_MAX),
+        recovery: icrc::RecoveryCache::default(),
+    };
     Ok((tx_half, rx_half))
 }
 
@@ -272,6 +278,7 @@ pub struct UdpRx {
     stats: Arc<UdpStats>,
     log: Option<Arc<FrameLog>>,
     batch: RecvBatch,
+    recovery: icrc::RecoveryCache,
 }
 
 /// What one received datagram becomes, before the engine sees it.
@@ -303,16 +310,18 @@ impl UdpRx {
 
     /// Checks every datagram of the last [`UdpRx::recv`] and hands the good ones to `dev`.
     pub fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
-        for i in 0..self.batch.meta.len() {
+        let bufs = std::mem::take(&mut self.batch.bufs);
+        for (i, buf) in bufs.iter().enumerate().take(self.batch.meta.len()) {
             let (len, src, tos) = self.batch.meta[i];
-            let payload = &self.batch.bufs[i][..len];
+            let payload = &buf[..len];
             if let RxVerdict::Good { src, ce } = self.check(src, tos, payload) {
                 dev.handle_packet_ecn(now_ns, src, ce, payload);
             }
         }
+        self.batch.bufs = bufs;
     }
 
-    fn check(&self, src: SocketAddr, tos: u8, payload: &[u8]) -> RxVerdict {
+    fn check(&mut self, src: SocketAddr, tos: u8, payload: &[u8]) -> RxVerdict {
         let src_ip = match src.ip() {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
             v4 => v4,
@@ -321,7 +330,7 @@ impl UdpRx {
         let local = self.sockets.local;
         let (mut ip, ip_len) = ip_header(src_ip, local, 8 + payload.len(), 0, false, tos);
         let ok = if ip_len == 20 {
-            match icrc::recover_ipv4(&ip[..20], &udp, payload) {
+            match icrc::recover_ipv4_cached(&mut self.recovery, &ip[..20], &udp, payload) {
                 Ok(Some(r)) => {
                     if r.ident != 0 {
                         self.stats.rx_ipv4_ident_nonzero.fetch_add(1, Ordering::Relaxed);

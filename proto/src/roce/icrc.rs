@@ -198,12 +198,42 @@ fn syndrome_of(at: usize, bits: u8, len: usize) -> u32 {
 /// 15 of its 32 bits against random corruption. `None`: no Identification/DF explains the
 /// ICRC (a corrupted packet, or a sender with IP options).
 pub fn recover_ipv4(ip: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<Option<RecoveredIpv4>> {
-    let computed = compute(IpHeader::V4(ip), udp_header, packet)?;
-    let delta = carried(packet)? ^ computed;
+    recover_ipv4_cached(&mut RecoveryCache::default(), ip, udp_header, packet)
+}
+
+/// The reduced syndrome basis of one ICRC message length: (vector, which unknowns).
+#[derive(Debug, Clone, Copy)]
+struct Basis {
+    len: usize,
+    rows: [(u32, u32); 17],
+    rank: usize,
+}
+
+/// Syndrome bases of the last few packet lengths seen, so that a receiver solves each
+/// packet with a few XORs: lengths repeat (full-MTU packets, ACKs).
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryCache {
+    entries: [Option<Basis>; 4],
+    next: usize,
+}
+
+impl RecoveryCache {
+    fn basis(&mut self, len: usize) -> Basis {
+        if let Some(b) = self.entries.iter().flatten().find(|b| b.len == len) {
+            return *b;
+        }
+        let b = basis_for(len);
+        self.entries[self.next] = Some(b);
+        self.next = (self.next + 1) % self.entries.len();
+        b
+    }
+}
+
+/// The 17 syndromes of an ICRC message of `len` bytes, reduced to a basis.
+fn basis_for(len: usize) -> Basis {
     // Unknowns: 16 Identification bits (IP bytes 4-5), then DF (byte 6, 0x40); the ICRC
     // message starts with 8 bytes standing for the LRH.
-    let len = 8 + 20 + UDP_HEADER_LEN + packet.len() - ICRC_LEN;
-    let mut basis = [(0u32, 0u32); 17];
+    let mut rows = [(0u32, 0u32); 17];
     let mut rank = 0;
     for unknown in 0..17u32 {
         let (at, bits) = match unknown {
@@ -212,19 +242,32 @@ pub fn recover_ipv4(ip: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<Optio
         };
         let mut v = syndrome_of(at, bits, len);
         let mut which = 1u32 << unknown;
-        for &(bv, bw) in &basis[..rank] {
+        for &(bv, bw) in &rows[..rank] {
             if v & top_bit(bv) != 0 {
                 v ^= bv;
                 which ^= bw;
             }
         }
         if v != 0 {
-            basis[rank] = (v, which);
+            rows[rank] = (v, which);
             rank += 1;
         }
     }
+    Basis { len, rows, rank }
+}
+
+/// As [`recover_ipv4`], reusing the bases of recent packet lengths from `cache`.
+pub fn recover_ipv4_cached(
+    cache: &mut RecoveryCache,
+    ip: &[u8],
+    udp_header: &[u8],
+    packet: &[u8],
+) -> Result<Option<RecoveredIpv4>> {
+    let computed = compute(IpHeader::V4(ip), udp_header, packet)?;
+    let delta = carried(packet)? ^ computed;
+    let basis = cache.basis(8 + 20 + UDP_HEADER_LEN + packet.len() - ICRC_LEN);
     let (mut rest, mut solution) = (delta, 0u32);
-    for &(bv, bw) in &basis[..rank] {
+    for &(bv, bw) in &basis.rows[..basis.rank] {
         if rest & top_bit(bv) != 0 {
             rest ^= bv;
             solution ^= bw;
