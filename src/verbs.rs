@@ -158,6 +158,8 @@ struct Shared {
     rx: Mutex<UdpRx>,
     /// Application threads busy-polling now.
     busy_pollers: AtomicUsize,
+    /// A busy-polling caller left replies in the engine for its next call to send.
+    replies_held: AtomicBool,
 }
 
 impl Shared {
@@ -176,6 +178,12 @@ impl Shared {
     fn settle(&self, core: &mut Core, now_ns: u64) {
         let Core { dev, tx, .. } = core;
         tx.flush(dev, now_ns);
+        self.replies_held.store(false, Ordering::Release);
+        self.hand_out(core);
+    }
+
+    /// Completions to their CQ queues; the poll thread woken if the deadline moved earlier.
+    fn hand_out(&self, core: &mut Core) {
         if core.dev.stats.completions != core.completions_seen {
             core.completions_seen = core.dev.stats.completions;
             let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
@@ -217,18 +225,24 @@ fn poll_loop(shared: Arc<Shared>) {
             std::thread::sleep(Duration::from_millis(1));
         }
         shared.waker.clear();
-        while shared.progress() > 0 {}
+        while shared.progress(false) > 0 {}
     }
 }
 
 impl Shared {
     /// Receives one batch (if the socket is free), fires due timers and settles; returns
-    /// the number of datagrams handled.
-    fn progress(&self) -> usize {
+    /// the number of datagrams handled. With `hold_replies` (a busy-polling caller), the
+    /// replies to what arrived (ACKs) wait for the caller's next post or look, so that
+    /// they leave with the caller's own request in one `sendmmsg`.
+    fn progress(&self, hold_replies: bool) -> usize {
         let Ok(mut rx) = self.rx.try_lock() else { return 0 };
         let n = rx.recv().unwrap_or(0);
-        let mut core = self.lock();
         let now = self.now_ns();
+        let held = self.replies_held.load(Ordering::Acquire);
+        if n == 0 && !held && now < self.armed_ns.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut core = self.lock();
         if n > 0 {
             rx.deliver(&mut core.dev, now);
         }
@@ -237,7 +251,12 @@ impl Shared {
             core.dev.handle_timeout(now);
         }
         self.armed_ns.store(u64::MAX, Ordering::Release);
-        self.settle(&mut core, now);
+        if n > 0 && hold_replies {
+            self.replies_held.store(true, Ordering::Release);
+            self.hand_out(&mut core);
+        } else {
+            self.settle(&mut core, now);
+        }
         n
     }
 }
@@ -296,6 +315,7 @@ impl Context {
             ip: cfg.addr,
             rx: Mutex::new(rx),
             busy_pollers: AtomicUsize::new(0),
+            replies_held: AtomicBool::new(false),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || poll_loop(s))?;
@@ -384,7 +404,7 @@ impl Context {
     /// Returns the number of datagrams handled. Latency-bound loops call this while they
     /// spin, inside a [`Context::busy_poll`] section.
     pub fn progress(&self) -> usize {
-        self.shared.progress()
+        self.shared.progress(true)
     }
 
     /// Starts a busy-polling section: until the guard drops, the poll thread leaves the
@@ -433,6 +453,11 @@ pub struct BusyPoll<'a> {
 
 impl Drop for BusyPoll<'_> {
     fn drop(&mut self) {
+        // Send whatever replies the section held back.
+        let mut core = self.shared.lock();
+        let now = self.shared.now_ns();
+        self.shared.settle(&mut core, now);
+        drop(core);
         self.shared.busy_pollers.fetch_sub(1, Ordering::AcqRel);
         self.shared.waker.wake();
     }
