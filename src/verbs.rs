@@ -338,6 +338,11 @@ impl Context {
         self.shared.lock().tx.set_peer_port(peer, port);
     }
 
+    /// The whole GID table.
+    pub fn gids(&self) -> Vec<Gid> {
+        self.shared.lock().dev.gids().to_vec()
+    }
+
     /// A GID of the table (`ibv_query_gid`).
     pub fn gid(&self, index: u8) -> Option<Gid> {
         self.shared.lock().dev.gids().get(usize::from(index)).copied()
@@ -566,6 +571,19 @@ impl SharedReceiveQueue {
     }
 }
 
+/// What [`QueuePair::query`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    /// QP number.
+    pub qp_num: u32,
+    /// State.
+    pub state: QpState,
+    /// The PSN the send queue assigns next.
+    pub sq_psn: u32,
+    /// The PSN the receive queue expects next.
+    pub rq_psn: u32,
+}
+
 /// `ibv_qp`.
 pub struct QueuePair {
     qpn: u32,
@@ -583,9 +601,17 @@ impl QueuePair {
         self.shared.with_core(|d| d.modify_qp(self.qpn, attr))
     }
 
-    /// The QP's state (`ibv_query_qp`).
+    /// The QP's state.
     pub fn state(&self) -> Option<QpState> {
         self.shared.lock().dev.qp_state(self.qpn)
+    }
+
+    /// `ibv_query_qp`: state and sequence numbers.
+    pub fn query(&self) -> Option<QpInfo> {
+        let core = self.shared.lock();
+        let state = core.dev.qp_state(self.qpn)?;
+        let (sq_psn, rq_psn) = core.dev.qp_psns(self.qpn)?;
+        Some(QpInfo { qp_num: self.qpn, state, sq_psn, rq_psn })
     }
 
     /// `ibv_post_send`: the caller's thread segments and sends.
