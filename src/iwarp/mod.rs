@@ -1,3 +1,5 @@
-//! iWARP on a byte stream: MPA deframing (RFC 5044).
+//! iWARP on a byte stream: MPA connection setup (RFC 5044 §7, RFC 6581) and MPA deframing
+//! (RFC 5044 §4-5).
 
 pub mod deframer;
+pub mod setup;
