@@ -277,3 +277,35 @@ fn every_mpa_frame_and_fpdu_reemits_with_its_crc() {
         assert!(fpdus >= 30, "{}: only {fpdus} FPDUs", e.file);
     }
 }
+
+/// softrdma's MPA setup against siw's own frames: each captured Request, fed to a softrdma
+/// responder, and each captured Reply, fed to a softrdma initiator, establish the
+/// connection with the CRC choice siw made, and leave the FPDUs after them untouched.
+#[test]
+fn mpa_setup_accepts_siws_requests_and_replies() {
+    use softrdma::iwarp::setup::{Outcome, Policy, Setup};
+    for (name, crc) in [
+        ("siw-rping.pcap", false),
+        ("siw-crc-rping.pcap", true),
+        ("siw-write_bw.pcap", false),
+        ("siw-crc-write_bw.pcap", true),
+    ] {
+        let streams = tcp_streams(name);
+        let req = streams.iter().find(|s| s.data.starts_with(b"MPA ID Req Frame")).expect("a Request");
+        let rep = streams.iter().find(|s| s.data.starts_with(b"MPA ID Rep Frame")).expect("a Reply");
+        let frame_len = |d: &[u8]| 20 + usize::from(u16::from_be_bytes([d[18], d[19]]));
+        let mut res = Setup::responder(Policy::default(), 0);
+        assert_eq!(res.on_bytes(&req.data), frame_len(&req.data), "{name}");
+        let mut ini = Setup::initiator(Policy::default(), 0);
+        assert_eq!(ini.on_bytes(&rep.data), frame_len(&rep.data), "{name}");
+        for (side, o) in [("responder", res.outcome()), ("initiator", ini.outcome())] {
+            match o {
+                Some(Outcome::Established(n)) => {
+                    assert_eq!(n.crc, crc, "{name} {side}");
+                    assert!(!n.markers_rx && !n.markers_tx, "siw refuses markers");
+                }
+                other => panic!("{name} {side}: {other:?}"),
+            }
+        }
+    }
+}
