@@ -1,0 +1,53 @@
+//! Puts ULPDUs on an MPA stream as FPDUs (RFC 5044 §4-5): length, ULPDU, zero pad, CRC32c
+//! when negotiated, and markers every 512 stream octets when the peer asked for them. The
+//! inverse of [`super::deframer::Deframer`]; stream offset 0 is the first octet after the
+//! MPA Request/Reply, where markers are counted from.
+
+use crate::proto::iwarp::fpdu::{self, crc_with_markers, insert_markers, wire_len_with_markers, FpduRepr};
+use crate::proto::Error;
+
+/// The transmit side of one connection's MPA stream.
+#[derive(Debug, Clone)]
+pub struct Framer {
+    offset: u64,
+    markers: bool,
+    crc: bool,
+}
+
+impl Framer {
+    /// A framer with the negotiated settings for the direction it sends.
+    pub fn new(markers: bool, crc: bool) -> Self {
+        Framer { offset: 0, markers, crc }
+    }
+
+    /// Stream offset of the next FPDU.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Appends one FPDU carrying `ulpdu` to `out`.
+    pub fn frame(&mut self, ulpdu: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+        let repr = FpduRepr { ulpdu, pad: [0; 3], with_crc: self.crc && !self.markers };
+        let mut plain = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut plain)?;
+        if !self.markers {
+            out.extend_from_slice(&plain);
+            self.offset += plain.len() as u64;
+            return Ok(());
+        }
+        let wire_len = wire_len_with_markers(self.offset, plain.len());
+        let start = out.len();
+        out.resize(start + wire_len, 0);
+        insert_markers(self.offset, &plain, &mut out[start..])?;
+        if self.crc {
+            // The CRC covers the wire octets before it, markers included: compute it over
+            // the marked stream, put it in the FPDU, and mark again.
+            let crc = crc_with_markers(self.offset, &out[start..], plain.len())?;
+            let n = plain.len();
+            plain[n - fpdu::CRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+            insert_markers(self.offset, &plain, &mut out[start..])?;
+        }
+        self.offset += wire_len as u64;
+        Ok(())
+    }
+}
