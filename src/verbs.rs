@@ -250,7 +250,11 @@ impl Shared {
         if core.dev.poll_timeout().is_some_and(|t| t <= now) {
             core.dev.handle_timeout(now);
         }
-        self.armed_ns.store(u64::MAX, Ordering::Release);
+        if !hold_replies {
+            // The poll thread re-arms from scratch; a busy-polling caller leaves its sleep
+            // alone (settle only ever moves it earlier), or every look would wake it.
+            self.armed_ns.store(u64::MAX, Ordering::Release);
+        }
         if n > 0 && hold_replies {
             self.replies_held.store(true, Ordering::Release);
             self.hand_out(&mut core);

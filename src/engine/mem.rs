@@ -42,41 +42,60 @@ impl SharedMem {
         if !self.in_bounds(offset, out.len()) {
             return false;
         }
-        let mut done = 0;
-        while done < out.len() {
-            let at = offset + done;
-            let (w, skip) = (at / WORD, at % WORD);
-            let bytes = self.words[w].load(Ordering::Relaxed).to_le_bytes();
-            let n = (WORD - skip).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&bytes[skip..skip + n]);
-            done += n;
+        // A partial first word, then whole words, then a partial last word.
+        let total = out.len();
+        let head = ((WORD - offset % WORD) % WORD).min(total);
+        let (first, rest) = out.split_at_mut(head);
+        self.read_partial(offset, first);
+        let at = offset + head;
+        let mut chunks = rest.chunks_exact_mut(WORD);
+        for (chunk, word) in (&mut chunks).zip(&self.words[at / WORD..]) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
+        let tail = chunks.into_remainder();
+        let tail_at = offset + total - tail.len();
+        self.read_partial(tail_at, tail);
         true
+    }
+    /// Bytes within one word.
+    fn read_partial(&self, offset: usize, out: &mut [u8]) {
+        if out.is_empty() {
+            return;
+        }
+        let skip = offset % WORD;
+        let bytes = self.words[offset / WORD].load(Ordering::Relaxed).to_le_bytes();
+        out.copy_from_slice(&bytes[skip..skip + out.len()]);
     }
     /// Copies `data` to `offset`; false (nothing written) when out of bounds.
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
         if !self.in_bounds(offset, data.len()) {
             return false;
         }
-        let mut done = 0;
-        while done < data.len() {
-            let at = offset + done;
-            let (w, skip) = (at / WORD, at % WORD);
-            let n = (WORD - skip).min(data.len() - done);
-            if n == WORD {
-                let v = u64::from_le_bytes(data[done..done + WORD].try_into().unwrap_or([0; 8]));
-                self.words[w].store(v, Ordering::Relaxed);
-            } else {
-                // A partial word: merge with what is there, atomically.
-                let _ = self.words[w].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                    let mut b = old.to_le_bytes();
-                    b[skip..skip + n].copy_from_slice(&data[done..done + n]);
-                    Some(u64::from_le_bytes(b))
-                });
-            }
-            done += n;
+        let head = ((WORD - offset % WORD) % WORD).min(data.len());
+        let (first, rest) = data.split_at(head);
+        self.write_partial(offset, first);
+        let at = offset + head;
+        let mut chunks = rest.chunks_exact(WORD);
+        for (chunk, word) in (&mut chunks).zip(&self.words[at / WORD..]) {
+            let mut b = [0u8; WORD];
+            b.copy_from_slice(chunk);
+            word.store(u64::from_le_bytes(b), Ordering::Relaxed);
         }
+        let tail = chunks.remainder();
+        self.write_partial(offset + data.len() - tail.len(), tail);
         true
+    }
+    /// Bytes within one word: merged with what is there, atomically.
+    fn write_partial(&self, offset: usize, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let skip = offset % WORD;
+        let _ = self.words[offset / WORD].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            let mut b = old.to_le_bytes();
+            b[skip..skip + data.len()].copy_from_slice(data);
+            Some(u64::from_le_bytes(b))
+        });
     }
     /// Fills `n` bytes at `offset` with `byte`.
     pub fn fill(&self, offset: usize, n: usize, byte: u8) -> bool {

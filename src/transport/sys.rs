@@ -63,9 +63,15 @@ pub struct RecvBatch {
     pub bufs: Vec<Vec<u8>>,
     addrs: Vec<libc::sockaddr_storage>,
     cmsgs: Vec<[u8; CMSG_SPACE]>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
     /// Per datagram of the last call: (length, source, TOS byte).
     pub meta: Vec<(usize, SocketAddr, u8)>,
 }
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` are scratch space, rewritten from the owned
+// buffers at the start of every `recv`; nothing reads them in between.
+unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
     /// Room for `count` datagrams of `size` bytes.
@@ -75,6 +81,9 @@ impl RecvBatch {
             // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
             addrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
             cmsgs: vec![[0u8; CMSG_SPACE]; count],
+            iovs: Vec::with_capacity(count),
+            // SAFETY: mmsghdr is plain data; all-zero is a valid value.
+            hdrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
             meta: Vec::with_capacity(count),
         }
     }
@@ -82,17 +91,19 @@ impl RecvBatch {
     /// Receives what is queued without blocking; returns the number of datagrams.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         let n = self.bufs.len();
-        let mut iovs: Vec<libc::iovec> =
-            self.bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
-        // SAFETY: mmsghdr is plain data; all-zero is a valid value.
-        let mut hdrs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { zeroed() }).collect();
+        self.iovs.clear();
+        self.iovs
+            .extend(self.bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }));
+        let hdrs = &mut self.hdrs;
         for (i, h) in hdrs.iter_mut().enumerate() {
+            h.msg_len = 0;
             h.msg_hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
-            h.msg_hdr.msg_iov = &mut iovs[i];
+            h.msg_hdr.msg_iov = &mut self.iovs[i];
             h.msg_hdr.msg_iovlen = 1;
             h.msg_hdr.msg_control = self.cmsgs[i].as_mut_ptr().cast();
             h.msg_hdr.msg_controllen = CMSG_SPACE;
+            h.msg_hdr.msg_flags = 0;
         }
         // SAFETY: every pointer in `hdrs` points into buffers that live until the call returns,
         // with the lengths given.
