@@ -38,8 +38,13 @@ pub enum OobError {
 impl fmt::Display for OobError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OobError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                f.write_str("the peer closed the out-of-band connection")
+            OobError::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+                ) =>
+            {
+                write!(f, "the peer closed the out-of-band connection ({e})")
             }
             OobError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 write!(f, "the peer said nothing for {} s", PEER_TIMEOUT.as_secs())
