@@ -3,4 +3,5 @@
 
 pub mod deframer;
 pub mod framer;
+pub mod qp;
 pub mod setup;

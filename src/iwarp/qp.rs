@@ -1,0 +1,565 @@
+//! An iWARP queue pair on one established MPA connection, sans-I/O: RDMAP (RFC 5040) over
+//! DDP (RFC 5041) over MPA FPDUs (RFC 5044). Stream bytes go in ([`IwarpQp::on_stream`]),
+//! stream bytes and completions come out. TCP is reliable, so there is no retransmission:
+//! a Send or Write completes once framed, a Read when its last response segment is placed.
+//! Every error is a Terminate with the layer, type and code of RFC 5040 §7 / RFC 5041 §7
+//! and the offending headers copied, then the QP goes to ERR with flushed completions.
+
+use super::deframer::{CrcCheck, Deframer};
+use super::framer::Framer;
+use super::setup::{Negotiated, RtrKind};
+use crate::engine::mem::{MemError, MrTable, Need, Pd};
+use crate::engine::verbs::{QpState, RecvWr, SendOp, SendWr, VerbsError, Wc, WcOpcode, WcStatus};
+use crate::proto::iwarp::ddp::{DdpBuffer, DdpRepr, VERSION as DDP_VERSION};
+use crate::proto::iwarp::rdmap::{
+    Body, Control, Layer, MessageRepr, Opcode, ReadRequestRepr, TerminateRepr, QN_READ_REQUEST, QN_SEND, QN_TERMINATE,
+    VERSION as RDMAP_VERSION,
+};
+use std::collections::VecDeque;
+
+/// The STag a ready-to-receive zero-length Write or Read carries (siw's choice, since some
+/// hardware rejects 0); any is accepted.
+const RTR_STAG: u32 = 1;
+
+/// A send-queue entry until it completes, in posting order.
+#[derive(Debug)]
+struct SqEntry {
+    wr_id: u64,
+    opcode: WcOpcode,
+    len: u32,
+    signaled: bool,
+    done: Option<WcStatus>,
+    is_read: bool,
+}
+
+/// A receive being filled by the message with MSN `msn`.
+#[derive(Debug)]
+struct Filling {
+    wr: RecvWr,
+    capacity: usize,
+}
+
+/// Why the stream stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Terminated {
+    /// Sent by this side (true) or received from the peer.
+    pub local: bool,
+    /// The layer, type and code, in words.
+    pub reason: String,
+}
+
+/// One iWARP QP on one MPA connection.
+#[derive(Debug)]
+pub struct IwarpQp {
+    qpn: u32,
+    pd: Pd,
+    state: QpState,
+    framer: Framer,
+    deframer: Deframer,
+    mulpdu: usize,
+    out: Vec<u8>,
+    sq: VecDeque<SqEntry>,
+    waiting: VecDeque<SendWr>,
+    rq: VecDeque<RecvWr>,
+    filling: Option<Filling>,
+    next_msn: [u32; 3],
+    expect_msn: [u32; 2],
+    ord: usize,
+    reads_out: usize,
+    rtr_expected: bool,
+    completions: VecDeque<Wc>,
+    terminated: Option<Terminated>,
+}
+
+impl IwarpQp {
+    /// A QP in RTS on a connection set up with `neg`, sending FPDUs of at most `mss`
+    /// octets. The initiator of a peer-to-peer connection sends its RTR first.
+    pub fn new(qpn: u32, pd: Pd, neg: &Negotiated, initiator: bool, mss: usize) -> IwarpQp {
+        // FPDU overhead: length, pad, CRC, and up to 3 markers in a 1500-byte segment.
+        let overhead = 2 + 3 + 4 + if neg.markers_tx { 12 } else { 0 };
+        let mut qp = IwarpQp {
+            qpn,
+            pd,
+            state: QpState::Rts,
+            framer: Framer::new(neg.markers_tx, neg.crc),
+            deframer: Deframer::new(neg.markers_rx, neg.crc),
+            mulpdu: mss.saturating_sub(overhead).max(64),
+            out: Vec::new(),
+            sq: VecDeque::new(),
+            waiting: VecDeque::new(),
+            rq: VecDeque::new(),
+            filling: None,
+            next_msn: [1; 3],
+            expect_msn: [1; 2],
+            ord: usize::from(neg.ord.max(1)),
+            reads_out: 0,
+            rtr_expected: !initiator && neg.rtr.is_some(),
+            completions: VecDeque::new(),
+            terminated: None,
+        };
+        if initiator {
+            if let Some(kind) = neg.rtr {
+                qp.send_rtr(kind);
+            }
+        }
+        qp
+    }
+
+    /// The QP's state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Why the stream stopped, if it did.
+    pub fn terminated(&self) -> Option<&Terminated> {
+        self.terminated.as_ref()
+    }
+
+    /// Bytes for the TCP stream.
+    pub fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// The next completion.
+    pub fn poll_completion(&mut self) -> Option<Wc> {
+        self.completions.pop_front()
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.state == QpState::Err {
+            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn, 0));
+            return Ok(());
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// `ibv_post_send`: Send (with solicited event and invalidate), Write, Read.
+    pub fn post_send(&mut self, wr: SendWr, mrs: &MrTable) -> Result<(), VerbsError> {
+        if self.state != QpState::Rts {
+            return Err(VerbsError::InvalidRequest);
+        }
+        if matches!(wr.op, SendOp::SendImm(_) | SendOp::WriteImm(..) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..)) {
+            // Immediate data and atomics are RFC 7306, not yet spoken.
+            return Err(VerbsError::InvalidRequest);
+        }
+        if let SendOp::Read(_) = wr.op {
+            if wr.sgl.len() != 1 {
+                // An iWARP Read places into one tagged buffer (RFC 5040 §5.2).
+                return Err(VerbsError::InvalidRequest);
+            }
+            if self.reads_out >= self.ord {
+                self.waiting.push_back(wr);
+                return Ok(());
+            }
+        }
+        self.start(wr, mrs);
+        Ok(())
+    }
+
+    fn start(&mut self, wr: SendWr, mrs: &MrTable) {
+        let len: u32 = wr.sgl.iter().map(|s| s.length).sum();
+        let opcode = match wr.op {
+            SendOp::Write(_) => WcOpcode::RdmaWrite,
+            SendOp::Read(_) => WcOpcode::RdmaRead,
+            _ => WcOpcode::Send,
+        };
+        let is_read = matches!(wr.op, SendOp::Read(_));
+        let mut entry = SqEntry { wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, done: None, is_read };
+        match gather(&wr, self.pd, mrs, is_read) {
+            Err(()) => entry.done = Some(WcStatus::LocProtErr),
+            Ok(data) => {
+                match wr.op {
+                    SendOp::Write(r) => self.send_tagged(Opcode::Write, r.rkey, r.addr, &data),
+                    SendOp::Read(r) => {
+                        let s = wr.sgl[0];
+                        let rr = ReadRequestRepr {
+                            sink_stag: s.lkey,
+                            sink_to: s.addr,
+                            size: len,
+                            src_stag: r.rkey,
+                            src_to: r.addr,
+                        };
+                        self.send_read_request(rr);
+                        self.reads_out += 1;
+                    }
+                    op => self.send_untagged_message(op, wr.solicited, &data),
+                }
+                if !is_read {
+                    entry.done = Some(WcStatus::Success);
+                }
+            }
+        }
+        self.sq.push_back(entry);
+        self.retire();
+    }
+
+    /// Completes finished send-queue entries in posting order; an error takes the QP to ERR.
+    fn retire(&mut self) {
+        while let Some(status) = self.sq.front().and_then(|e| e.done) {
+            let Some(e) = self.sq.pop_front() else { break };
+            if e.signaled || status != WcStatus::Success {
+                self.completions.push_back(Wc::new(e.wr_id, status, e.opcode, self.qpn, e.len));
+            }
+            if status != WcStatus::Success {
+                self.enter_error();
+                return;
+            }
+        }
+    }
+
+    fn emit(&mut self, m: &MessageRepr<'_>) {
+        let mut ulpdu = vec![0u8; m.buffer_len()];
+        // The header fields are built here within their ranges, so emitting cannot fail;
+        // a failure would be a bug, reported as a local catastrophic error.
+        if m.emit(&mut ulpdu).is_err() || self.framer.frame(&ulpdu, &mut self.out).is_err() {
+            self.enter_error();
+        }
+    }
+
+    fn control(opcode: Opcode) -> Control {
+        Control { version: RDMAP_VERSION, opcode }
+    }
+
+    /// A tagged message (Write or Read Response), segmented to the MULPDU.
+    fn send_tagged(&mut self, opcode: Opcode, stag: u32, to: u64, data: &[u8]) {
+        let room = self.mulpdu - crate::proto::iwarp::ddp::TAGGED_LEN;
+        let mut off = 0;
+        loop {
+            let n = room.min(data.len() - off);
+            let last = off + n == data.len();
+            let ddp = DdpRepr {
+                last,
+                version: DDP_VERSION,
+                rsvd_ulp: 0,
+                buffer: DdpBuffer::Tagged { stag, to: to.wrapping_add(off as u64) },
+            };
+            self.emit(&MessageRepr { ddp, control: Self::control(opcode), body: Body::Data(&data[off..off + n]) });
+            off += n;
+            if last {
+                break;
+            }
+        }
+    }
+
+    /// A Send of any flavour on queue 0, segmented to the MULPDU.
+    fn send_untagged_message(&mut self, op: SendOp, solicited: bool, data: &[u8]) {
+        let (opcode, inv) = match (op, solicited) {
+            (SendOp::SendInv(k), false) => (Opcode::SendInvalidate, k),
+            (SendOp::SendInv(k), true) => (Opcode::SendSolicitedInvalidate, k),
+            (_, true) => (Opcode::SendSolicited, 0),
+            _ => (Opcode::Send, 0),
+        };
+        let msn = self.take_msn(QN_SEND);
+        let room = self.mulpdu - crate::proto::iwarp::ddp::UNTAGGED_LEN;
+        let mut off = 0;
+        loop {
+            let n = room.min(data.len() - off);
+            let last = off + n == data.len();
+            let buffer = DdpBuffer::Untagged { rsvd_ulp: inv, qn: QN_SEND, msn, mo: off as u32 };
+            let ddp = DdpRepr { last, version: DDP_VERSION, rsvd_ulp: 0, buffer };
+            self.emit(&MessageRepr { ddp, control: Self::control(opcode), body: Body::Data(&data[off..off + n]) });
+            off += n;
+            if last {
+                break;
+            }
+        }
+    }
+
+    fn send_read_request(&mut self, rr: ReadRequestRepr) {
+        let msn = self.take_msn(QN_READ_REQUEST);
+        let buffer = DdpBuffer::Untagged { rsvd_ulp: 0, qn: QN_READ_REQUEST, msn, mo: 0 };
+        let ddp = DdpRepr { last: true, version: DDP_VERSION, rsvd_ulp: 0, buffer };
+        self.emit(&MessageRepr { ddp, control: Self::control(Opcode::ReadRequest), body: Body::ReadRequest(rr) });
+    }
+
+    fn take_msn(&mut self, qn: u32) -> u32 {
+        let i = qn as usize;
+        let msn = self.next_msn[i];
+        self.next_msn[i] = msn.wrapping_add(1);
+        msn
+    }
+
+    /// The ready-to-receive message (RFC 6581 §6): zero-length, as negotiated.
+    fn send_rtr(&mut self, kind: RtrKind) {
+        match kind {
+            RtrKind::Write => self.send_tagged(Opcode::Write, RTR_STAG, 0, &[]),
+            RtrKind::Send => self.send_untagged_message(SendOp::Send, false, &[]),
+            RtrKind::Read => {
+                let rr = ReadRequestRepr { sink_stag: RTR_STAG, sink_to: 0, size: 0, src_stag: RTR_STAG, src_to: 0 };
+                self.send_read_request(rr);
+            }
+        }
+    }
+
+    /// Stream bytes from TCP.
+    pub fn on_stream(&mut self, data: &[u8], mrs: &mut MrTable) {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.deframer.push(data);
+        while self.state != QpState::Err {
+            match self.deframer.next_fpdu() {
+                Ok(None) => break,
+                Err(_) => return self.terminate(Layer::Llp, 0, 3, None),
+                Ok(Some(f)) if matches!(f.crc, CrcCheck::Bad { .. }) => {
+                    return self.terminate(Layer::Llp, 0, 2, None);
+                }
+                Ok(Some(f)) => self.on_ulpdu(&f.ulpdu, mrs),
+            }
+        }
+    }
+
+    fn on_ulpdu(&mut self, ulpdu: &[u8], mrs: &mut MrTable) {
+        let m = match MessageRepr::parse(ulpdu) {
+            Ok(m) => m,
+            Err(_) => return self.terminate(Layer::Rdmap, 2, 6, Some(ulpdu)),
+        };
+        if m.ddp.version != DDP_VERSION {
+            let etype = if matches!(m.ddp.buffer, DdpBuffer::Tagged { .. }) { 1 } else { 2 };
+            return self.terminate(Layer::Ddp, etype, if etype == 1 { 4 } else { 6 }, Some(ulpdu));
+        }
+        if m.control.version != RDMAP_VERSION {
+            return self.terminate(Layer::Rdmap, 2, 5, Some(ulpdu));
+        }
+        if self.rtr_expected {
+            self.rtr_expected = false;
+            if let Body::Data(d) = m.body {
+                if d.is_empty() && matches!(m.control.opcode, Opcode::Write | Opcode::Send) {
+                    return; // The initiator's ready-to-receive: nothing to place.
+                }
+            }
+        }
+        match (m.control.opcode, m.ddp.buffer, m.body) {
+            (Opcode::Write, DdpBuffer::Tagged { stag, to }, Body::Data(d)) => {
+                self.place_tagged(stag, to, d, Need::RemoteWrite, ulpdu, mrs);
+            }
+            (Opcode::ReadResponse, DdpBuffer::Tagged { stag, to }, Body::Data(d)) => {
+                self.on_read_response(stag, to, d, m.ddp.last, ulpdu, mrs);
+            }
+            (op, DdpBuffer::Untagged { qn, msn, mo, rsvd_ulp }, Body::Data(d)) if is_send(op) => {
+                self.on_send(Untagged { qn, msn, mo, inv: rsvd_ulp, last: m.ddp.last }, op, d, ulpdu, mrs);
+            }
+            (Opcode::ReadRequest, DdpBuffer::Untagged { qn, msn, .. }, Body::ReadRequest(rr)) => {
+                self.on_read_request(qn, msn, rr, ulpdu, mrs);
+            }
+            (Opcode::Terminate, _, Body::Terminate(t)) => {
+                self.terminated = Some(Terminated { local: false, reason: t.to_string() });
+                self.enter_error();
+            }
+            _ => self.terminate(Layer::Rdmap, 2, 6, Some(ulpdu)),
+        }
+    }
+
+    /// Places tagged data after checking STag, PD, access and bounds (RFC 5041 §7.2 codes).
+    fn place_tagged(&mut self, stag: u32, to: u64, d: &[u8], need: Need, ulpdu: &[u8], mrs: &MrTable) -> bool {
+        if d.is_empty() {
+            return true; // Nothing is placed, so nothing is checked.
+        }
+        match mrs.resolve(stag, self.pd, to, d.len(), need) {
+            Ok((mem, off)) => mem.write(off, d),
+            Err(e) => {
+                let (layer, etype, code) = tagged_error(e);
+                self.terminate(layer, etype, code, Some(ulpdu));
+                false
+            }
+        }
+    }
+
+    fn on_read_response(&mut self, stag: u32, to: u64, d: &[u8], last: bool, ulpdu: &[u8], mrs: &MrTable) {
+        let Some(i) = self.sq.iter().position(|e| e.is_read && e.done.is_none()) else {
+            return self.terminate(Layer::Rdmap, 2, 6, Some(ulpdu));
+        };
+        if !self.place_tagged(stag, to, d, Need::LocalWrite, ulpdu, mrs) {
+            return;
+        }
+        if last {
+            self.sq[i].done = Some(WcStatus::Success);
+            self.reads_out -= 1;
+            self.retire();
+            self.start_waiting_reads(mrs);
+        }
+    }
+
+    fn start_waiting_reads(&mut self, mrs: &MrTable) {
+        while self.reads_out < self.ord && self.state == QpState::Rts {
+            let Some(wr) = self.waiting.pop_front() else { break };
+            self.start(wr, mrs);
+        }
+    }
+
+    /// A Send segment on queue 0: MSN and MO place it in the head receive (RFC 5041 §5.3).
+    fn on_send(&mut self, u: Untagged, op: Opcode, d: &[u8], ulpdu: &[u8], mrs: &mut MrTable) {
+        if u.qn != QN_SEND {
+            return self.terminate(Layer::Ddp, 2, 1, Some(ulpdu));
+        }
+        if u.msn != self.expect_msn[0] {
+            return self.terminate(Layer::Ddp, 2, 3, Some(ulpdu));
+        }
+        if self.filling.is_none() {
+            let Some(wr) = self.rq.pop_front() else {
+                return self.terminate(Layer::Ddp, 2, 2, Some(ulpdu));
+            };
+            let capacity = wr.sgl.iter().map(|s| s.length as usize).sum();
+            self.filling = Some(Filling { wr, capacity });
+        }
+        let Some(f) = self.filling.as_ref() else { return };
+        let end = u.mo as usize + d.len();
+        if end > f.capacity {
+            return self.terminate(Layer::Ddp, 2, 5, Some(ulpdu));
+        }
+        if !scatter(&f.wr, u.mo as usize, d, self.pd, mrs) {
+            return self.terminate(Layer::Rdmap, 2, 7, Some(ulpdu));
+        }
+        if u.last {
+            self.finish_receive(u, op, end, mrs);
+        }
+    }
+
+    fn finish_receive(&mut self, u: Untagged, op: Opcode, len: usize, mrs: &mut MrTable) {
+        let Some(f) = self.filling.take() else { return };
+        self.expect_msn[0] = self.expect_msn[0].wrapping_add(1);
+        let mut wc = Wc::new(f.wr.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn, len as u32);
+        wc.solicited = matches!(op, Opcode::SendSolicited | Opcode::SendSolicitedInvalidate);
+        if matches!(op, Opcode::SendInvalidate | Opcode::SendSolicitedInvalidate) {
+            if !mrs.invalidate(u.inv) {
+                return self.terminate(Layer::Rdmap, 2, 9, None);
+            }
+            wc.invalidated_rkey = Some(u.inv);
+        }
+        self.completions.push_back(wc);
+    }
+
+    /// A Read Request on queue 1: answered at once with tagged Read Response segments.
+    fn on_read_request(&mut self, qn: u32, msn: u32, rr: ReadRequestRepr, ulpdu: &[u8], mrs: &MrTable) {
+        if qn != QN_READ_REQUEST {
+            return self.terminate(Layer::Ddp, 2, 1, Some(ulpdu));
+        }
+        if msn != self.expect_msn[1] {
+            return self.terminate(Layer::Ddp, 2, 3, Some(ulpdu));
+        }
+        self.expect_msn[1] = self.expect_msn[1].wrapping_add(1);
+        if rr.size == 0 {
+            return self.send_tagged(Opcode::ReadResponse, rr.sink_stag, rr.sink_to, &[]);
+        }
+        match mrs.resolve(rr.src_stag, self.pd, rr.src_to, rr.size as usize, Need::RemoteRead) {
+            Ok((mem, off)) => {
+                let mut data = vec![0u8; rr.size as usize];
+                mem.read(off, &mut data);
+                self.send_tagged(Opcode::ReadResponse, rr.sink_stag, rr.sink_to, &data);
+            }
+            Err(e) => {
+                let (_, _, code) = tagged_error(e);
+                // RFC 5040 §7.1: a bad source is a remote protection error of the Read Request.
+                self.terminate(Layer::Rdmap, 1, code.min(3), Some(ulpdu));
+            }
+        }
+    }
+
+    /// Sends a Terminate naming the offending segment, then stops (RFC 5040 §5.4.4).
+    fn terminate(&mut self, layer: Layer, etype: u8, ecode: u8, offending: Option<&[u8]>) {
+        let hdr_len = offending.and_then(|u| crate::proto::iwarp::ddp::header_len(u).ok());
+        let ddp_header = offending.zip(hdr_len).filter(|(u, n)| u.len() >= *n).map(|(u, n)| &u[..n]);
+        let rdmap_header = offending.zip(hdr_len).and_then(|(u, n)| {
+            let read_req = u.len() == n + ReadRequestRepr::LEN && (u[1] & 0x0f) == Opcode::ReadRequest as u8;
+            read_req.then(|| &u[n..])
+        });
+        let t = TerminateRepr {
+            layer,
+            etype,
+            ecode,
+            ddp_segment_len: offending.map(|u| u.len().min(u16::MAX as usize) as u16),
+            ddp_header,
+            rdmap_header,
+            reserved: 0,
+            trailing: &[],
+        };
+        let reason = t.to_string();
+        let msn = self.take_msn(QN_TERMINATE);
+        let buffer = DdpBuffer::Untagged { rsvd_ulp: 0, qn: QN_TERMINATE, msn, mo: 0 };
+        let ddp = DdpRepr { last: true, version: DDP_VERSION, rsvd_ulp: 0, buffer };
+        self.emit(&MessageRepr { ddp, control: Self::control(Opcode::Terminate), body: Body::Terminate(t) });
+        self.terminated = Some(Terminated { local: true, reason });
+        self.enter_error();
+    }
+
+    /// ERR: every outstanding request completes flushed (IBTA 10.3.1.7 semantics, as siw).
+    fn enter_error(&mut self) {
+        self.state = QpState::Err;
+        let qpn = self.qpn;
+        for e in self.sq.drain(..) {
+            let status = e.done.filter(|s| *s != WcStatus::Success).unwrap_or(WcStatus::WrFlushErr);
+            self.completions.push_back(Wc::new(e.wr_id, status, e.opcode, qpn, e.len));
+        }
+        for wr in self.waiting.drain(..) {
+            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::RdmaRead, qpn, 0));
+        }
+        let receives = self.filling.take().map(|f| f.wr).into_iter().chain(self.rq.drain(..));
+        let flushed: Vec<Wc> =
+            receives.map(|wr| Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, 0)).collect();
+        self.completions.extend(flushed);
+    }
+}
+
+/// Untagged DDP fields of one Send segment.
+#[derive(Debug, Clone, Copy)]
+struct Untagged {
+    qn: u32,
+    msn: u32,
+    mo: u32,
+    inv: u32,
+    last: bool,
+}
+
+fn is_send(op: Opcode) -> bool {
+    matches!(op, Opcode::Send | Opcode::SendInvalidate | Opcode::SendSolicited | Opcode::SendSolicitedInvalidate)
+}
+
+/// The Terminate a tagged-buffer failure gets (RFC 5041 §7.2, RFC 5040 §7.1).
+fn tagged_error(e: MemError) -> (Layer, u8, u8) {
+    match e {
+        MemError::BadKey => (Layer::Ddp, 1, 0),
+        MemError::Bounds | MemError::Alignment => (Layer::Ddp, 1, 1),
+        MemError::WrongPd => (Layer::Ddp, 1, 2),
+        MemError::Access => (Layer::Rdmap, 1, 2),
+    }
+}
+
+/// The bytes a Send or Write carries, gathered at post time (a Read carries none).
+fn gather(wr: &SendWr, pd: Pd, mrs: &MrTable, is_read: bool) -> Result<Vec<u8>, ()> {
+    let need = if is_read { Need::LocalWrite } else { Need::LocalRead };
+    let mut data = Vec::new();
+    for s in &wr.sgl {
+        let (mem, off) = mrs.resolve(s.lkey, pd, s.addr, s.length as usize, need).map_err(|_| ())?;
+        if !is_read {
+            let at = data.len();
+            data.resize(at + s.length as usize, 0);
+            mem.read(off, &mut data[at..]);
+        }
+    }
+    Ok(data)
+}
+
+/// Writes `d` at message offset `mo` across a receive's scatter list.
+fn scatter(wr: &RecvWr, mo: usize, d: &[u8], pd: Pd, mrs: &MrTable) -> bool {
+    let (mut skip, mut left) = (mo, d);
+    for s in &wr.sgl {
+        let len = s.length as usize;
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = (len - skip).min(left.len());
+        let Ok((mem, off)) = mrs.resolve(s.lkey, pd, s.addr + skip as u64, n, Need::LocalWrite) else {
+            return false;
+        };
+        mem.write(off, &left[..n]);
+        left = &left[n..];
+        skip = 0;
+        if left.is_empty() {
+            break;
+        }
+    }
+    left.is_empty()
+}

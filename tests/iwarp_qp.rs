@@ -1,0 +1,212 @@
+//! Two iWARP QPs over an in-memory byte pipe cut at random points: every operation with the
+//! data checked, with CRC and markers on and off; and the bad input that must end in a
+//! Terminate with the right layer, type and code, nothing written and everything flushed.
+
+use softrdma::engine::mem::{Access, Mr, MrTable, Pd};
+use softrdma::engine::rng::Rng;
+use softrdma::engine::verbs::*;
+use softrdma::iwarp::qp::IwarpQp;
+use softrdma::iwarp::setup::{CrcPolicy, Outcome, Policy, Setup};
+
+struct Side {
+    qp: IwarpQp,
+    mrs: MrTable,
+    mr: Mr,
+    wcs: Vec<Wc>,
+}
+
+fn side(qp: IwarpQp, seed: u64) -> Side {
+    let mut mrs = MrTable::with_start(8, seed);
+    let mr = mrs.register(Pd(1), 1 << 20, Access::ALL, &mut Rng::new(seed)).unwrap();
+    Side { qp, mrs, mr, wcs: Vec::new() }
+}
+
+/// Negotiates with `Setup` as the real connection does, then makes the two QPs.
+fn pair(crc: bool, markers: bool, ord: u16) -> (Side, Side) {
+    let crc = if crc { CrcPolicy::Required } else { CrcPolicy::OnRequest };
+    let p = Policy { crc, markers, ord, ird: ord, ..Policy::default() };
+    let mut ini = Setup::initiator(p.clone(), 0);
+    let mut res = Setup::responder(p, 0);
+    res.on_bytes(&ini.take_output());
+    ini.on_bytes(&res.take_output());
+    let neg = |s: &Setup| match s.outcome() {
+        Some(Outcome::Established(n)) => n.clone(),
+        o => panic!("{o:?}"),
+    };
+    let a = IwarpQp::new(1, Pd(1), &neg(&ini), true, 1460);
+    let b = IwarpQp::new(2, Pd(1), &neg(&res), false, 1460);
+    (side(a, 1), side(b, 2))
+}
+
+/// Moves stream bytes both ways in random pieces until nothing is left to move.
+fn pump(a: &mut Side, b: &mut Side, rng: &mut Rng) {
+    loop {
+        let (ab, ba) = (a.qp.take_output(), b.qp.take_output());
+        if ab.is_empty() && ba.is_empty() {
+            break;
+        }
+        for (bytes, to) in [(ab, &mut *b), (ba, &mut *a)] {
+            let mut at = 0;
+            while at < bytes.len() {
+                let n = (1 + rng.below(3000) as usize).min(bytes.len() - at);
+                to.qp.on_stream(&bytes[at..at + n], &mut to.mrs);
+                at += n;
+            }
+        }
+    }
+    for s in [a, b] {
+        while let Some(wc) = s.qp.poll_completion() {
+            s.wcs.push(wc);
+        }
+    }
+}
+
+fn sge(m: &Mr, off: usize, len: usize) -> Sge {
+    Sge { addr: m.addr + off as u64, length: len as u32, lkey: m.lkey }
+}
+
+fn wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
+    SendWr { wr_id: id, op, sgl, signaled: true, solicited: false, ud: None }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+fn read(m: &Mr, off: usize, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    m.mem.read(off, &mut v);
+    v
+}
+
+#[test]
+fn every_operation_with_crc_and_markers_on_and_off() {
+    for (crc, markers) in [(false, false), (true, false), (false, true), (true, true)] {
+        let (mut a, mut b) = pair(crc, markers, 2);
+        let mut rng = Rng::new(u64::from(crc) * 2 + u64::from(markers));
+        pump(&mut a, &mut b, &mut rng); // the RTR
+        let data = pattern(100_000, 5);
+        a.mr.mem.write(0, &data);
+        b.qp.post_recv(RecvWr { wr_id: 100, sgl: vec![sge(&b.mr, 0, 5000), sge(&b.mr, 8000, 10_000)] }).unwrap();
+        b.qp.post_recv(RecvWr { wr_id: 101, sgl: vec![sge(&b.mr, 20_000, 64)] }).unwrap();
+        b.qp.post_recv(RecvWr { wr_id: 102, sgl: vec![] }).unwrap();
+        let extra = b.mrs.register(Pd(1), 4096, Access::ALL, &mut Rng::new(9)).unwrap();
+        let mut solicited = wr(2, SendOp::SendInv(extra.rkey), vec![sge(&a.mr, 0, 64)]);
+        solicited.solicited = true;
+        let remote = |off: usize| Remote { addr: b.mr.addr + off as u64, rkey: b.mr.rkey };
+        let posts = vec![
+            wr(1, SendOp::Send, vec![sge(&a.mr, 0, 12_000)]),
+            solicited,
+            wr(3, SendOp::Send, vec![]),
+            wr(4, SendOp::Write(remote(100_000)), vec![sge(&a.mr, 0, 100_000)]),
+        ];
+        for w in posts {
+            a.qp.post_send(w, &a.mrs).unwrap();
+        }
+        for i in 0..5u64 {
+            let w = wr(
+                10 + i,
+                SendOp::Read(remote(100_000 + 1000 * i as usize)),
+                vec![sge(&a.mr, 300_000 + 10_000 * i as usize, 9000)],
+            );
+            a.qp.post_send(w, &a.mrs).unwrap();
+        }
+        pump(&mut a, &mut b, &mut rng);
+        let ids: Vec<(u64, WcStatus)> = a.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        let want: Vec<(u64, WcStatus)> =
+            [1, 2, 3, 4, 10, 11, 12, 13, 14].iter().map(|&i| (i, WcStatus::Success)).collect();
+        assert_eq!(ids, want, "crc={crc} markers={markers}: in posting order, the ORD of 2 respected");
+        let recv: Vec<(u64, u32, bool, Option<u32>)> =
+            b.wcs.iter().map(|w| (w.wr_id, w.byte_len, w.solicited, w.invalidated_rkey)).collect();
+        assert_eq!(recv, [(100, 12_000, false, None), (101, 64, true, Some(extra.rkey)), (102, 0, false, None)]);
+        let mut sent = read(&b.mr, 0, 5000);
+        sent.extend(read(&b.mr, 8000, 7000));
+        assert_eq!(sent, data[..12_000], "the Send scattered over two SGEs");
+        assert!(read(&b.mr, 100_000, 100_000) == data, "the Write placed");
+        for i in 0..5 {
+            assert_eq!(read(&a.mr, 300_000 + 10_000 * i, 9000), data[1000 * i..1000 * i + 9000], "Read {i}");
+        }
+        assert!(b.mrs.resolve(extra.rkey, Pd(1), extra.addr, 1, softrdma::engine::mem::Need::RemoteWrite).is_err());
+        assert_eq!((a.qp.state(), b.qp.state()), (QpState::Rts, QpState::Rts));
+    }
+}
+
+/// Posts one request that the responder must refuse; returns both sides afterwards.
+fn refused(op: impl Fn(&Mr) -> SendOp, post_recv: bool) -> (Side, Side) {
+    let (mut a, mut b) = pair(true, false, 4);
+    let mut rng = Rng::new(7);
+    pump(&mut a, &mut b, &mut rng);
+    if post_recv {
+        b.qp.post_recv(RecvWr { wr_id: 50, sgl: vec![sge(&b.mr, 0, 16)] }).unwrap();
+    }
+    b.qp.post_recv(RecvWr { wr_id: 51, sgl: vec![sge(&b.mr, 0, 16)] }).unwrap();
+    a.mr.mem.write(0, &[0xee; 64]);
+    let w = op(&b.mr);
+    a.qp.post_send(wr(1, w, vec![sge(&a.mr, 0, 64)]), &a.mrs).unwrap();
+    a.qp.post_send(wr(2, SendOp::Read(Remote { addr: b.mr.addr, rkey: b.mr.rkey }), vec![sge(&a.mr, 0, 8)]), &a.mrs)
+        .unwrap();
+    pump(&mut a, &mut b, &mut rng);
+    (a, b)
+}
+
+fn terminated_with(s: &Side, words: &str) {
+    let t = s.qp.terminated().expect("a Terminate");
+    assert!(t.reason.contains(words), "{t:?}");
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+#[test]
+fn a_bad_stag_or_bounds_is_a_tagged_buffer_terminate_and_nothing_is_written() {
+    let (a, b) = refused(|m| SendOp::Write(Remote { addr: m.addr, rkey: m.rkey ^ 0x100 }), false);
+    terminated_with(&b, "tagged buffer: invalid STag");
+    assert!(!a.qp.terminated().unwrap().local, "A learns it from B's Terminate");
+    assert_eq!(read(&b.mr, 0, 64), vec![0; 64], "nothing written");
+    let st: Vec<WcStatus> = a.wcs.iter().map(|w| w.status).collect();
+    assert_eq!(st, [WcStatus::Success, WcStatus::WrFlushErr], "the Write was sent; the Read is flushed");
+    assert_eq!(b.wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), [(51, WcStatus::WrFlushErr)]);
+
+    let (_, b) = refused(|m| SendOp::Write(Remote { addr: m.addr + (1 << 20) - 8, rkey: m.rkey }), false);
+    terminated_with(&b, "base or bounds violation");
+    assert_eq!(read(&b.mr, (1 << 20) - 8, 8), vec![0; 8]);
+}
+
+#[test]
+fn a_send_with_no_receive_and_a_too_long_send_are_untagged_terminates() {
+    let (a, b) = refused(|_| SendOp::Send, false);
+    // One receive was posted (51, 16 bytes): the 64-byte Send is too long for it.
+    terminated_with(&b, "message too long");
+    assert_eq!(a.qp.state(), QpState::Err);
+
+    let (mut a, mut b) = pair(false, false, 1);
+    let mut rng = Rng::new(3);
+    pump(&mut a, &mut b, &mut rng);
+    a.qp.post_send(wr(1, SendOp::Send, vec![]), &a.mrs).unwrap();
+    pump(&mut a, &mut b, &mut rng);
+    terminated_with(&b, "no buffer available");
+}
+
+#[test]
+fn a_bad_crc_and_garbage_on_the_stream_end_it() {
+    let (mut a, mut b) = pair(true, false, 1);
+    let mut rng = Rng::new(4);
+    pump(&mut a, &mut b, &mut rng);
+    b.qp.post_recv(RecvWr { wr_id: 1, sgl: vec![sge(&b.mr, 0, 64)] }).unwrap();
+    a.qp.post_send(wr(1, SendOp::Send, vec![sge(&a.mr, 0, 64)]), &a.mrs).unwrap();
+    let mut bytes = a.qp.take_output();
+    bytes[30] ^= 0x20;
+    b.qp.on_stream(&bytes, &mut b.mrs);
+    terminated_with(&b, "received CRC error");
+    assert_eq!(read(&b.mr, 0, 64), vec![0; 64]);
+
+    let (mut a, mut b) = pair(false, false, 1);
+    pump(&mut a, &mut b, &mut rng);
+    // A well-framed FPDU whose ULPDU is garbage (reserved DDP bits set).
+    let mut fpdu = vec![0u8, 38];
+    fpdu.extend([0xffu8; 38]);
+    fpdu.extend([0u8; 4]);
+    b.qp.on_stream(&fpdu, &mut b.mrs);
+    terminated_with(&b, "unexpected opcode");
+    // A Terminate went out: A reads it and stops too.
+    a.qp.on_stream(&b.qp.take_output(), &mut a.mrs);
+    assert_eq!(a.qp.state(), QpState::Err);
+}
