@@ -77,6 +77,39 @@ enum Command {
         #[arg(long)]
         pcap: Option<PathBuf>,
     },
+    /// rping over iWARP (MPA on TCP), compatible with rdma-core's rping on siw.
+    Rping {
+        /// Server: listen.
+        #[arg(short = 's', conflicts_with = "client")]
+        server: bool,
+        /// Client: connect.
+        #[arg(short = 'c')]
+        client: bool,
+        /// Address to connect to, or to listen on.
+        #[arg(short = 'a', default_value = "0.0.0.0")]
+        addr: String,
+        /// TCP port.
+        #[arg(short = 'p', default_value_t = softrdma::tools::rping::DEFAULT_PORT)]
+        port: u16,
+        /// Pings (0: until interrupted).
+        #[arg(short = 'C', default_value_t = 0)]
+        count: u64,
+        /// Ping buffer size.
+        #[arg(short = 'S', default_value_t = 64)]
+        size: usize,
+        /// Print each ping.
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// Check each echo.
+        #[arg(short = 'V')]
+        validate: bool,
+        /// MPA CRC: off, request (use it if the peer asks) or required.
+        #[arg(long, default_value = "request")]
+        crc: String,
+        /// Ask for MPA markers in the stream this side receives.
+        #[arg(long)]
+        markers: bool,
+    },
     /// RDMA WRITE bandwidth (like ib_write_bw).
     WriteBw(PerfArgs),
     /// RDMA READ bandwidth (like ib_read_bw).
@@ -196,6 +229,9 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Rping { server, client, addr, port, count, size, verbose, validate, crc, markers } => {
+            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers)
+        }
         Command::WriteBw(a) => perf(Test::WriteBw, a),
         Command::ReadBw(a) => perf(Test::ReadBw, a),
         Command::SendBw(a) => perf(Test::SendBw, a),
@@ -203,6 +239,53 @@ fn main() -> ExitCode {
         Command::WriteLat(a) => perf(Test::WriteLat, a),
         Command::ReadLat(a) => perf(Test::ReadLat, a),
         Command::SendLat(a) => perf(Test::SendLat, a),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rping(
+    server: bool,
+    client: bool,
+    addr: String,
+    port: u16,
+    count: u64,
+    size: usize,
+    verbose: bool,
+    validate: bool,
+    crc: &str,
+    markers: bool,
+) -> ExitCode {
+    use softrdma::iwarp::setup::CrcPolicy;
+    let crc = match crc {
+        "off" => CrcPolicy::Off,
+        "request" => CrcPolicy::OnRequest,
+        "required" => CrcPolicy::Required,
+        other => {
+            eprintln!("--crc {other}: one of off, request, required");
+            return ExitCode::FAILURE;
+        }
+    };
+    if server == client {
+        eprintln!("softrdma rping: say -s (server) or -c (client)");
+        return ExitCode::FAILURE;
+    }
+    let a = softrdma::tools::rping::RpingArgs {
+        client,
+        addr,
+        port,
+        count,
+        size: size.max(20),
+        verbose,
+        validate,
+        crc,
+        markers,
+    };
+    match softrdma::tools::rping::run(&a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softrdma rping: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -5,3 +5,4 @@ pub mod demo;
 pub mod oob;
 pub mod perf;
 pub mod pingpong;
+pub mod rping;
