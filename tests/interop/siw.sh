@@ -1,0 +1,53 @@
+#!/bin/bash
+# siw.sh - softrdma rping against Linux siw's rping, live, both ways, MPA CRC off and on.
+#
+# Needs root and ../shared/softrdma-vm (built with its build-image.sh). Boots the VM with
+# siw only (rdma_cm would pick rxe otherwise), first with siw's defaults (no CRC), then
+# with mpa_crc_required=1; each time rping serves in the VM and softrdma connects, then
+# softrdma serves and rping connects. softrdma never opens a bare TCP connection to siw's
+# listener (the siw 6.1 listener bug): it speaks MPA as soon as it is connected. Each
+# pairing is captured on the bridge into $OUT/siw-<crc>-<direction>.pcap and checked.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+VM=${SOFTRDMA_VM:-$REPO/../shared/softrdma-vm}
+BIN=$REPO/target/release/softrdma
+OUT=${OUT:-$REPO/pcaps/interop}
+NS="ip netns exec softrdma"
+mkdir -p "$OUT" /tmp/softrdma-interop
+cp "$HERE/siw-guest.sh" /tmp/softrdma-interop/
+"$VM/net.sh" up 1 >/dev/null
+
+one() { # crc-name siw-opts role(of the VM)
+    local name=$1 opts=$2 role=$3 dir port
+    if [ "$role" = server ]; then dir=siw-serves port=7174; else dir=softrdma-serves port=7175; fi
+    local pcap="$OUT/siw-$name-$dir.pcap" log=/tmp/softrdma-interop/siw-$name-$dir.txt
+    $NS tcpdump -i srbr0 -U -w "$pcap" "tcp port $port" 2>/dev/null & local dump=$!
+    local args=(--links siw --offload off --share /tmp/softrdma-interop --run "bash /mnt/host/siw-guest.sh $role")
+    [ -n "$opts" ] && args+=(--siw-opts "$opts")
+    "$VM/boot.sh" "${args[@]}" >/tmp/softrdma-interop/vm-siw-$name-$dir.log 2>&1 & local vm=$!
+    local rc
+    if [ "$role" = server ]; then
+        sleep 6
+        for _ in $(seq 60); do
+            timeout 60 $NS "$BIN" rping -c -a 10.77.0.2 -p $port -C 5 -v -V >"$log" 2>&1; rc=$?
+            [ $rc = 0 ] && break; sleep 1
+        done
+    else
+        timeout 120 $NS "$BIN" rping -s -a 10.77.0.1 -p $port -v >"$log" 2>&1; rc=$?
+    fi
+    wait $vm
+    sleep 0.5; kill $dump 2>/dev/null; wait $dump 2>/dev/null
+    local vmrc; vmrc=$(grep -o "=== rping ([a-z]*): rc=[0-9]*" /tmp/softrdma-interop/vm-siw-$name-$dir.log | tail -1)
+    local check; check=$("$BIN" pcap check -q "$pcap" | tail -1)
+    if [ $rc = 0 ] && [ "${vmrc##*=}" = 0 ] && "$BIN" pcap check -q "$pcap" >/dev/null; then
+        echo "ok      siw crc=$name $dir: $check"
+    else
+        echo "FAILED  siw crc=$name $dir (softrdma rc=$rc, vm: $vmrc): $check"; tail -3 "$log" | sed 's/^/        /'
+    fi
+}
+
+one off "" server
+one off "" client
+one on mpa_crc_required=1 server
+one on mpa_crc_required=1 client
