@@ -213,6 +213,10 @@ fn ping_text(ping: u64, size: usize, start: u8) -> Vec<u8> {
 pub fn run(a: &RpingArgs) -> Result<(), String> {
     let mut c = connect(a)?;
     if a.client {
+        // siw (Linux 6.1) as responder moves its QP to RTS a moment after sending the MPA
+        // Reply and does not look again at data that arrived before: a Send sent at once
+        // sits unread in its socket (seen live). Give the responder that moment.
+        std::thread::sleep(Duration::from_millis(100));
         client(a, &mut c)
     } else {
         server(a, &mut c)

@@ -19,35 +19,46 @@ cp "$HERE/siw-guest.sh" /tmp/softrdma-interop/
 "$VM/net.sh" up 1 >/dev/null
 
 one() { # crc-name siw-opts role(of the VM)
-    local name=$1 opts=$2 role=$3 dir port
+    local name=$1 opts=$2 role=$3 dir port ours=request
+    # With CRC "on", both sides ask for it: siw's mpa_crc_required governs what siw asks.
+    [ "$name" = on ] && ours=required
     if [ "$role" = server ]; then dir=siw-serves port=7174; else dir=softrdma-serves port=7175; fi
     local pcap="$OUT/siw-$name-$dir.pcap" log=/tmp/softrdma-interop/siw-$name-$dir.txt
-    $NS tcpdump -i srbr0 -U -w "$pcap" "tcp port $port" 2>/dev/null & local dump=$!
     local args=(--links siw --offload off --share /tmp/softrdma-interop --run "bash /mnt/host/siw-guest.sh $role")
     [ -n "$opts" ] && args+=(--siw-opts "$opts")
     "$VM/boot.sh" "${args[@]}" >/tmp/softrdma-interop/vm-siw-$name-$dir.log 2>&1 & local vm=$!
+    # Capture once the VM's tap is on the bridge (attaching it disturbs a running capture).
+    sleep 6
+    rm -f "$pcap"
+    $NS tcpdump -i srbr0 -U -w "$pcap" "tcp port $port" 2>/dev/null & local dump=$!
+    for _ in $(seq 50); do [ -s "$pcap" ] && break; sleep 0.1; done
+    sleep 1
     local rc
     if [ "$role" = server ]; then
-        sleep 6
         for _ in $(seq 60); do
-            timeout 60 $NS "$BIN" rping -c -a 10.77.0.2 -p $port -C 5 -v -V >"$log" 2>&1; rc=$?
+            timeout 60 $NS "$BIN" rping -c -a 10.77.0.2 -p $port -C 5 -v -V --crc "$ours" >"$log" 2>&1; rc=$?
             [ $rc = 0 ] && break; sleep 1
         done
     else
-        timeout 120 $NS "$BIN" rping -s -a 10.77.0.1 -p $port -v >"$log" 2>&1; rc=$?
+        timeout 120 $NS "$BIN" rping -s -a 10.77.0.1 -p $port -v --crc "$ours" >"$log" 2>&1; rc=$?
     fi
     wait $vm
     sleep 0.5; kill $dump 2>/dev/null; wait $dump 2>/dev/null
     local vmrc; vmrc=$(grep -o "=== rping ([a-z]*): rc=[0-9]*" /tmp/softrdma-interop/vm-siw-$name-$dir.log | tail -1)
     local check; check=$("$BIN" pcap check -q "$pcap" | tail -1)
-    if [ $rc = 0 ] && [ "${vmrc##*=}" = 0 ] && "$BIN" pcap check -q "$pcap" >/dev/null; then
+    local fpdus; fpdus=$("$BIN" pcap check --json "$pcap" | grep -o '"fpdus": *[0-9]*' | tail -1 | grep -o '[0-9]*$')
+    if [ $rc = 0 ] && [ "${vmrc##*=}" = 0 ] && [ "${fpdus:-0}" -gt 0 ] && "$BIN" pcap check -q "$pcap" >/dev/null; then
         echo "ok      siw crc=$name $dir: $check"
     else
         echo "FAILED  siw crc=$name $dir (softrdma rc=$rc, vm: $vmrc): $check"; tail -3 "$log" | sed 's/^/        /'
     fi
 }
 
-one off "" server
-one off "" client
-one on mpa_crc_required=1 server
-one on mpa_crc_required=1 client
+# Arguments: the CRC settings to run (default: off on).
+for crc in "${@:-off on}"; do
+    for c in $crc; do
+        opts=""; [ "$c" = on ] && opts=mpa_crc_required=1
+        one "$c" "$opts" server
+        one "$c" "$opts" client
+    done
+done
