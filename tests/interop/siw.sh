@@ -30,9 +30,9 @@ one() { # crc-name siw-opts role(of the VM)
     # Capture once the VM's tap is on the bridge (attaching it disturbs a running capture).
     sleep 6
     rm -f "$pcap"
-    $NS tcpdump -i srbr0 -U -w "$pcap" "tcp port $port" 2>/dev/null & local dump=$!
+    $NS tcpdump -i srtap1 -U -w "$pcap" "tcp port $port" 2>/dev/null & local dump=$!
     for _ in $(seq 50); do [ -s "$pcap" ] && break; sleep 0.1; done
-    sleep 1
+    sleep 3
     local rc
     if [ "$role" = server ]; then
         for _ in $(seq 60); do
@@ -58,7 +58,8 @@ one() { # crc-name siw-opts role(of the VM)
 for crc in "${@:-off on}"; do
     for c in $crc; do
         opts=""; [ "$c" = on ] && opts=mpa_crc_required=1
-        one "$c" "$opts" server
-        one "$c" "$opts" client
+        for role in ${ROLES:-server client}; do
+            one "$c" "$opts" "$role"
+        done
     done
 done
