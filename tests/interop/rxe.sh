@@ -35,8 +35,10 @@ pair() { # direction base
         set -- $t; local name=$1; shift
         local port=$((base + i)); i=$((i + 1))
         local pcap="$OUT/$dir-$name.pcap"
+        rm -f "$pcap"
         $NS tcpdump -i srbr0 -U -w "$pcap" "udp port 4791 or tcp port $port" 2>/dev/null & local dump=$!
-        sleep 0.5
+        for _ in $(seq 50); do [ -s "$pcap" ] && break; sleep 0.1; done
+        sleep 1
         local rc log=/tmp/softrdma-interop/$dir-$name.txt
         if [ "$dir" = rxe-serves ]; then
             for _ in $(seq 60); do
@@ -48,7 +50,8 @@ pair() { # direction base
         fi
         sleep 0.5; kill $dump 2>/dev/null; wait $dump 2>/dev/null
         local check; check=$("$BIN" pcap check -q "$pcap" | tail -1)
-        if [ $rc = 0 ] && "$BIN" pcap check -q "$pcap" >/dev/null; then
+        local roce; roce=$("$BIN" pcap check --json "$pcap" | grep -o '"roce_packets": *[0-9]*' | tail -1 | grep -o '[0-9]*$')
+        if [ $rc = 0 ] && [ "${roce:-0}" -gt 0 ] && "$BIN" pcap check -q "$pcap" >/dev/null; then
             echo "ok      $dir $name: $check"
         else
             echo "FAILED  $dir $name (rc=$rc): $check"; tail -3 "$log" | sed 's/^/        /'
