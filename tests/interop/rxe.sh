@@ -16,6 +16,8 @@ NS="ip netns exec softrdma"
 mkdir -p "$OUT" /tmp/softrdma-interop
 cp "$HERE/rxe-guest.sh" /tmp/softrdma-interop/
 "$VM/net.sh" up 1 >/dev/null
+# Leave no namespace, bridge or tap behind, even on failure (set KEEP_NET=1 to keep them).
+trap '[ -n "${KEEP_NET:-}" ] || "$VM/net.sh" down >/dev/null 2>&1' EXIT
 
 # name  softrdma-args  (ports as in rxe-guest.sh: base+0..7)
 TESTS=(

@@ -17,6 +17,8 @@ NS="ip netns exec softrdma"
 mkdir -p "$OUT" /tmp/softrdma-interop
 cp "$HERE/siw-guest.sh" /tmp/softrdma-interop/
 "$VM/net.sh" up 1 >/dev/null
+# Leave no namespace, bridge or tap behind, even on failure (set KEEP_NET=1 to keep them).
+trap '[ -n "${KEEP_NET:-}" ] || "$VM/net.sh" down >/dev/null 2>&1' EXIT
 
 one() { # crc-name siw-opts role(of the VM)
     local name=$1 opts=$2 role=$3 dir port ours=request
