@@ -90,11 +90,6 @@ struct InFlight {
     ce: bool,
 }
 
-/// True for a GID that is an IPv4 address mapped into IPv6 (`::ffff:a.b.c.d`).
-fn is_v4_mapped(g: &Gid) -> bool {
-    g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
-}
-
 /// Bytes of IP and UDP header in front of a framed packet.
 fn headers_len(frame: &[u8]) -> usize {
     if frame[0] >> 4 == 4 {
@@ -154,35 +149,19 @@ impl Sim {
     /// Frames a packet as IPv4/UDP (IPv4-mapped GIDs) or IPv6/UDP with its ICRC, as a
     /// transport would.
     fn frame(&mut self, src: Gid, t: &Transmit) -> Vec<u8> {
-        let v4 = is_v4_mapped(&src) && is_v4_mapped(&t.dst);
-        let ip_len = if v4 { 20 } else { 40 };
-        let mut f = vec![0u8; ip_len + 8 + t.packet.len()];
-        let udp_len = (8 + t.packet.len()) as u16;
-        if v4 {
-            f[0] = 0x45;
-            f[2..4].copy_from_slice(&(udp_len + 20).to_be_bytes());
-            f[4..6].copy_from_slice(&self.ip_id.to_be_bytes());
+        use crate::transport::headers::{gid_to_ip, ip_header, udp_header};
+        let (src_ip, dst_ip) = (gid_to_ip(&src), gid_to_ip(&t.dst));
+        let (ip, ip_len) = ip_header(src_ip, dst_ip, 8 + t.packet.len(), self.ip_id, true, 0);
+        if ip_len == 20 {
             self.ip_id = self.ip_id.wrapping_add(1);
-            f[6] = 0x40;
-            f[8] = 64;
-            f[9] = 17;
-            f[12..16].copy_from_slice(&src[12..]);
-            f[16..20].copy_from_slice(&t.dst[12..]);
-        } else {
-            f[0] = 0x60;
-            f[4..6].copy_from_slice(&udp_len.to_be_bytes());
-            f[6] = 17;
-            f[7] = 64;
-            f[8..24].copy_from_slice(&src);
-            f[24..40].copy_from_slice(&t.dst);
         }
         let sport = 0xc000 | (t.src_qpn as u16 & 0x3fff);
-        f[ip_len..ip_len + 2].copy_from_slice(&sport.to_be_bytes());
-        f[ip_len + 2..ip_len + 4].copy_from_slice(&4791u16.to_be_bytes());
-        f[ip_len + 4..ip_len + 6].copy_from_slice(&udp_len.to_be_bytes());
-        f[ip_len + 8..].copy_from_slice(&t.packet);
+        let mut f = Vec::with_capacity(ip_len + 8 + t.packet.len());
+        f.extend_from_slice(&ip[..ip_len]);
+        f.extend_from_slice(&udp_header(sport, 4791, t.packet.len()));
+        f.extend_from_slice(&t.packet);
         let (hdr, pkt) = f.split_at_mut(ip_len + 8);
-        let ip = if v4 { IpHeader::V4(&hdr[..20]) } else { IpHeader::V6(&hdr[..40]) };
+        let ip = if ip_len == 20 { IpHeader::V4(&hdr[..20]) } else { IpHeader::V6(&hdr[..40]) };
         let _ = icrc::fill(ip, &hdr[ip_len..], pkt);
         f
     }

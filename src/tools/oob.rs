@@ -162,9 +162,13 @@ pub fn mtu_from_enum(v: u8) -> Option<Mtu> {
     [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].get(usize::from(v).wrapping_sub(1)).copied()
 }
 
-/// Connects, retrying for a few seconds while nobody listens yet (a client started just
-/// before its server).
-pub fn connect_retrying(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
+/// Connects to `host:port`, retrying for a few seconds while nobody listens yet (a client
+/// started just before its server).
+pub fn connect_retrying(host: &str, port: u16) -> io::Result<TcpStream> {
+    let addr = (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
@@ -194,11 +198,7 @@ impl Oob {
 
     /// The client side.
     pub fn connect(server: &str, port: u16) -> Result<Oob, OobError> {
-        let addr = (server, port)
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| OobError::Protocol(format!("{server}: no address")))?;
-        Oob::new(connect_retrying(addr)?, true)
+        Oob::new(connect_retrying(server, port)?, true)
     }
 
     fn new(stream: TcpStream, client: bool) -> Result<Oob, OobError> {

@@ -90,11 +90,7 @@ fn io(e: std::io::Error) -> String {
 pub fn run(a: &PingPongArgs) -> Result<(), String> {
     let mut stream = match &a.server {
         Some(s) => {
-            let addr = std::net::ToSocketAddrs::to_socket_addrs(&(s.as_str(), a.port))
-                .ok()
-                .and_then(|mut it| it.next())
-                .ok_or(format!("{s}: no address"))?;
-            super::oob::connect_retrying(addr).map_err(|e| format!("cannot connect to {s}:{}: {e}", a.port))?
+            super::oob::connect_retrying(s, a.port).map_err(|e| format!("cannot connect to {s}:{}: {e}", a.port))?
         }
         None => TcpListener::bind(("0.0.0.0", a.port)).and_then(|l| l.accept()).map(|(s, _)| s).map_err(io)?,
     };

@@ -150,11 +150,8 @@ impl Conn {
 /// Connects (client) or accepts (server) and sets up MPA and the QP.
 fn connect(a: &RpingArgs) -> Result<Conn, String> {
     let mut stream = if a.client {
-        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(a.addr.as_str(), a.port))
-            .ok()
-            .and_then(|mut i| i.next())
-            .ok_or(format!("{}: no address", a.addr))?;
-        super::oob::connect_retrying(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?
+        super::oob::connect_retrying(&a.addr, a.port)
+            .map_err(|e| format!("cannot connect to {}:{}: {e}", a.addr, a.port))?
     } else {
         TcpListener::bind((a.addr.as_str(), a.port)).and_then(|l| l.accept()).map(|(s, _)| s).map_err(io)?
     };

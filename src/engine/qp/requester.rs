@@ -231,13 +231,14 @@ impl Requester {
             if !self.start_next() {
                 break;
             }
+            let ack_at_edge = self.ack_at_window_edge();
             let w = &mut self.wqes[self.send_idx];
             if w.done.is_some() || w.next_pkt >= w.request_pkts() {
                 self.send_idx += 1;
                 continue;
             }
             let before = ctx.out.back().map(|t| t.packet.len());
-            build_and_send(w, path, ctx);
+            build_and_send(w, path, ctx, ack_at_edge);
             if let Some(l) = self.limiter.as_mut() {
                 let bytes = ctx.out.back().map_or(0, |t| t.packet.len());
                 l.sent(ctx.now, bytes.max(before.unwrap_or(0)));
@@ -249,7 +250,6 @@ impl Requester {
             if path.qp_type != QpType::Rc && w.next_pkt == w.npkts {
                 w.done = Some(WcStatus::Success);
             }
-            self.ask_ack_at_window_edge(ctx);
         }
         if path.qp_type != QpType::Rc {
             return sent;
@@ -313,17 +313,11 @@ impl Requester {
 
     /// With a loss window, the responder must be asked to acknowledge before the window
     /// closes, and twice per window to keep ACKs flowing (IBTA 9.7.2 leaves AckReq to the
-    /// requester): sets AckReq on the packet just queued.
-    fn ask_ack_at_window_edge(&self, ctx: &mut Ctx<'_>) {
-        let Some(win) = self.window.as_ref() else { return };
-        let in_flight = self.unacked_in_flight();
-        if in_flight >= win.packets || in_flight.is_multiple_of((win.packets / 2).max(1)) {
-            if let Some(t) = ctx.out.back_mut() {
-                if let Ok(mut bth) = crate::proto::roce::bth::BthPacket::new_checked(&mut t.packet[..]) {
-                    bth.set_ack_req(true);
-                }
-            }
-        }
+    /// requester): true when the next packet is such a one.
+    fn ack_at_window_edge(&self) -> bool {
+        let Some(win) = self.window.as_ref() else { return false };
+        let in_flight = self.unacked_in_flight() + 1;
+        in_flight >= win.packets || in_flight.is_multiple_of((win.packets / 2).max(1))
     }
 
     /// PSNs sent and not yet acknowledged (a READ counts its whole response once asked).
@@ -418,7 +412,7 @@ fn data_opcode(op: SendOp, k: u32, n: u32) -> u8 {
     }
 }
 
-fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>) {
+fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) {
     if let (QpType::Ud, Some(dest)) = (path.qp_type, w.wr.ud) {
         send_ud(w, dest, path, ctx);
         return;
@@ -434,7 +428,7 @@ fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>) {
         }
         SendOp::CompareSwap(remote, compare, swap) => send_atomic(path, ctx, w, 0x13, remote, swap, compare),
         SendOp::FetchAdd(remote, add) => send_atomic(path, ctx, w, 0x14, remote, add, 0),
-        op => send_data(w, op, path, ctx),
+        op => send_data(w, op, path, ctx, ack_req),
     }
 }
 
@@ -454,7 +448,7 @@ fn send_atomic(
     path.send(ctx, &repr);
 }
 
-fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>) {
+fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) {
     let (k, n) = (w.next_pkt, w.npkts);
     let start = (k as usize * path.mtu).min(w.len);
     let payload = &w.data[start..(start + path.mtu).min(w.len)];
@@ -463,7 +457,7 @@ fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>) {
     let opcode = data_opcode(op, k, n) | uc;
     let mut bth = path.bth(opcode, w.first_psn.add(k), payload.len());
     let last = k + 1 == n;
-    bth.ack_req = last || k % ACK_REQ_EVERY == ACK_REQ_EVERY - 1;
+    bth.ack_req = ack_req || last || k % ACK_REQ_EVERY == ACK_REQ_EVERY - 1;
     bth.solicited = last && w.wr.solicited;
     let reth = match op {
         SendOp::Write(r) | SendOp::WriteImm(r, _) if k == 0 => {
