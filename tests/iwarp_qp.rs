@@ -42,6 +42,10 @@ fn pair(crc: bool, markers: bool, ord: u16) -> (Side, Side) {
 fn pump(a: &mut Side, b: &mut Side, rng: &mut Rng) {
     loop {
         let (ab, ba) = (a.qp.take_output(), b.qp.take_output());
+        // What is taken is transmitted: its Sends and Writes complete.
+        for s in [&mut *a, &mut *b] {
+            s.qp.on_transmitted(s.qp.output_offset());
+        }
         if ab.is_empty() && ba.is_empty() {
             break;
         }

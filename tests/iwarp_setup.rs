@@ -139,3 +139,41 @@ fn bytes_after_the_frame_are_left_for_the_data_phase_at_every_split() {
         assert_eq!(established(res.outcome().unwrap()).peer_private_data, vec![7; 40]);
     }
 }
+
+#[test]
+fn a_deferred_responder_holds_the_request_until_the_application_answers() {
+    let i = Policy { ird: 8, ord: 4, private_data: b"hello".to_vec(), ..Policy::default() };
+    let mut ini = Setup::initiator(i.clone(), 0);
+    let mut res = Setup::responder_deferred(Policy::default(), 0);
+    res.on_bytes(&ini.take_output());
+    assert!(res.take_output().is_empty(), "nothing is said before the application answers");
+    assert_eq!(res.outcome(), None);
+    assert_eq!(res.poll_timeout(), None, "the application's wait has no MPA timeout");
+    let req = res.pending_request().expect("a held request");
+    assert_eq!((req.private_data.as_slice(), req.ird, req.ord, req.revision), (&b"hello"[..], 8, 4, 2));
+    res.accept(b"welcome".to_vec(), 2, 3);
+    ini.on_bytes(&res.take_output());
+    let (n_i, n_r) = (established(ini.outcome().unwrap()), established(res.outcome().unwrap()));
+    assert_eq!(n_i.peer_private_data, b"welcome");
+    assert_eq!(n_r.peer_private_data, b"hello");
+    // The responder offered IRD 2 / ORD 3 (bounded by the initiator's ORD 4 / IRD 8).
+    assert_eq!((n_r.ird, n_r.ord, n_i.ird, n_i.ord), (2, 3, 8.min(3), 4.min(2)));
+
+    // A rejection carries the application's private data in a Reply with R set.
+    let mut ini = Setup::initiator(i, 0);
+    let mut res = Setup::responder_deferred(Policy::default(), 0);
+    res.on_bytes(&ini.take_output());
+    res.reject(b"go away");
+    let reply = res.take_output();
+    let r = reply_of(&reply);
+    assert!(r.reject);
+    assert_eq!(r.private_data, b"go away");
+    ini.on_bytes(&reply);
+    assert!(matches!(ini.outcome(), Some(Outcome::Rejected(_))));
+
+    // A Request that cannot be answered is refused before the application sees it.
+    let mut res = Setup::responder_deferred(Policy { crc: CrcPolicy::Off, ..Policy::default() }, 0);
+    res.on_bytes(&Setup::initiator(Policy { crc: CrcPolicy::Required, ..Policy::default() }, 0).take_output());
+    assert_eq!(res.pending_request(), None);
+    assert!(reply_of(&res.take_output()).reject);
+}

@@ -1,7 +1,9 @@
 //! An iWARP queue pair on one established MPA connection, sans-I/O: RDMAP (RFC 5040) over
 //! DDP (RFC 5041) over MPA FPDUs (RFC 5044). Stream bytes go in ([`IwarpQp::on_stream`]),
 //! stream bytes and completions come out. TCP is reliable, so there is no retransmission:
-//! a Send or Write completes once framed, a Read when its last response segment is placed.
+//! a Send or Write completes once the transport says its last byte went into the TCP
+//! socket ([`IwarpQp::on_transmitted`]), as siw does, so a full socket holds posting back;
+//! a Read completes when its last response segment is placed.
 //! Every error is a Terminate with the layer, type and code of RFC 5040 §7 / RFC 5041 §7
 //! and the offending headers copied, then the QP goes to ERR with flushed completions.
 
@@ -30,6 +32,8 @@ struct SqEntry {
     signaled: bool,
     done: Option<WcStatus>,
     is_read: bool,
+    /// Output stream offset after the entry's last byte, until that byte is transmitted.
+    tx_end: Option<u64>,
 }
 
 /// A receive being filled by the message with MSN `msn`.
@@ -69,6 +73,8 @@ pub struct IwarpQp {
     rtr_expected: bool,
     completions: VecDeque<Wc>,
     terminated: Option<Terminated>,
+    max_send_wr: usize,
+    max_recv_wr: usize,
 }
 
 impl IwarpQp {
@@ -96,6 +102,8 @@ impl IwarpQp {
             rtr_expected: !initiator && neg.rtr.is_some(),
             completions: VecDeque::new(),
             terminated: None,
+            max_send_wr: usize::MAX,
+            max_recv_wr: usize::MAX,
         };
         if initiator {
             if let Some(kind) = neg.rtr {
@@ -103,6 +111,37 @@ impl IwarpQp {
             }
         }
         qp
+    }
+
+    /// Bounds the send and receive queues (`ibv_qp_cap`): posting beyond is `QueueFull`.
+    pub fn set_queue_depths(&mut self, max_send_wr: usize, max_recv_wr: usize) {
+        self.max_send_wr = max_send_wr.max(1);
+        self.max_recv_wr = max_recv_wr.max(1);
+    }
+
+    /// The stream offset just after the last byte produced so far.
+    pub fn output_offset(&self) -> u64 {
+        self.framer.offset()
+    }
+
+    /// The transport has put the output stream up to `offset` into the TCP socket: Sends
+    /// and Writes whose last byte is before it complete.
+    pub fn on_transmitted(&mut self, offset: u64) {
+        for e in self.sq.iter_mut() {
+            if e.tx_end.is_some_and(|end| end <= offset) {
+                e.tx_end = None;
+                e.done = Some(WcStatus::Success);
+            }
+        }
+        self.retire();
+    }
+
+    /// The TCP stream ended (closed or reset by the peer, or failed): the QP goes to ERR.
+    pub fn on_stream_closed(&mut self, why: &str) {
+        if self.state != QpState::Err {
+            self.terminated = Some(Terminated { local: false, reason: why.to_string() });
+            self.enter_error();
+        }
     }
 
     /// The QP's state.
@@ -131,6 +170,9 @@ impl IwarpQp {
             self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn, 0));
             return Ok(());
         }
+        if self.rq.len() >= self.max_recv_wr {
+            return Err(VerbsError::QueueFull);
+        }
         self.rq.push_back(wr);
         Ok(())
     }
@@ -143,6 +185,9 @@ impl IwarpQp {
         if matches!(wr.op, SendOp::SendImm(_) | SendOp::WriteImm(..) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..)) {
             // Immediate data and atomics are RFC 7306, not yet spoken.
             return Err(VerbsError::InvalidRequest);
+        }
+        if self.sq.len() + self.waiting.len() >= self.max_send_wr {
+            return Err(VerbsError::QueueFull);
         }
         if let SendOp::Read(_) = wr.op {
             if wr.sgl.len() != 1 {
@@ -166,7 +211,8 @@ impl IwarpQp {
             _ => WcOpcode::Send,
         };
         let is_read = matches!(wr.op, SendOp::Read(_));
-        let mut entry = SqEntry { wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, done: None, is_read };
+        let mut entry =
+            SqEntry { wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, done: None, is_read, tx_end: None };
         match gather(&wr, self.pd, mrs, is_read) {
             Err(()) => entry.done = Some(WcStatus::LocProtErr),
             Ok(data) => {
@@ -187,7 +233,7 @@ impl IwarpQp {
                     op => self.send_untagged_message(op, wr.solicited, &data),
                 }
                 if !is_read {
-                    entry.done = Some(WcStatus::Success);
+                    entry.tx_end = Some(self.framer.offset());
                 }
             }
         }

@@ -107,6 +107,8 @@ enum State {
     AwaitReply,
     /// Responder: waiting for the Request.
     AwaitRequest,
+    /// Responder (deferred): the Request is in; the application accepts or rejects it.
+    AwaitAccept,
     /// Done (see `outcome`).
     Done,
 }
@@ -120,6 +122,23 @@ pub struct Setup {
     inbox: Vec<u8>,
     out: Vec<u8>,
     outcome: Option<Outcome>,
+    /// Responder: hold a valid Request for [`Setup::accept`] rather than answer at once.
+    defer: bool,
+    /// The held Request frame.
+    request: Vec<u8>,
+}
+
+/// A held MPA Request, as the application sees it (rdma_cm's connect request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerRequest {
+    /// The initiator's private data.
+    pub private_data: Vec<u8>,
+    /// The initiator's IRD (revision 2 with the enhanced word; else this side's own).
+    pub ird: u16,
+    /// The initiator's ORD.
+    pub ord: u16,
+    /// MPA revision of the Request.
+    pub revision: u8,
 }
 
 impl Setup {
@@ -147,9 +166,61 @@ impl Setup {
         Setup::new(policy, State::AwaitRequest, now_ns)
     }
 
+    /// The passive side that lets the application decide: a valid Request is held
+    /// ([`Setup::pending_request`]) until [`Setup::accept`] or [`Setup::reject`].
+    pub fn responder_deferred(policy: Policy, now_ns: u64) -> Setup {
+        let mut s = Setup::new(policy, State::AwaitRequest, now_ns);
+        s.defer = true;
+        s
+    }
+
     fn new(policy: Policy, state: State, now_ns: u64) -> Setup {
         let deadline_ns = now_ns.saturating_add(policy.timeout_ns);
-        Setup { policy, state, deadline_ns, inbox: Vec::new(), out: Vec::new(), outcome: None }
+        Setup {
+            policy,
+            state,
+            deadline_ns,
+            inbox: Vec::new(),
+            out: Vec::new(),
+            outcome: None,
+            defer: false,
+            request: Vec::new(),
+        }
+    }
+
+    /// The held Request, while the application has not answered it.
+    pub fn pending_request(&self) -> Option<PeerRequest> {
+        if self.state != State::AwaitAccept {
+            return None;
+        }
+        let f = MpaFramePacket::new_checked(&self.request[..]).and_then(|p| MpaFrameRepr::parse(&p)).ok()?;
+        let (ird, ord) = f.ird_ord.map_or((self.policy.ord, self.policy.ird), |io| (io.ird, io.ord));
+        Some(PeerRequest { private_data: f.private_data.to_vec(), ird, ord, revision: f.revision })
+    }
+
+    /// Accepts the held Request with this side's private data and read depths.
+    pub fn accept(&mut self, private_data: Vec<u8>, ird: u16, ord: u16) {
+        if self.state != State::AwaitAccept {
+            return;
+        }
+        self.policy.private_data = private_data;
+        self.policy.ird = ird;
+        self.policy.ord = ord;
+        let request = std::mem::take(&mut self.request);
+        match MpaFramePacket::new_checked(&request[..]).and_then(|p| MpaFrameRepr::parse(&p)) {
+            Ok(f) => self.answer_request(&f),
+            Err(e) => self.fail_rejecting(format!("not an MPA frame ({e})")),
+        }
+    }
+
+    /// Rejects the held Request: a Reply with R set carrying `private_data`.
+    pub fn reject(&mut self, private_data: &[u8]) {
+        if self.state != State::AwaitAccept {
+            return;
+        }
+        let rev = self.policy.revision.clamp(1, 2);
+        self.out = frame(FrameKind::Reply, false, false, true, rev, None, private_data);
+        self.finish(Outcome::Rejected("the application rejected the connection".into()));
     }
 
     /// Bytes for the stream.
@@ -164,12 +235,12 @@ impl Setup {
 
     /// The deadline of the wait for the peer's frame.
     pub fn poll_timeout(&self) -> Option<u64> {
-        (self.state != State::Done).then_some(self.deadline_ns)
+        matches!(self.state, State::AwaitRequest | State::AwaitReply).then_some(self.deadline_ns)
     }
 
     /// Fails setup when the peer said nothing in time.
     pub fn handle_timeout(&mut self, now_ns: u64) {
-        if self.state != State::Done && now_ns >= self.deadline_ns {
+        if self.poll_timeout().is_some_and(|d| now_ns >= d) {
             let what = if self.state == State::AwaitRequest { "MPA Request" } else { "MPA Reply" };
             self.finish(Outcome::Failed(format!("no {what} within {} ms", self.policy.timeout_ns / 1_000_000)));
         }
@@ -179,7 +250,7 @@ impl Setup {
     /// are FPDUs and belong to the data phase.
     pub fn on_bytes(&mut self, data: &[u8]) -> usize {
         let mut used = 0;
-        while self.state != State::Done && used < data.len() {
+        while matches!(self.state, State::AwaitRequest | State::AwaitReply) && used < data.len() {
             let need = self.frame_len() - self.inbox.len();
             let take = need.min(data.len() - used);
             self.inbox.extend_from_slice(&data[used..used + take]);
@@ -220,6 +291,13 @@ impl Setup {
             }
         };
         match (self.state, f.kind) {
+            (State::AwaitRequest, FrameKind::Request) if self.defer => match self.check_request(&f) {
+                Err(why) => self.fail_rejecting(why),
+                Ok(()) => {
+                    self.request = inbox;
+                    self.state = State::AwaitAccept;
+                }
+            },
             (State::AwaitRequest, FrameKind::Request) => self.answer_request(&f),
             (State::AwaitReply, FrameKind::Reply) => self.take_reply(&f),
             (State::AwaitRequest, FrameKind::Reply) => {
@@ -228,18 +306,15 @@ impl Setup {
             (State::AwaitReply, FrameKind::Request) => {
                 self.finish(Outcome::Failed("an MPA Request from the responder".into()))
             }
-            (State::Done, _) => {}
+            (State::Done | State::AwaitAccept, _) => {}
         }
     }
 
     /// Responder: check the Request, answer with a Reply (or a reject).
     fn answer_request(&mut self, f: &MpaFrameRepr<'_>) {
         let p = self.policy.clone();
-        if !(1..=2).contains(&f.revision) {
-            return self.fail_rejecting(format!("MPA revision {} (1 and 2 are known)", f.revision));
-        }
-        if f.crc && p.crc == CrcPolicy::Off {
-            return self.fail_rejecting("the initiator asks for CRC and this side's policy is off".into());
+        if let Err(why) = self.check_request(f) {
+            return self.fail_rejecting(why);
         }
         let revision = f.revision.min(p.revision);
         let crc = f.crc || p.crc == CrcPolicy::Required;
@@ -278,6 +353,17 @@ impl Setup {
             rtr,
             peer_private_data: f.private_data.to_vec(),
         }));
+    }
+
+    /// What makes a Request unanswerable whatever the application says.
+    fn check_request(&self, f: &MpaFrameRepr<'_>) -> Result<(), String> {
+        if !(1..=2).contains(&f.revision) {
+            return Err(format!("MPA revision {} (1 and 2 are known)", f.revision));
+        }
+        if f.crc && self.policy.crc == CrcPolicy::Off {
+            return Err("the initiator asks for CRC and this side's policy is off".into());
+        }
+        Ok(())
     }
 
     /// Initiator: the Reply settles it.
@@ -322,7 +408,7 @@ impl Setup {
     /// Refuses the peer: a Reply with R set (RFC 5044 §7.1.5), then setup ends.
     fn fail_rejecting(&mut self, why: String) {
         let p = &self.policy;
-        if self.state == State::AwaitRequest {
+        if matches!(self.state, State::AwaitRequest | State::AwaitAccept) {
             self.out = frame(FrameKind::Reply, false, false, true, p.revision.clamp(1, 2), None, why.as_bytes());
         }
         self.finish(Outcome::Rejected(why));

@@ -68,6 +68,7 @@ impl Conn {
             if !out.is_empty() {
                 self.stream.write_all(&out).map_err(io)?;
             }
+            self.qp.on_transmitted(self.qp.output_offset());
             if let Some(wc) = self.qp.poll_completion() {
                 if wc.status != WcStatus::Success {
                     let why = self.qp.terminated().map_or(String::new(), |t| format!(": {}", t.reason));
