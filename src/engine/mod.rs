@@ -185,6 +185,11 @@ impl Device {
         self.mrs.register(pd, len, access, &mut self.rng).ok_or(VerbsError::OutOfResources)
     }
 
+    /// The memory-region table, for a transport that places data itself (iWARP).
+    pub fn mrs_mut(&mut self) -> &mut MrTable {
+        &mut self.mrs
+    }
+
     /// Deregisters a region.
     pub fn dereg_mr(&mut self, mr: &Mr) -> Result<(), VerbsError> {
         self.mrs.deregister(mr.lkey).then_some(()).ok_or(VerbsError::NotFound)

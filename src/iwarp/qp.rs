@@ -189,15 +189,17 @@ impl IwarpQp {
         if self.sq.len() + self.waiting.len() >= self.max_send_wr {
             return Err(VerbsError::QueueFull);
         }
-        if let SendOp::Read(_) = wr.op {
-            if wr.sgl.len() != 1 {
-                // An iWARP Read places into one tagged buffer (RFC 5040 §5.2).
-                return Err(VerbsError::InvalidRequest);
-            }
-            if self.reads_out >= self.ord {
-                self.waiting.push_back(wr);
-                return Ok(());
-            }
+        let is_read = matches!(wr.op, SendOp::Read(_));
+        if is_read && wr.sgl.len() != 1 {
+            // An iWARP Read places into one tagged buffer (RFC 5040 §5.2).
+            return Err(VerbsError::InvalidRequest);
+        }
+        // Requests go on the wire in posting order: behind a Read that waits for the ORD,
+        // and, on the responder of a peer-to-peer connection, until the initiator's RTR
+        // has arrived (RFC 6581 §6: the responder must not send before it).
+        if self.rtr_expected || !self.waiting.is_empty() || (is_read && self.reads_out >= self.ord) {
+            self.waiting.push_back(wr);
+            return Ok(());
         }
         self.start(wr, mrs);
         Ok(())
@@ -205,11 +207,7 @@ impl IwarpQp {
 
     fn start(&mut self, wr: SendWr, mrs: &MrTable) {
         let len: u32 = wr.sgl.iter().map(|s| s.length).sum();
-        let opcode = match wr.op {
-            SendOp::Write(_) => WcOpcode::RdmaWrite,
-            SendOp::Read(_) => WcOpcode::RdmaRead,
-            _ => WcOpcode::Send,
-        };
+        let opcode = wc_opcode(&wr.op);
         let is_read = matches!(wr.op, SendOp::Read(_));
         let mut entry =
             SqEntry { wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, done: None, is_read, tx_end: None };
@@ -371,6 +369,7 @@ impl IwarpQp {
         }
         if self.rtr_expected {
             self.rtr_expected = false;
+            self.start_waiting(mrs);
             if let Body::Data(d) = m.body {
                 if d.is_empty() && matches!(m.control.opcode, Opcode::Write | Opcode::Send) {
                     return; // The initiator's ready-to-receive: nothing to place.
@@ -424,12 +423,16 @@ impl IwarpQp {
             self.sq[i].done = Some(WcStatus::Success);
             self.reads_out -= 1;
             self.retire();
-            self.start_waiting_reads(mrs);
+            self.start_waiting(mrs);
         }
     }
 
-    fn start_waiting_reads(&mut self, mrs: &MrTable) {
-        while self.reads_out < self.ord && self.state == QpState::Rts {
+    fn start_waiting(&mut self, mrs: &MrTable) {
+        while self.state == QpState::Rts && !self.rtr_expected {
+            let Some(front) = self.waiting.front() else { break };
+            if matches!(front.op, SendOp::Read(_)) && self.reads_out >= self.ord {
+                break;
+            }
             let Some(wr) = self.waiting.pop_front() else { break };
             self.start(wr, mrs);
         }
@@ -539,7 +542,7 @@ impl IwarpQp {
             self.completions.push_back(Wc::new(e.wr_id, status, e.opcode, qpn, e.len));
         }
         for wr in self.waiting.drain(..) {
-            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::RdmaRead, qpn, 0));
+            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(&wr.op), qpn, 0));
         }
         let receives = self.filling.take().map(|f| f.wr).into_iter().chain(self.rq.drain(..));
         let flushed: Vec<Wc> =
@@ -556,6 +559,14 @@ struct Untagged {
     mo: u32,
     inv: u32,
     last: bool,
+}
+
+fn wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Write(_) => WcOpcode::RdmaWrite,
+        SendOp::Read(_) => WcOpcode::RdmaRead,
+        _ => WcOpcode::Send,
+    }
 }
 
 fn is_send(op: Opcode) -> bool {

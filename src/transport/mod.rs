@@ -6,7 +6,7 @@ pub mod pcap;
 mod sys;
 pub mod udp;
 
-pub use sys::{wait_readable, RecvBatch, Waker};
+pub use sys::{tcp_maxseg, wait_readable, RecvBatch, Waker};
 
 /// Sends datagrams with one `sendmmsg` (the plain-UDP baseline uses it too).
 pub fn send_batch(s: &std::net::UdpSocket, msgs: &[(std::net::SocketAddr, &[u8])]) -> std::io::Result<usize> {

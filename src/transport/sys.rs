@@ -264,3 +264,15 @@ pub fn wait_writable(fd: RawFd) -> io::Result<()> {
     // SAFETY: one live pollfd.
     check(unsafe { libc::poll(&mut p, 1, 10) }).map(drop)
 }
+
+/// The TCP connection's maximum segment size (`TCP_MAXSEG`): the effective MSS that
+/// iWARP sizes its FPDUs to (RFC 5044 §8).
+pub fn tcp_maxseg(fd: RawFd) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are live and sized for an int option.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, (&mut v as *mut libc::c_int).cast(), &mut len)
+    };
+    check(rc).map(|_| v.max(0) as usize)
+}

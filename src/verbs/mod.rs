@@ -1,7 +1,12 @@
-//! The verbs API: a RoCEv2 device over kernel UDP sockets, with names after libibverbs.
+//! The verbs API: a RoCEv2 device over kernel UDP sockets or an iWARP device over kernel
+//! TCP sockets, with names after libibverbs (and, for iWARP connections, rdma_cm).
 //!
-//! [`Context::open`] (`ibv_open_device`) binds an address's port 4791 and starts the
-//! device's poll thread. Objects hang off the context: [`Context::alloc_pd`],
+//! [`Context::open`] (`ibv_open_device`) takes the transport in [`OpenConfig::transport`].
+//! RoCEv2 binds an address's port 4791 and starts the device's poll thread; QPs are
+//! connected with [`QueuePair::connect_rc`] after an out-of-band exchange. iWARP QPs are
+//! connected as rdma_cm does it: [`QueuePair::connect`] on one side, [`Context::listen`],
+//! [`Listener::get_request`] and [`ConnRequest::accept`] on the other; everything else
+//! (memory, CQs, posting, completions) is the same for both. Objects hang off the context: [`Context::alloc_pd`],
 //! [`Context::reg_mr`], [`Context::create_cq`], [`Context::create_srq`],
 //! [`Context::create_qp`]; a QP is driven with [`QueuePair::modify`], [`QueuePair::post_send`]
 //! and [`QueuePair::post_recv`], and completions come from [`CompletionQueue::poll`] or the
@@ -60,6 +65,8 @@
 //! assert_eq!(&got, b"hello over RoCEv2");
 //! ```
 
+mod iwarp;
+
 use crate::engine::mem::{Mr, SharedMem};
 use crate::engine::{Device, DeviceConfig, Stats};
 use crate::transport::pcap::FrameLog;
@@ -67,7 +74,7 @@ use crate::transport::udp::{self, UdpConfig, UdpRx, UdpStats, UdpTx};
 use crate::transport::{wait_readable, Waker};
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -81,10 +88,37 @@ pub use crate::engine::verbs::{
     Gid, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, Remote, SendOp, SendWr, Sge, UdDest, VerbsError, Wc, WcOpcode,
     WcStatus,
 };
+pub use crate::iwarp::setup::{CrcPolicy, RtrKind};
+pub use iwarp::{ConnParam, ConnectError, IwarpConfig};
+
+/// The wire protocol of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// RoCEv2: the InfiniBand transport over UDP port 4791.
+    #[default]
+    RoceV2,
+    /// iWARP: RDMAP over DDP over MPA over TCP.
+    Iwarp,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "roce" | "rocev2" => Ok(Transport::RoceV2),
+            "iwarp" => Ok(Transport::Iwarp),
+            other => Err(format!("unknown transport {other:?} (rocev2 or iwarp)")),
+        }
+    }
+}
 
 /// What [`Context::open`] takes.
 #[derive(Debug, Clone)]
 pub struct OpenConfig {
+    /// RoCEv2 (default) or iWARP.
+    pub transport: Transport,
+    /// iWARP settings (MPA CRC, markers, peer-to-peer).
+    pub iwarp: IwarpConfig,
     /// The local address; its GID is index 0.
     pub addr: IpAddr,
     /// UDP port to receive on and send to: 4791, or 0 for a free port (tests).
@@ -109,6 +143,8 @@ impl OpenConfig {
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
         OpenConfig {
+            transport: Transport::RoceV2,
+            iwarp: IwarpConfig::default(),
             addr,
             port: udp::ROCE_PORT,
             seed,
@@ -265,9 +301,26 @@ impl Shared {
     }
 }
 
+/// The device behind a handle: RoCEv2 on UDP or iWARP on TCP.
+#[derive(Clone)]
+enum Backend {
+    Roce(Arc<Shared>),
+    Iwarp(Arc<iwarp::IwShared>),
+}
+
+impl Backend {
+    /// Runs `f` on the device's bookkeeping (PDs, MRs, CQs, GIDs) under its lock.
+    fn with_dev<T>(&self, f: impl FnOnce(&mut Device) -> T) -> T {
+        match self {
+            Backend::Roce(s) => s.with_core(f),
+            Backend::Iwarp(s) => f(&mut s.lock().dev),
+        }
+    }
+}
+
 /// An open device (`ibv_context`).
 pub struct Context {
-    shared: Arc<Shared>,
+    backend: Backend,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -293,6 +346,9 @@ pub struct DeviceStats {
 impl Context {
     /// Opens a device on `cfg.addr` (`ibv_open_device`) and starts its poll thread.
     pub fn open(cfg: OpenConfig) -> io::Result<Context> {
+        if cfg.transport == Transport::Iwarp {
+            return Context::open_iwarp(cfg);
+        }
         let log = match &cfg.pcap {
             Some(p) => Some(Arc::new(FrameLog::create(p)?)),
             None => None,
@@ -323,71 +379,115 @@ impl Context {
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || poll_loop(s))?;
-        Ok(Context { shared, thread: Some(thread) })
+        Ok(Context { backend: Backend::Roce(shared), thread: Some(thread) })
+    }
+
+    /// An iWARP device: no socket until a QP connects or the application listens.
+    fn open_iwarp(cfg: OpenConfig) -> io::Result<Context> {
+        let dev = Device::new(DeviceConfig {
+            gid: udp::ip_to_gid(cfg.addr),
+            seed: cfg.seed,
+            max_qps: cfg.max_qps,
+            max_mrs: cfg.max_mrs,
+            cc: CcConfig::default(),
+        });
+        let (shared, thread) = iwarp::IwShared::open(cfg.addr, dev, cfg.iwarp)?;
+        Ok(Context { backend: Backend::Iwarp(shared), thread: Some(thread) })
+    }
+
+    /// The device's transport.
+    pub fn transport(&self) -> Transport {
+        match self.backend {
+            Backend::Roce(_) => Transport::RoceV2,
+            Backend::Iwarp(_) => Transport::Iwarp,
+        }
     }
 
     /// The local IP address.
     pub fn ip(&self) -> IpAddr {
-        self.shared.ip
+        match &self.backend {
+            Backend::Roce(s) => s.ip,
+            Backend::Iwarp(s) => s.ip,
+        }
     }
 
-    /// The UDP port the device receives on.
+    /// The UDP port the device receives on (0 for iWARP, whose ports are per connection).
     pub fn port(&self) -> u16 {
-        self.shared.port
+        match &self.backend {
+            Backend::Roce(s) => s.port,
+            Backend::Iwarp(_) => 0,
+        }
     }
 
     /// Sends to `peer` on `port` rather than this device's own port (several devices on
-    /// one address, in tests).
+    /// one address, in tests). RoCEv2 only.
     pub fn set_peer_port(&self, peer: IpAddr, port: u16) {
-        self.shared.lock().tx.set_peer_port(peer, port);
+        if let Backend::Roce(s) = &self.backend {
+            s.lock().tx.set_peer_port(peer, port);
+        }
     }
 
     /// The whole GID table.
     pub fn gids(&self) -> Vec<Gid> {
-        self.shared.lock().dev.gids().to_vec()
+        self.backend.with_dev(|d| d.gids().to_vec())
     }
 
     /// A GID of the table (`ibv_query_gid`).
     pub fn gid(&self, index: u8) -> Option<Gid> {
-        self.shared.lock().dev.gids().get(usize::from(index)).copied()
+        self.backend.with_dev(|d| d.gids().get(usize::from(index)).copied())
     }
 
     /// Adds a GID (another local address) and returns its index.
     pub fn add_gid(&self, gid: Gid) -> u8 {
-        self.shared.lock().dev.add_gid(gid)
+        self.backend.with_dev(|d| d.add_gid(gid))
     }
 
     /// A random initial PSN.
     pub fn random_psn(&self) -> u32 {
-        self.shared.lock().dev.random_psn()
+        self.backend.with_dev(|d| d.random_psn())
     }
 
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> ProtectionDomain {
-        ProtectionDomain { pd: self.shared.lock().dev.alloc_pd() }
+        ProtectionDomain { pd: self.backend.with_dev(|d| d.alloc_pd()) }
     }
 
     /// `ibv_reg_mr`: `len` zeroed bytes the application and remote peers share.
     pub fn reg_mr(&self, pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
-        let mr = self.shared.lock().dev.reg_mr(pd.pd, len, access)?;
-        Ok(MemoryRegion { mr, shared: self.shared.clone() })
+        let mr = self.backend.with_dev(|d| d.reg_mr(pd.pd, len, access))?;
+        Ok(MemoryRegion { mr, backend: self.backend.clone() })
     }
 
     /// `ibv_create_cq`.
     pub fn create_cq(&self, cqe: usize) -> CompletionQueue {
-        let id = self.shared.lock().dev.create_cq(cqe);
+        let id = self.backend.with_dev(|d| d.create_cq(cqe));
         let queue = Arc::new(CqQueue::default());
-        self.shared.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue.clone());
+        match &self.backend {
+            Backend::Roce(s) => {
+                s.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue.clone());
+            }
+            Backend::Iwarp(s) => s.add_cq(id, queue.clone()),
+        }
         CompletionQueue { id, queue }
     }
 
-    /// `ibv_create_srq`.
+    /// `ibv_create_srq`. (iWARP QPs do not take an SRQ yet: `create_qp` refuses it.)
     pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
-        let id = self.shared.lock().dev.create_srq(max_wr, max_sge);
-        SharedReceiveQueue { id, shared: self.shared.clone() }
+        let id = self.backend.with_dev(|d| d.create_srq(max_wr, max_sge));
+        SharedReceiveQueue { id, backend: self.backend.clone() }
     }
 
-    /// `ibv_create_qp`: a QP in RESET.
+    /// Listens for iWARP connections on `addr` (`rdma_listen`; port 0 picks a free one).
+    pub fn listen(&self, addr: SocketAddr) -> io::Result<Listener> {
+        let Backend::Iwarp(s) = &self.backend else {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "listen is for iWARP devices"));
+        };
+        let (token, local) = s.listen(addr)?;
+        Ok(Listener { token, local, shared: s.clone() })
+    }
+
+    /// `ibv_create_qp`: a QP in RESET (RoCEv2), or an unconnected RC QP (iWARP) that takes
+    /// receives until [`QueuePair::connect`] or [`ConnRequest::accept`] brings it up.
     pub fn create_qp(
         &self,
         pd: &ProtectionDomain,
@@ -405,30 +505,51 @@ impl Context {
             caps,
             srq: srq.map(|s| s.id),
         };
-        let qpn = self.shared.lock().dev.create_qp(init)?;
-        Ok(QueuePair { qpn, shared: self.shared.clone() })
+        let qpn = match &self.backend {
+            Backend::Roce(s) => s.lock().dev.create_qp(init)?,
+            Backend::Iwarp(s) => {
+                if qp_type != QpType::Rc || srq.is_some() {
+                    return Err(VerbsError::InvalidAttribute("iWARP QPs are RC without an SRQ"));
+                }
+                s.create_qp(pd.pd, send_cq.id, recv_cq.id, caps)?
+            }
+        };
+        Ok(QueuePair { qpn, backend: self.backend.clone() })
     }
 
     /// Receives and processes what has arrived, on the caller's thread, without waiting.
     /// Returns the number of datagrams handled. Latency-bound loops call this while they
     /// spin, inside a [`Context::busy_poll`] section.
     pub fn progress(&self) -> usize {
-        self.shared.progress(true)
+        match &self.backend {
+            Backend::Roce(s) => s.progress(true),
+            Backend::Iwarp(_) => 0,
+        }
     }
 
     /// Starts a busy-polling section: until the guard drops, the poll thread leaves the
     /// socket to callers of [`Context::progress`] (and keeps firing timers), so a received
     /// packet is handled on the spinning thread with no thread hand-off.
+    /// (On iWARP the poll thread reads the sockets; the section changes nothing.)
     pub fn busy_poll(&self) -> BusyPoll<'_> {
-        self.shared.busy_pollers.fetch_add(1, Ordering::AcqRel);
-        self.shared.waker.wake();
-        BusyPoll { shared: &self.shared }
+        let shared = match &self.backend {
+            Backend::Roce(s) => Some(s),
+            Backend::Iwarp(_) => None,
+        };
+        if let Some(s) = shared {
+            s.busy_pollers.fetch_add(1, Ordering::AcqRel);
+            s.waker.wake();
+        }
+        BusyPoll { shared }
     }
 
     /// The device's counters.
     pub fn stats(&self) -> DeviceStats {
-        let engine = self.shared.lock().dev.stats.clone();
-        let u = &self.shared.udp_stats;
+        let Backend::Roce(shared) = &self.backend else {
+            return DeviceStats::default();
+        };
+        let engine = shared.lock().dev.stats.clone();
+        let u = &shared.udp_stats;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         DeviceStats {
             engine,
@@ -444,31 +565,39 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.waker.wake();
+        match &self.backend {
+            Backend::Roce(s) => {
+                s.stop.store(true, Ordering::Release);
+                s.waker.wake();
+            }
+            Backend::Iwarp(s) => s.stop(),
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let Some(log) = &self.shared.log {
-            let _ = log.close();
+        if let Backend::Roce(s) = &self.backend {
+            if let Some(log) = &s.log {
+                let _ = log.close();
+            }
         }
     }
 }
 
 /// A busy-polling section ([`Context::busy_poll`]).
 pub struct BusyPoll<'a> {
-    shared: &'a Arc<Shared>,
+    shared: Option<&'a Arc<Shared>>,
 }
 
 impl Drop for BusyPoll<'_> {
     fn drop(&mut self) {
+        let Some(shared) = self.shared else { return };
         // Send whatever replies the section held back.
-        let mut core = self.shared.lock();
-        let now = self.shared.now_ns();
-        self.shared.settle(&mut core, now);
+        let mut core = shared.lock();
+        let now = shared.now_ns();
+        shared.settle(&mut core, now);
         drop(core);
-        self.shared.busy_pollers.fetch_sub(1, Ordering::AcqRel);
-        self.shared.waker.wake();
+        shared.busy_pollers.fetch_sub(1, Ordering::AcqRel);
+        shared.waker.wake();
     }
 }
 
@@ -482,7 +611,7 @@ pub struct ProtectionDomain {
 /// share (see ARCHITECTURE.md), read and written by copy.
 pub struct MemoryRegion {
     mr: Mr,
-    shared: Arc<Shared>,
+    backend: Backend,
 }
 
 impl MemoryRegion {
@@ -526,7 +655,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let _ = self.shared.lock().dev.dereg_mr(&self.mr);
+        let _ = self.backend.with_dev(|d| d.dereg_mr(&self.mr));
     }
 }
 
@@ -561,17 +690,17 @@ impl CompletionQueue {
 /// `ibv_srq`.
 pub struct SharedReceiveQueue {
     id: u32,
-    shared: Arc<Shared>,
+    backend: Backend,
 }
 
 impl SharedReceiveQueue {
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
-        self.shared.with_core(|d| d.post_srq_recv(self.id, wr))
+        self.backend.with_dev(|d| d.post_srq_recv(self.id, wr))
     }
     /// Arms the limit event (`ibv_modify_srq` with `srq_limit`).
     pub fn arm_limit(&self, limit: usize) -> Result<(), VerbsError> {
-        self.shared.with_core(|d| d.arm_srq_limit(self.id, limit))
+        self.backend.with_dev(|d| d.arm_srq_limit(self.id, limit))
     }
 }
 
@@ -591,7 +720,7 @@ pub struct QpInfo {
 /// `ibv_qp`.
 pub struct QueuePair {
     qpn: u32,
-    shared: Arc<Shared>,
+    backend: Backend,
 }
 
 impl QueuePair {
@@ -600,19 +729,29 @@ impl QueuePair {
         self.qpn
     }
 
-    /// `ibv_modify_qp`.
+    /// `ibv_modify_qp`. On iWARP, where connections move the state, only ERR is taken.
     pub fn modify(&self, attr: &QpAttr) -> Result<(), VerbsError> {
-        self.shared.with_core(|d| d.modify_qp(self.qpn, attr))
+        match &self.backend {
+            Backend::Roce(s) => s.with_core(|d| d.modify_qp(self.qpn, attr)),
+            Backend::Iwarp(s) if attr.state == Some(QpState::Err) => s.set_error(self.qpn),
+            Backend::Iwarp(_) => Err(VerbsError::InvalidAttribute("iWARP QPs connect with connect/accept")),
+        }
     }
 
     /// The QP's state.
     pub fn state(&self) -> Option<QpState> {
-        self.shared.lock().dev.qp_state(self.qpn)
+        match &self.backend {
+            Backend::Roce(s) => s.lock().dev.qp_state(self.qpn),
+            Backend::Iwarp(s) => s.qp_state(self.qpn),
+        }
     }
 
-    /// `ibv_query_qp`: state and sequence numbers.
+    /// `ibv_query_qp`: state and sequence numbers (0 on iWARP, which has none).
     pub fn query(&self) -> Option<QpInfo> {
-        let core = self.shared.lock();
+        let Backend::Roce(s) = &self.backend else {
+            return self.state().map(|state| QpInfo { qp_num: self.qpn, state, sq_psn: 0, rq_psn: 0 });
+        };
+        let core = s.lock();
         let state = core.dev.qp_state(self.qpn)?;
         let (sq_psn, rq_psn) = core.dev.qp_psns(self.qpn)?;
         Some(QpInfo { qp_num: self.qpn, state, sq_psn, rq_psn })
@@ -620,17 +759,33 @@ impl QueuePair {
 
     /// `ibv_post_send`: the caller's thread segments and sends.
     pub fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
-        self.shared.with_core(|d| d.post_send(self.qpn, wr))
+        self.post_send_batch([wr])
     }
 
     /// Posts several send requests under one lock; stops at the first error.
     pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), VerbsError> {
-        self.shared.with_core(|d| wrs.into_iter().try_for_each(|wr| d.post_send(self.qpn, wr)))
+        match &self.backend {
+            Backend::Roce(s) => s.with_core(|d| wrs.into_iter().try_for_each(|wr| d.post_send(self.qpn, wr))),
+            Backend::Iwarp(s) => s.post_send(self.qpn, wrs),
+        }
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
-        self.shared.with_core(|d| d.post_recv(self.qpn, wr))
+        match &self.backend {
+            Backend::Roce(s) => s.with_core(|d| d.post_recv(self.qpn, wr)),
+            Backend::Iwarp(s) => s.post_recv(self.qpn, wr),
+        }
+    }
+
+    /// iWARP: connects to a listener at `to` (`rdma_connect`): TCP, then the MPA Request
+    /// with `param` and the Reply, waiting at most `timeout`. Returns the peer's private
+    /// data; the QP is in RTS.
+    pub fn connect(&self, to: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<Vec<u8>, ConnectError> {
+        match &self.backend {
+            Backend::Iwarp(s) => s.connect(self.qpn, to, param, timeout),
+            Backend::Roce(_) => Err(ConnectError::Invalid("connect is for iWARP QPs (RoCEv2: connect_rc)")),
+        }
     }
 
     /// Takes an RC or UC QP from RESET to RTS towards `dest_qpn` at `dest_gid`, the way
@@ -669,7 +824,90 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let _ = self.shared.lock().dev.destroy_qp(self.qpn);
+        match &self.backend {
+            Backend::Roce(s) => {
+                let _ = s.lock().dev.destroy_qp(self.qpn);
+            }
+            Backend::Iwarp(s) => s.destroy_qp(self.qpn),
+        }
+    }
+}
+
+/// An iWARP listener (`rdma_listen` on a bound `rdma_cm_id`). Dropping it stops listening
+/// and rejects the requests nobody took.
+pub struct Listener {
+    token: mio::Token,
+    local: SocketAddr,
+    shared: Arc<iwarp::IwShared>,
+}
+
+impl Listener {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The next connection request (`RDMA_CM_EVENT_CONNECT_REQUEST`): a peer whose MPA
+    /// Request arrived, waiting for [`ConnRequest::accept`] or [`ConnRequest::reject`].
+    pub fn get_request(&self, timeout: Duration) -> Option<ConnRequest> {
+        let (token, req, peer) = self.shared.get_request(self.token, timeout)?;
+        Some(ConnRequest {
+            token,
+            private_data: req.private_data,
+            responder_resources: req.ord,
+            initiator_depth: req.ird,
+            peer,
+            shared: self.shared.clone(),
+            answered: false,
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.shared.close_listener(self.token);
+    }
+}
+
+/// A peer's connection request. Dropping it unanswered rejects it.
+pub struct ConnRequest {
+    token: mio::Token,
+    /// The initiator's private data.
+    pub private_data: Vec<u8>,
+    /// Reads the initiator may have outstanding towards this side (its ORD), the most
+    /// this side's `responder_resources` needs.
+    pub responder_resources: u16,
+    /// Reads the initiator serves at once (its IRD), the most this side's
+    /// `initiator_depth` gets.
+    pub initiator_depth: u16,
+    /// The initiator's address.
+    pub peer: Option<SocketAddr>,
+    shared: Arc<iwarp::IwShared>,
+    answered: bool,
+}
+
+impl ConnRequest {
+    /// Accepts onto `qp` (`rdma_accept`): the MPA Reply goes out and the QP is in RTS.
+    pub fn accept(mut self, qp: &QueuePair, param: &ConnParam) -> Result<(), ConnectError> {
+        self.answered = true;
+        if !matches!(&qp.backend, Backend::Iwarp(s) if Arc::ptr_eq(s, &self.shared)) {
+            return Err(ConnectError::Invalid("the QP is not on this listener's device"));
+        }
+        self.shared.accept(self.token, qp.qpn, param)
+    }
+
+    /// Rejects (`rdma_reject`): an MPA Reply with the reject bit and `private_data`.
+    pub fn reject(mut self, private_data: &[u8]) {
+        self.answered = true;
+        self.shared.reject(self.token, private_data);
+    }
+}
+
+impl Drop for ConnRequest {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared.reject(self.token, b"");
+        }
     }
 }
 

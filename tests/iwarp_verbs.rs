@@ -1,0 +1,183 @@
+//! iWARP behind the verbs API, on kernel TCP over loopback: rdma_cm-style connection setup
+//! (listen, connect with private data, accept, reject), every operation with its data
+//! checked, and bad input from a peer ending one connection while another carries on.
+
+use softrdma::verbs::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(5);
+
+fn open(ip: [u8; 4], tweak: impl FnOnce(&mut OpenConfig)) -> Context {
+    let mut cfg = OpenConfig::new(std::net::Ipv4Addr::from(ip).into());
+    cfg.transport = Transport::Iwarp;
+    tweak(&mut cfg);
+    Context::open(cfg).expect("an iWARP device")
+}
+
+struct Side {
+    _pd: ProtectionDomain,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    qp: QueuePair,
+}
+
+fn side(ctx: &Context) -> Side {
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(256);
+    let mr = ctx.reg_mr(&pd, 1 << 20, Access::ALL).unwrap();
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, QpCaps::default(), None).unwrap();
+    Side { _pd: pd, cq, mr, qp }
+}
+
+fn param(pd: &[u8], depth: u16) -> ConnParam {
+    ConnParam { private_data: pd.to_vec(), responder_resources: depth, initiator_depth: depth }
+}
+
+/// Connects a client QP to a server QP through a listener; returns both sides' view of
+/// the peer's private data.
+fn connect(server: &Context, s: &Side, c: &Side) -> (Vec<u8>, Vec<u8>) {
+    let listener = server.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let to = listener.local_addr();
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| c.qp.connect(to, &param(b"client hello", 4), T).expect("connected"));
+        let req = listener.get_request(T).expect("a request");
+        let seen = req.private_data.clone();
+        assert_eq!(req.responder_resources, 4, "the initiator's ORD");
+        req.accept(&s.qp, &param(b"server hello", 4)).expect("accepted");
+        (h.join().unwrap(), seen)
+    })
+}
+
+fn wait(cq: &CompletionQueue) -> Wc {
+    cq.wait(T).expect("a completion")
+}
+
+fn wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
+    SendWr::new(id, op, sgl)
+}
+
+#[test]
+fn every_operation_over_kernel_tcp_with_private_data() {
+    let (a, b) = (open([127, 0, 0, 1], |_| {}), open([127, 0, 0, 1], |_| {}));
+    let (sa, sb) = (side(&a), side(&b));
+    sb.qp.post_recv(RecvWr { wr_id: 100, sgl: vec![sb.mr.sge(0, 4096)] }).unwrap();
+    let (at_client, at_server) = connect(&b, &sb, &sa);
+    assert_eq!(at_client, b"server hello");
+    assert_eq!(at_server, b"client hello");
+    assert_eq!(sa.qp.state(), Some(QpState::Rts));
+
+    // Send (posted before the connection existed) with a message longer than one FPDU.
+    let msg: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+    sa.mr.write(0, &msg);
+    sa.qp.post_send(wr(1, SendOp::Send, vec![sa.mr.sge(0, 4000)])).unwrap();
+    assert_eq!((wait(&sa.cq).wr_id, wait(&sb.cq).byte_len), (1, 4000));
+    let mut got = vec![0u8; 4000];
+    sb.mr.read(0, &mut got);
+    assert_eq!(got, msg);
+
+    // Write of 300 KiB, then Read of it back into another place.
+    let big: Vec<u8> = (0..300 * 1024u32).map(|i| (i ^ (i >> 8)) as u8).collect();
+    sa.mr.write(4096, &big);
+    let remote = Remote { addr: sb.mr.addr() + 8192, rkey: sb.mr.rkey() };
+    sa.qp.post_send(wr(2, SendOp::Write(remote), vec![sa.mr.sge(4096, big.len() as u32)])).unwrap();
+    sa.qp.post_send(wr(3, SendOp::Read(remote), vec![sa.mr.sge(512 * 1024, big.len() as u32)])).unwrap();
+    let (w, r) = (wait(&sa.cq), wait(&sa.cq));
+    assert_eq!((w.wr_id, w.opcode, w.status), (2, WcOpcode::RdmaWrite, WcStatus::Success));
+    assert_eq!((r.wr_id, r.opcode, r.status), (3, WcOpcode::RdmaRead, WcStatus::Success));
+    let mut back = vec![0u8; big.len()];
+    sa.mr.read(512 * 1024, &mut back);
+    assert!(back == big, "the Read returns what the Write placed");
+
+    // Send with Solicited Event, and Send with Invalidate of B's own region key.
+    sb.qp.post_recv(RecvWr { wr_id: 101, sgl: vec![sb.mr.sge(0, 64)] }).unwrap();
+    sb.qp.post_recv(RecvWr { wr_id: 102, sgl: vec![sb.mr.sge(0, 64)] }).unwrap();
+    let mut se = wr(4, SendOp::Send, vec![sa.mr.sge(0, 8)]);
+    se.solicited = true;
+    sa.qp.post_send(se).unwrap();
+    sa.qp.post_send(wr(5, SendOp::SendInv(sb.mr.rkey()), vec![sa.mr.sge(0, 8)])).unwrap();
+    let (w1, w2) = (wait(&sb.cq), wait(&sb.cq));
+    assert!(w1.solicited && w1.wr_id == 101);
+    assert_eq!((w2.wr_id, w2.invalidated_rkey), (102, Some(sb.mr.rkey())));
+    assert_eq!((wait(&sa.cq).wr_id, wait(&sa.cq).wr_id), (4, 5));
+
+    // B's region key is invalid now: a Write to it is a Terminate, both QPs end in ERR and
+    // flush what they still hold.
+    sb.qp.post_recv(RecvWr { wr_id: 103, sgl: vec![sb.mr.sge(0, 64)] }).unwrap();
+    sa.qp.post_send(wr(6, SendOp::Write(remote), vec![sa.mr.sge(0, 64)])).unwrap();
+    let flushed = wait(&sb.cq);
+    assert_eq!((flushed.wr_id, flushed.status), (103, WcStatus::WrFlushErr));
+    let _ = wait(&sa.cq);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(sa.qp.state(), Some(QpState::Err));
+    assert_eq!(sb.qp.state(), Some(QpState::Err));
+}
+
+#[test]
+fn a_terminate_on_one_connection_leaves_the_others_running() {
+    let (a, b) = (open([127, 0, 0, 1], |_| {}), open([127, 0, 0, 1], |_| {}));
+    let (a1, b1, a2, b2) = (side(&a), side(&b), side(&a), side(&b));
+    connect(&b, &b1, &a1);
+    connect(&b, &b2, &a2);
+    // A Send with no receive posted ends connection 1.
+    a1.qp.post_send(wr(1, SendOp::Send, vec![a1.mr.sge(0, 16)])).unwrap();
+    let _ = wait(&a1.cq);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(b1.qp.state(), Some(QpState::Err));
+    // Connection 2 still carries a Write and a Send.
+    b2.qp.post_recv(RecvWr { wr_id: 9, sgl: vec![b2.mr.sge(0, 16)] }).unwrap();
+    a2.mr.write(0, b"still here");
+    let remote = Remote { addr: b2.mr.addr() + 100, rkey: b2.mr.rkey() };
+    a2.qp.post_send(wr(2, SendOp::Write(remote), vec![a2.mr.sge(0, 10)])).unwrap();
+    a2.qp.post_send(wr(3, SendOp::Send, vec![a2.mr.sge(0, 10)])).unwrap();
+    assert_eq!(wait(&b2.cq).status, WcStatus::Success);
+    let mut got = [0u8; 10];
+    b2.mr.read(100, &mut got);
+    assert_eq!(&got, b"still here");
+    assert_eq!(a2.qp.state(), Some(QpState::Rts));
+}
+
+#[test]
+fn a_rejected_request_and_a_silent_peer_fail_cleanly() {
+    let b = open([127, 0, 0, 1], |c| c.iwarp.mpa_timeout_ms = 300);
+    let a = open([127, 0, 0, 1], |_| {});
+    let sa = side(&a);
+    let listener = b.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let to = listener.local_addr();
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| sa.qp.connect(to, &param(b"let me in", 0), T));
+        let req = listener.get_request(T).expect("a request");
+        req.reject(b"not today");
+        match h.join().unwrap() {
+            Err(ConnectError::Rejected(why)) => assert!(why.contains("not today"), "{why}"),
+            other => panic!("expected a rejection: {other:?}"),
+        }
+    });
+    assert_eq!(sa.qp.state(), Some(QpState::Err));
+
+    // A TCP peer that never sends its MPA Request is dropped after the MPA timeout.
+    let mut silent = TcpStream::connect(to).unwrap();
+    silent.set_read_timeout(Some(T)).unwrap();
+    let mut buf = [0u8; 64];
+    let n = silent.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "closed without a word");
+    // Garbage instead of a Request gets a reject Reply, then the close.
+    let mut garbage = TcpStream::connect(to).unwrap();
+    garbage.set_read_timeout(Some(T)).unwrap();
+    garbage.write_all(&[0x55; 40]).unwrap();
+    let mut reply = Vec::new();
+    let _ = garbage.read_to_end(&mut reply);
+    assert!(reply.starts_with(b"MPA ID Rep Frame"), "a Reply frame");
+    assert_ne!(reply[16] & 0x20, 0, "with the reject bit");
+    assert!(listener.get_request(Duration::from_millis(50)).is_none());
+}
+
+#[test]
+fn a_connect_to_nobody_is_a_tcp_error() {
+    let a = open([127, 0, 0, 1], |_| {});
+    let sa = side(&a);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let to = SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(matches!(sa.qp.connect(to, &param(b"", 0), T), Err(ConnectError::Tcp(_))));
+}
