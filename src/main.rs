@@ -170,9 +170,18 @@ struct PerfArgs {
     /// Local address for RDMA (default: the one the TCP connection uses).
     #[arg(long)]
     bind: Option<std::net::IpAddr>,
-    /// Write every frame sent and received to this pcap file.
+    /// Write every frame sent and received to this pcap file (RoCEv2).
     #[arg(long)]
     pcap: Option<PathBuf>,
+    /// rocev2, or iwarp (connects as perftest's -R does, with rdma_cm over MPA/TCP).
+    #[arg(long, default_value = "rocev2")]
+    transport: softrdma::verbs::Transport,
+    /// iWARP: MPA CRC policy (off, request, required).
+    #[arg(long = "mpa-crc", default_value = "request")]
+    mpa_crc: String,
+    /// iWARP: ask for MPA markers in the stream this side receives.
+    #[arg(long)]
+    markers: bool,
 }
 
 #[derive(Subcommand)]
@@ -255,16 +264,7 @@ fn rping(
     crc: &str,
     markers: bool,
 ) -> ExitCode {
-    use softrdma::iwarp::setup::CrcPolicy;
-    let crc = match crc {
-        "off" => CrcPolicy::Off,
-        "request" => CrcPolicy::OnRequest,
-        "required" => CrcPolicy::Required,
-        other => {
-            eprintln!("--crc {other}: one of off, request, required");
-            return ExitCode::FAILURE;
-        }
-    };
+    let Some(crc) = crc_policy(crc) else { return ExitCode::FAILURE };
     if server == client {
         eprintln!("softrdma rping: say -s (server) or -c (client)");
         return ExitCode::FAILURE;
@@ -289,6 +289,19 @@ fn rping(
     }
 }
 
+fn crc_policy(crc: &str) -> Option<softrdma::iwarp::setup::CrcPolicy> {
+    use softrdma::iwarp::setup::CrcPolicy;
+    match crc {
+        "off" => Some(CrcPolicy::Off),
+        "request" => Some(CrcPolicy::OnRequest),
+        "required" => Some(CrcPolicy::Required),
+        other => {
+            eprintln!("MPA CRC {other:?}: one of off, request, required");
+            None
+        }
+    }
+}
+
 fn mtu_of(bytes: usize) -> Option<Mtu> {
     let m = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].into_iter().find(|m| m.bytes() == bytes);
     if m.is_none() {
@@ -309,7 +322,11 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
     params.tx_depth = a.tx_depth.unwrap_or(params.tx_depth).max(1);
     params.rx_depth = a.rx_depth.unwrap_or(params.rx_depth).max(1);
     params.progress = !a.json;
+    let Some(crc) = crc_policy(&a.mpa_crc) else { return ExitCode::FAILURE };
+    let iwarp = softrdma::verbs::IwarpConfig { crc, markers: a.markers, ..Default::default() };
     let args = ToolArgs {
+        transport: a.transport,
+        iwarp,
         params,
         server: a.server,
         port: a.port,

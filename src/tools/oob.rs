@@ -7,8 +7,17 @@
 //! decimal (2 bytes for 5.31 and later), then "handshakes": each a 108-byte key message
 //! `lid:out_reads:qpn:psn:rkey:vaddr:gid bytes…:srqn:` with a NUL. Bandwidth reports go as
 //! big-endian u64 size and iterations and three big-endian doubles. "done" ends it.
+//!
+//! With rdma_cm (perftest's `-R`, the only way over iWARP) the same exchanges travel as
+//! RDMA Sends on a QP of their own, connected over iWARP to the same port: each exchange is
+//! one Send each way, key messages are the binary `struct pingpong_dest` (56 bytes,
+//! big-endian fields), and no "done" follows the last handshake.
 
 use crate::engine::verbs::{Gid, Mtu};
+use crate::verbs::{
+    Access, CompletionQueue, ConnParam, Context, MemoryRegion, OpenConfig, ProtectionDomain, QpCaps, QpType, QueuePair,
+    RecvWr, SendOp, SendWr, WcStatus,
+};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -64,7 +73,7 @@ impl From<io::Error> for OobError {
 }
 
 /// One QP's connection data (perftest's `struct pingpong_dest`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Dest {
     /// LID (0 on RoCE).
     pub lid: u16,
@@ -127,6 +136,44 @@ impl Dest {
     }
 }
 
+impl Dest {
+    /// The binary `struct pingpong_dest` rdma_cm exchanges carry: lid, out_reads, qpn,
+    /// psn, rkey (4 bytes each), 4 bytes of padding, vaddr (8), the GID, srqn, gid_index.
+    pub fn to_bin(&self) -> [u8; CM_KEY_LEN] {
+        let mut b = [0u8; CM_KEY_LEN];
+        let words = [u32::from(self.lid), u32::from(self.out_reads), self.qpn, self.psn, self.rkey];
+        for (i, w) in words.iter().enumerate() {
+            b[4 * i..4 * i + 4].copy_from_slice(&w.to_be_bytes());
+        }
+        b[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        b[32..48].copy_from_slice(&self.gid);
+        b[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        b
+    }
+
+    /// Parses the binary form.
+    pub fn from_bin(b: &[u8; CM_KEY_LEN]) -> Dest {
+        let word = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[32..48]);
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&b[24..32]);
+        Dest {
+            lid: word(0) as u16,
+            out_reads: word(4) as u16,
+            qpn: word(8) & 0xff_ffff,
+            psn: word(12) & 0xff_ffff,
+            rkey: word(16),
+            vaddr: u64::from_be_bytes(vaddr),
+            gid,
+            srqn: word(48),
+        }
+    }
+}
+
+/// `sizeof(struct pingpong_dest)` on x86-64 and aarch64.
+pub const CM_KEY_LEN: usize = 56;
+
 fn bad_keys(msg: &[u8]) -> OobError {
     OobError::Protocol(format!("not a perftest key message: {:?}", String::from_utf8_lossy(msg)))
 }
@@ -162,13 +209,32 @@ pub fn mtu_from_enum(v: u8) -> Option<Mtu> {
     [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].get(usize::from(v).wrapping_sub(1)).copied()
 }
 
+fn resolve(host: &str, port: u16) -> io::Result<std::net::SocketAddr> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")))
+}
+
+/// Connects an iWARP QP to `to`, retrying for a few seconds on a TCP failure (the server
+/// not listening yet), as perftest's rdma_cm client retries.
+pub fn connect_qp_retrying(qp: &QueuePair, to: std::net::SocketAddr, p: &ConnParam) -> Result<Vec<u8>, OobError> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match qp.connect(to, p, Duration::from_secs(10)) {
+            Ok(pd) => return Ok(pd),
+            Err(crate::verbs::ConnectError::Tcp(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(OobError::Protocol(format!("connecting to {to}: {e}"))),
+        }
+    }
+}
+
 /// Connects to `host:port`, retrying for a few seconds while nobody listens yet (a client
 /// started just before its server).
 pub fn connect_retrying(host: &str, port: u16) -> io::Result<TcpStream> {
-    let addr = (host, port)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")))?;
+    let addr = resolve(host, port)?;
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
@@ -180,9 +246,71 @@ pub fn connect_retrying(host: &str, port: u16) -> io::Result<TcpStream> {
     }
 }
 
+/// The exchange's own iWARP QP (perftest's `comm->rdma_ctx`). Fields drop in order: the
+/// QP before its device.
+pub struct CmChannel {
+    qp: QueuePair,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    mr: MemoryRegion,
+    _pd: ProtectionDomain,
+    _ctx: Context,
+}
+
+const CM_RECV_AT: usize = 64;
+
+impl CmChannel {
+    fn new(cfg: &OpenConfig) -> Result<CmChannel, OobError> {
+        let ctx = Context::open(cfg.clone())?;
+        let pd = ctx.alloc_pd();
+        let (scq, rcq) = (ctx.create_cq(4), ctx.create_cq(4));
+        let mr = ctx.reg_mr(&pd, 2 * CM_RECV_AT, Access::ALL).map_err(verbs_err)?;
+        let caps = QpCaps { max_send_wr: 2, max_recv_wr: 2, max_sge: 1 };
+        let qp = ctx.create_qp(&pd, &scq, &rcq, QpType::Rc, caps, None).map_err(verbs_err)?;
+        let c = CmChannel { qp, scq, rcq, mr, _pd: pd, _ctx: ctx };
+        c.post_recv()?;
+        Ok(c)
+    }
+
+    fn post_recv(&self) -> Result<(), OobError> {
+        let sge = self.mr.sge(CM_RECV_AT, CM_KEY_LEN as u32);
+        self.qp.post_recv(RecvWr { wr_id: 0, sgl: vec![sge] }).map_err(verbs_err)
+    }
+
+    fn send(&self, data: &[u8]) -> Result<(), OobError> {
+        self.mr.write(0, data);
+        self.qp.post_send(SendWr::new(1, SendOp::Send, vec![self.mr.sge(0, data.len() as u32)])).map_err(verbs_err)?;
+        match self.scq.wait(PEER_TIMEOUT) {
+            Some(wc) if wc.status == WcStatus::Success => Ok(()),
+            Some(wc) => Err(OobError::Protocol(format!("the exchange's Send completed with {:?}", wc.status))),
+            None => Err(OobError::Io(io::ErrorKind::TimedOut.into())),
+        }
+    }
+
+    fn recv(&self, out: &mut [u8]) -> Result<(), OobError> {
+        match self.rcq.wait(PEER_TIMEOUT) {
+            Some(wc) if wc.status == WcStatus::Success => {
+                self.mr.read(CM_RECV_AT, out);
+                self.post_recv()
+            }
+            Some(_) => Err(OobError::Io(io::ErrorKind::ConnectionReset.into())),
+            None => Err(OobError::Io(io::ErrorKind::TimedOut.into())),
+        }
+    }
+}
+
+fn verbs_err(e: crate::verbs::VerbsError) -> OobError {
+    OobError::Protocol(format!("the exchange's QP: {e:?}"))
+}
+
+enum Channel {
+    Tcp(TcpStream),
+    Cm(Box<CmChannel>),
+}
+
 /// One side of perftest's out-of-band connection.
 pub struct Oob {
-    stream: TcpStream,
+    chan: Channel,
     client: bool,
     /// The peer's perftest version.
     pub peer_version: f64,
@@ -204,22 +332,64 @@ impl Oob {
     fn new(stream: TcpStream, client: bool) -> Result<Oob, OobError> {
         stream.set_read_timeout(Some(PEER_TIMEOUT))?;
         stream.set_nodelay(true)?;
-        Ok(Oob { stream, client, peer_version: 0.0 })
+        Ok(Oob { chan: Channel::Tcp(stream), client, peer_version: 0.0 })
+    }
+
+    /// The rdma_cm server side: accepts one iWARP connection on `port` for the exchange,
+    /// on a device opened with `cfg` (an iWARP one), then stops listening.
+    pub fn accept_cm(cfg: &OpenConfig, port: u16) -> Result<Oob, OobError> {
+        let chan = CmChannel::new(cfg)?;
+        let listener = chan._ctx.listen(std::net::SocketAddr::new(cfg.addr, port))?;
+        let req =
+            listener.get_request(Duration::from_secs(24 * 3600)).ok_or(OobError::Io(io::ErrorKind::TimedOut.into()))?;
+        req.accept(&chan.qp, &ConnParam::default()).map_err(|e| OobError::Protocol(e.to_string()))?;
+        Ok(Oob { chan: Channel::Cm(Box::new(chan)), client: false, peer_version: 0.0 })
+    }
+
+    /// The rdma_cm client side: connects the exchange's QP to `server:port`, retrying a
+    /// few seconds while nobody listens yet.
+    pub fn connect_cm(cfg: &OpenConfig, server: &str, port: u16) -> Result<Oob, OobError> {
+        let to = resolve(server, port)?;
+        let chan = CmChannel::new(cfg)?;
+        connect_qp_retrying(&chan.qp, to, &ConnParam::default())?;
+        // siw as responder reads the stream only once its QP is in RTS, a moment after its
+        // MPA Reply (perftest's client sleeps a second here too).
+        std::thread::sleep(Duration::from_millis(200));
+        Ok(Oob { chan: Channel::Cm(Box::new(chan)), client: true, peer_version: 0.0 })
     }
 
     /// The local address of the TCP connection: the one to run RDMA from.
     pub fn local_ip(&self) -> io::Result<std::net::IpAddr> {
-        Ok(self.stream.local_addr()?.ip())
+        match &self.chan {
+            Channel::Tcp(s) => Ok(s.local_addr()?.ip()),
+            Channel::Cm(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "an rdma_cm exchange")),
+        }
+    }
+
+    /// True when the exchange runs over rdma_cm.
+    pub fn is_cm(&self) -> bool {
+        matches!(self.chan, Channel::Cm(_))
     }
 
     /// perftest's `ctx_xchg_data`: the client writes then reads, the server the reverse.
     fn exchange(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), OobError> {
-        if self.client {
-            self.stream.write_all(mine)?;
-            self.stream.read_exact(theirs)?;
-        } else {
-            self.stream.read_exact(theirs)?;
-            self.stream.write_all(mine)?;
+        match &mut self.chan {
+            Channel::Tcp(stream) if self.client => {
+                stream.write_all(mine)?;
+                stream.read_exact(theirs)?;
+            }
+            Channel::Tcp(stream) => {
+                stream.read_exact(theirs)?;
+                stream.write_all(mine)?;
+            }
+            Channel::Cm(c) if self.client => {
+                c.send(mine)?;
+                c.recv(theirs)?;
+            }
+            Channel::Cm(c) => {
+                c.recv(theirs)?;
+                c.send(mine)?;
+            }
         }
         Ok(())
     }
@@ -257,6 +427,11 @@ impl Oob {
 
     /// One handshake: our key message for theirs.
     pub fn handshake(&mut self, mine: &Dest) -> Result<Dest, OobError> {
+        if self.is_cm() {
+            let mut theirs = [0u8; CM_KEY_LEN];
+            self.exchange(&mine.to_bin(), &mut theirs)?;
+            return Ok(Dest::from_bin(&theirs));
+        }
         let mut theirs = [0u8; KEY_MSG_LEN];
         self.exchange(&mine.to_msg(), &mut theirs)?;
         Dest::parse(&theirs)
@@ -280,7 +455,9 @@ impl Oob {
     /// perftest's `ctx_close_connection`: a last handshake, then "done".
     pub fn close(&mut self, mine: &Dest) -> Result<(), OobError> {
         self.handshake(mine)?;
-        self.stream.write_all(b"done\0")?;
+        if let Channel::Tcp(stream) = &mut self.chan {
+            stream.write_all(b"done\0")?;
+        }
         Ok(())
     }
 }

@@ -2,12 +2,15 @@
 //! write-lat | read-lat | send-lat`. A server (no address) waits for a client on TCP port
 //! 18515, both open a device on the address of that TCP connection, exchange keys the way
 //! perftest 6.06 does (same number of handshakes at the same points) and run the test.
+//! Over iWARP (`--transport iwarp`) everything is as perftest's `-R` (rdma_cm): the
+//! exchange runs on an iWARP QP of its own, and the test QPs connect through MPA to the
+//! same port between two extra handshakes.
 
 use super::bench::{self, BwResult, Endpoint, LatResult, Params, Test};
 use super::oob::{BwReport, Dest, Oob};
-use crate::verbs::{Context, OpenConfig};
+use crate::verbs::{ConnParam, Context, IwarpConfig, OpenConfig, Transport};
 use serde_json::json;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 /// What the command line chose.
@@ -31,6 +34,10 @@ pub struct ToolArgs {
     pub bind: Option<IpAddr>,
     /// Capture file.
     pub pcap: Option<PathBuf>,
+    /// RoCEv2 or iWARP.
+    pub transport: Transport,
+    /// iWARP settings (MPA CRC, markers).
+    pub iwarp: IwarpConfig,
 }
 
 /// Sizes of a run: 2^1..=2^23 with `-a` (perftest's range), else the one size.
@@ -49,18 +56,9 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
     if !client && !a.json {
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
-    let mut oob = match &a.server {
-        Some(s) => Oob::connect(s, a.port),
-        None => Oob::accept(a.port),
-    }
-    .map_err(|e| e.to_string())?;
+    let (mut oob, cfg) = open_oob(a)?;
     let mtu = oob.preamble(a.params.mtu).map_err(|e| e.to_string())?;
-    let local = match a.bind {
-        Some(ip) => ip,
-        None => oob.local_ip().map_err(|e| e.to_string())?,
-    };
-    let mut cfg = OpenConfig::new(local);
-    cfg.pcap = a.pcap.clone();
+    let local = cfg.addr;
     let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
     let mut p = a.params.clone();
     p.mtu = mtu;
@@ -69,10 +67,13 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
     if a.gid_index != 0 && ctx.gid(a.gid_index).is_none() {
         return Err(format!("GID index {} does not exist (this device has GID 0 only)", a.gid_index));
     }
+    if oob.is_cm() {
+        connect_cm_qps(a, &mut oob, &ctx, &ep).map_err(|e| e.to_string())?;
+    }
     let mine = ep.dests(a.gid_index);
     let theirs = connect(&mut oob, &ep, &mine, &p).map_err(|e| e.to_string())?;
     if !a.json {
-        print_header(&p, &mine, &theirs, client);
+        print_header(&p, &mine, &theirs, client, ctx.transport());
     }
     let out = match p.test {
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => rdma_bw(a, &p, &mut oob, &ep, &mine, &theirs),
@@ -83,6 +84,88 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
     if a.json {
         println!("{}", json!({ "test": p.test.name(), "mtu": mtu.bytes(), "results": results }));
     }
+    Ok(())
+}
+
+/// The out-of-band connection and the configuration of the device to open: over TCP
+/// (RoCEv2) or over rdma_cm on iWARP.
+fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
+    let e = |e: super::oob::OobError| e.to_string();
+    if a.transport == Transport::Iwarp {
+        if a.params.test == Test::AtomicBw {
+            return Err("atomics over iWARP are RFC 7306, which softrdma does not speak yet".into());
+        }
+        if a.pcap.is_some() {
+            return Err("--pcap captures RoCEv2 frames; capture iWARP's TCP with tcpdump".into());
+        }
+        let local = match (a.bind, &a.server) {
+            (Some(ip), _) => ip,
+            (None, Some(s)) => route_source(s, a.port).map_err(|e| format!("no route to {s}: {e}"))?,
+            (None, None) => IpAddr::from([0, 0, 0, 0]),
+        };
+        let mut cfg = OpenConfig::new(local);
+        cfg.transport = Transport::Iwarp;
+        cfg.iwarp = a.iwarp.clone();
+        let oob = match &a.server {
+            Some(s) => Oob::connect_cm(&cfg, s, a.port),
+            None => Oob::accept_cm(&cfg, a.port),
+        };
+        return Ok((oob.map_err(e)?, cfg));
+    }
+    let oob = match &a.server {
+        Some(s) => Oob::connect(s, a.port),
+        None => Oob::accept(a.port),
+    }
+    .map_err(e)?;
+    let local = match a.bind {
+        Some(ip) => ip,
+        None => oob.local_ip().map_err(|e| e.to_string())?,
+    };
+    let mut cfg = OpenConfig::new(local);
+    cfg.pcap = a.pcap.clone();
+    Ok((oob, cfg))
+}
+
+/// The local address the kernel routes to `host` from (a connected UDP socket sends
+/// nothing).
+fn route_source(host: &str, port: u16) -> std::io::Result<IpAddr> {
+    let to = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
+    let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+    let s = std::net::UdpSocket::bind(any)?;
+    s.connect(to)?;
+    Ok(s.local_addr()?.ip())
+}
+
+/// perftest's `create_rdma_cm_connection`: a handshake, the test QPs connected through
+/// MPA to the exchange's port (the client connects, the server accepts in order), and
+/// another handshake.
+fn connect_cm_qps(a: &ToolArgs, oob: &mut Oob, ctx: &Context, ep: &Endpoint<'_>) -> Result<(), String> {
+    let e = |e: super::oob::OobError| e.to_string();
+    oob.handshake(&Dest::default()).map_err(e)?;
+    // rdma_cm's conn_param asks for read depth only for READ tests (as perftest).
+    let depth = if matches!(a.params.test, Test::ReadBw | Test::ReadLat) { 16 } else { 0 };
+    let param = ConnParam { private_data: Vec::new(), responder_resources: depth, initiator_depth: depth };
+    match &a.server {
+        Some(s) => {
+            let to = std::net::ToSocketAddrs::to_socket_addrs(&(s.as_str(), a.port))
+                .ok()
+                .and_then(|mut i| i.next())
+                .ok_or(format!("{s}: no address"))?;
+            for qp in &ep.qps {
+                super::oob::connect_qp_retrying(qp, to, &param).map_err(e)?;
+            }
+        }
+        None => {
+            let l = ctx.listen(SocketAddr::new(ctx.ip(), a.port)).map_err(|e| format!("listen: {e}"))?;
+            for qp in &ep.qps {
+                let req = l.get_request(std::time::Duration::from_secs(60)).ok_or("no test connection came")?;
+                req.accept(qp, &param).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    oob.handshake(&Dest::default()).map_err(e)?;
     Ok(())
 }
 
@@ -101,7 +184,9 @@ fn connect(
     for d in mine {
         theirs.push(oob.handshake(d)?);
     }
-    ep.connect(&theirs, p.mtu).map_err(|e| format!("connecting the QPs: {e:?}"))?;
+    if !oob.is_cm() {
+        ep.connect(&theirs, p.mtu).map_err(|e| format!("connecting the QPs: {e:?}"))?;
+    }
     for d in mine {
         oob.handshake(d)?;
     }
@@ -109,13 +194,14 @@ fn connect(
     Ok(theirs)
 }
 
-fn print_header(p: &Params, mine: &[Dest], theirs: &[Dest], client: bool) {
+fn print_header(p: &Params, mine: &[Dest], theirs: &[Dest], client: bool, t: Transport) {
     let line = "-".repeat(87);
+    let (kind, link) = if t == Transport::Iwarp { ("IW", "TCP, rdma_cm") } else { ("IB", "UDP") };
     println!("{line}\n                    {} Test", p.test.name());
-    println!(" Number of qps   : {}\t\tTransport type : IB", p.qps);
+    println!(" Number of qps   : {}\t\tTransport type : {kind}", p.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
     println!(" Mtu             : {}[B]", p.mtu.bytes());
-    println!(" Link type       : Ethernet (softrdma over UDP)");
+    println!(" Link type       : Ethernet (softrdma over {link})");
     println!(" Role            : {}", if client { "client" } else { "server" });
     println!("{line}");
     for (side, ds) in [("local", mine), ("remote", theirs)] {
