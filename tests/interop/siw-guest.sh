@@ -1,17 +1,29 @@
 #!/bin/bash
 # siw-guest.sh ROLE - the VM half of tests/interop/siw.sh (runs inside the softrdma VM).
-#   ROLE = server: rping serves on 10.77.0.2, softrdma connects from 10.77.0.1
-#   ROLE = client: softrdma serves on 10.77.0.1, rping connects
-role=$1 host=10.77.0.1 me=10.77.0.2 T=60
-echo "=== rping ($role)"
+#   ROLE = server: siw's rping and perftest -R serve on 10.77.0.2, softrdma connects
+#   ROLE = client: softrdma serves on 10.77.0.1, siw's tools connect (retrying until it listens)
+role=$1 host=10.77.0.1 me=10.77.0.2 T=90
+run() { # name port command...
+    local name=$1 port=$2; shift 2
+    echo "=== $name ($role)"
+    if [ "$role" = server ]; then
+        timeout $T "$@"; rc=$?
+    else
+        t0=$SECONDS
+        while :; do
+            timeout $T "$@" $host; rc=$?
+            [ $rc = 0 ] || [ $((SECONDS - t0)) -ge $T ] && break
+            sleep 1
+        done
+    fi
+    echo "=== $name ($role): rc=$rc"
+}
 if [ "$role" = server ]; then
-    timeout $T rping -s -v -C 5 -a $me -p 7174; rc=$?
+    run rping 7174 rping -s -v -C 5 -a $me -p 7174
 else
-    t0=$SECONDS
-    while :; do
-        timeout $T rping -c -v -C 5 -a $host -p 7175; rc=$?
-        [ $rc = 0 ] || [ $((SECONDS - t0)) -ge $T ] && break
-        sleep 1
-    done
+    run rping 7175 rping -c -v -C 5 -p 7175 -a
 fi
-echo "=== rping ($role): rc=$rc"
+run write_bw 18515 ib_write_bw -R -d siw0 -p 18515 -n 50 -s 8192 -F
+run read_bw 18516 ib_read_bw -R -d siw0 -p 18516 -n 50 -s 8192 -F
+run send_bw 18517 ib_send_bw -R -d siw0 -p 18517 -n 50 -s 8192 -F
+echo "=== guest done"
