@@ -321,6 +321,12 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
     params.mtu = mtu;
     params.tx_depth = a.tx_depth.unwrap_or(params.tx_depth).max(1);
     params.rx_depth = a.rx_depth.unwrap_or(params.rx_depth).max(1);
+    if test == Test::SendBw && a.duration.is_none() {
+        // As perftest: no more receives than messages, and an even number of them (both
+        // sides size perftest's iWARP credit window from it).
+        params.rx_depth = params.rx_depth.min(params.iters as usize);
+        params.rx_depth += params.rx_depth % 2;
+    }
     params.progress = !a.json;
     let Some(crc) = crc_policy(&a.mpa_crc) else { return ExitCode::FAILURE };
     let iwarp = softrdma::verbs::IwarpConfig { crc, markers: a.markers, ..Default::default() };

@@ -117,7 +117,39 @@ pub struct Endpoint<'a> {
     pub qps: Vec<QueuePair>,
     area: usize,
     psns: Vec<u32>,
+    /// SEND bandwidth over iWARP: perftest's receive credits (below).
+    credits: bool,
 }
+
+/// perftest's SEND bandwidth over iWARP, where a Send without a posted receive ends the
+/// connection: the receiver RDMA-Writes its count of receives (a native-endian u32) into
+/// the sender's credit word every `rx_depth / 3` messages, and the sender keeps fewer than
+/// `rx_depth` messages beyond the last credit. The key messages carry the credit word's
+/// rkey and address instead of the buffer's. The words follow the QP areas: one control
+/// word per QP (what is written), then one credit word per QP (what is written into).
+impl Endpoint<'_> {
+    fn credit_base(&self) -> usize {
+        2 * self.qps.len() * self.area
+    }
+
+    fn credit(&self, q: usize) -> u64 {
+        let mut w = [0u8; 4];
+        self.mr.read(self.credit_base() + (self.qps.len() + q) * 4, &mut w);
+        u64::from(u32::from_le_bytes(w))
+    }
+
+    /// Tells the sender on QP `q` that `count` messages have been received.
+    fn post_credit(&self, q: usize, rem: &Dest, count: u64) -> Result<(), String> {
+        let at = self.credit_base() + q * 4;
+        self.mr.write(at, &(count as u32).to_le_bytes());
+        let remote = Remote { addr: rem.vaddr, rkey: rem.rkey };
+        let wr = SendWr::new(CREDIT_WR | q as u64, SendOp::Write(remote), vec![self.mr.sge(at, 4)]);
+        self.qps[q].post_send(wr).map_err(|e| format!("credit write: {e:?}"))
+    }
+}
+
+/// The wr_id bit of credit writes.
+const CREDIT_WR: u64 = 1 << 63;
 
 impl<'a> Endpoint<'a> {
     /// Creates everything `p` needs on `ctx`.
@@ -127,7 +159,7 @@ impl<'a> Endpoint<'a> {
         let cq = ctx.create_cq(depth);
         let rcq = ctx.create_cq(depth);
         let area = p.area_bytes();
-        let mr = ctx.reg_mr(&pd, 2 * p.qps * area, Access::ALL)?;
+        let mr = ctx.reg_mr(&pd, 2 * p.qps * area + 8 * p.qps, Access::ALL)?;
         let caps = QpCaps { max_send_wr: p.tx_depth.max(1) + 1, max_recv_wr: p.rx_depth.max(1), max_sge: 1 };
         let mut qps = Vec::new();
         let mut psns = Vec::new();
@@ -135,20 +167,23 @@ impl<'a> Endpoint<'a> {
             qps.push(ctx.create_qp(&pd, &cq, &rcq, QpType::Rc, caps, None)?);
             psns.push(ctx.random_psn());
         }
-        Ok(Endpoint { ctx, _pd: pd, cq, rcq, mr, qps, area, psns })
+        let credits = p.test == Test::SendBw && ctx.transport() == crate::verbs::Transport::Iwarp;
+        Ok(Endpoint { ctx, _pd: pd, cq, rcq, mr, qps, area, psns, credits })
     }
 
     /// This side's key messages, one per QP.
     pub fn dests(&self, gid_index: u8) -> Vec<Dest> {
         let gid = self.ctx.gid(gid_index).unwrap_or_default();
-        (0..self.qps.len())
+        let n = self.qps.len();
+        (0..n)
             .map(|i| Dest {
                 lid: 0,
                 out_reads: 16,
                 qpn: self.qps[i].qp_num(),
                 psn: self.psns[i],
                 rkey: self.mr.rkey(),
-                vaddr: self.mr.addr() + ((self.qps.len() + i) * self.area) as u64,
+                vaddr: self.mr.addr()
+                    + if self.credits { self.credit_base() + (n + i) * 4 } else { (n + i) * self.area } as u64,
                 gid,
                 srqn: 0,
             })
@@ -259,10 +294,14 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
     let target = |posted: u64| end.map_or(posted < p.iters, |e| Instant::now() < e);
     let mut samples = vec![(Instant::now(), 0u64)];
     let mut progress = Progress::new(p.progress);
+    let mut stalled_since: Option<Instant> = None;
     loop {
         for q in 0..nq {
             let mut batch = Vec::new();
             while posted[q] - done[q] < p.tx_depth as u64 && target(posted[q]) {
+                if ep.credits && posted[q] + 1 - ep.credit(q).min(posted[q]) >= p.rx_depth as u64 {
+                    break;
+                }
                 let n = posted[q] + 1;
                 let mut wr = work_request(p.test, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
                 let last = end.is_none() && n == p.iters;
@@ -284,9 +323,15 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
         if !(0..nq).any(|q| target(posted[q])) && (0..nq).all(|q| done[q] >= signaled[q]) {
             break;
         }
-        let Some(wc) = ep.cq.wait(Duration::from_secs(30)) else {
+        // Waiting for credit, nothing may complete: look at the credit words again soon.
+        let wait = if ep.credits { Duration::from_millis(1) } else { Duration::from_secs(30) };
+        let Some(wc) = ep.cq.wait(wait) else {
+            if ep.credits && stalled_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
+                continue;
+            }
             return Err(format!("no completion for 30 s ({total_done} of {total_posted} done)"));
         };
+        stalled_since = None;
         if wc.status != WcStatus::Success {
             return Err(format!("completion with error: {:?} (wr {:#x})", wc.status, wc.wr_id));
         }
@@ -317,16 +362,19 @@ impl SendServer {
         Ok(SendServer(()))
     }
 
-    /// Counts the client's messages, reposting each receive.
-    pub fn run(self, ep: &Endpoint<'_>, p: &Params) -> Result<BwResult, String> {
-        run_bw_send_server(ep, p)
+    /// Counts the client's messages, reposting each receive (and, over iWARP, giving
+    /// credit to the client's keys `rem`).
+    pub fn run(self, ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwResult, String> {
+        run_bw_send_server(ep, rem, p)
     }
 }
 
-fn run_bw_send_server(ep: &Endpoint<'_>, p: &Params) -> Result<BwResult, String> {
+fn run_bw_send_server(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwResult, String> {
     let nq = ep.qps.len();
     let want = p.iters * nq as u64;
     let mut got = 0u64;
+    let mut per_qp = vec![0u64; nq];
+    let every = (p.rx_depth / 3).max(1) as u64;
     let mut samples = Vec::new();
     let idle = if p.duration.is_some() { Duration::from_secs(1) } else { Duration::from_secs(30) };
     while p.duration.is_some() || got < want {
@@ -344,6 +392,17 @@ fn run_bw_send_server(ep: &Endpoint<'_>, p: &Params) -> Result<BwResult, String>
         let q = (wc.wr_id >> 48) as usize;
         let sge = ep.mr.sge(ep.recv_offset(q), p.size as u32);
         ep.qps[q].post_recv(RecvWr { wr_id: wc.wr_id, sgl: vec![sge] }).map_err(|e| format!("post_recv: {e:?}"))?;
+        per_qp[q] += 1;
+        if ep.credits && per_qp[q] % every == 0 {
+            if let Some(r) = rem.get(q) {
+                ep.post_credit(q, r, per_qp[q])?;
+            }
+        }
+        for wc in ep.cq.poll(64) {
+            if wc.status != WcStatus::Success {
+                return Err(format!("credit write completed with {:?}", wc.status));
+            }
+        }
     }
     // Rates count from the first message, which started the clock.
     if let Some(first) = samples.first_mut() {

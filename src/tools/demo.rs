@@ -1,10 +1,11 @@
 //! `softrdma demo`: two devices on this machine (127.0.0.1 and 127.0.0.2, no set-up, no
 //! privileges) run the perftest loops, next to plain UDP measured on the same path in the
-//! same run, so that every figure is also a ratio.
+//! same run, so that every figure is also a ratio. Then the same over iWARP between two
+//! iWARP devices on the same addresses, next to plain TCP on the same path.
 
 use super::bench::{self, BwResult, Endpoint, LatResult, Params, Test};
 use crate::transport::udp::ROCE_PORT;
-use crate::verbs::{Context, Mtu, OpenConfig};
+use crate::verbs::{ConnParam, Context, Mtu, OpenConfig, Transport};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -162,7 +163,7 @@ fn rdma_bw(a: &Context, b: &Context, test: Test, size: usize, qps: usize, secs: 
     if test == Test::SendBw {
         let server = bench::SendServer::post(&y, &p)?;
         return std::thread::scope(|s| {
-            let h = s.spawn(|| server.run(&y, &p));
+            let h = s.spawn(|| server.run(&y, &x.dests(0), &p));
             let c = bench::run_bw_client(&x, &y.dests(0), &p);
             let srv = h.join().map_err(|_| "server thread panicked".to_string())?;
             c.and(srv)
@@ -225,6 +226,99 @@ fn idle_qp_bytes(a: &Context, b: &Context, n: usize) -> Result<f64, String> {
     Ok(after.saturating_sub(before) as f64 / (2 * n) as f64)
 }
 
+/// Plain TCP on the same path: one connection, one thread writing `size`-byte buffers,
+/// another reading; bytes per second at the reader.
+pub fn tcp_bandwidth(size: usize, secs: f64) -> std::io::Result<f64> {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind((B, 0))?;
+    let to = l.local_addr()?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| -> std::io::Result<()> {
+            let mut tx = std::net::TcpStream::connect(to)?;
+            let buf = vec![0x5au8; size];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tx.write_all(&buf)?;
+            }
+            Ok(())
+        });
+        let (mut rx, _) = l.accept()?;
+        rx.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut buf = vec![0u8; 1 << 20];
+        rx.read_exact(&mut buf[..size])?;
+        let start = Instant::now();
+        let mut got = 0u64;
+        while start.elapsed().as_secs_f64() < secs {
+            got += rx.read(&mut buf)? as u64;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(rx);
+        let _ = sender.join();
+        Ok(got as f64 / elapsed)
+    })
+}
+
+/// Connects the QPs of `x` (on one iWARP device) to those of `y` (on `yctx`) through a
+/// listener, as rdma_cm does.
+fn iwarp_connect(x: &Endpoint<'_>, y: &Endpoint<'_>, yctx: &Context, depth: u16) -> Result<(), String> {
+    let l = yctx.listen(SocketAddr::new(yctx.ip(), 0)).map_err(|e| format!("listen: {e}"))?;
+    let to = l.local_addr();
+    let p = ConnParam { private_data: Vec::new(), responder_resources: depth, initiator_depth: depth };
+    std::thread::scope(|s| {
+        let h = s.spawn(|| -> Result<(), String> {
+            for qp in &x.qps {
+                qp.connect(to, &p, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        for qp in &y.qps {
+            let req = l.get_request(Duration::from_secs(10)).ok_or("no connection request")?;
+            req.accept(qp, &p).map_err(|e| e.to_string())?;
+        }
+        h.join().map_err(|_| "connecting thread panicked".to_string())?
+    })
+}
+
+/// One iWARP bandwidth row.
+fn iwarp_bw(a: &Context, b: &Context, test: Test, size: usize, secs: f64) -> Result<BwResult, String> {
+    let mut p = Params::defaults(test);
+    p.size = size;
+    p.iters = iters_for(size, secs, 3e8);
+    let (x, y) =
+        (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
+    iwarp_connect(&x, &y, b, if test == Test::ReadBw { 16 } else { 0 })?;
+    if test == Test::SendBw {
+        let server = bench::SendServer::post(&y, &p)?;
+        return std::thread::scope(|s| {
+            let h = s.spawn(|| server.run(&y, &x.dests(0), &p));
+            let c = bench::run_bw_client(&x, &y.dests(0), &p);
+            let srv = h.join().map_err(|_| "server thread panicked".to_string())?;
+            c.and(srv)
+        });
+    }
+    bench::run_bw_client(&x, &y.dests(0), &p)
+}
+
+/// The iWARP rows: bandwidth of each operation next to plain TCP.
+fn iwarp_rows(secs: f64) -> Result<(f64, Vec<Row>), String> {
+    let open = |ip: Ipv4Addr| {
+        let mut c = OpenConfig::new(IpAddr::V4(ip));
+        c.transport = Transport::Iwarp;
+        Context::open(c).map_err(|e| format!("cannot open an iWARP device on {ip}: {e}"))
+    };
+    let (a, b) = (open(A)?, open(B)?);
+    let tcp = tcp_bandwidth(65536, secs).map_err(|e| format!("TCP baseline: {e}"))?;
+    let mut rows = Vec::new();
+    for (test, name) in [(Test::WriteBw, "write_bw"), (Test::ReadBw, "read_bw"), (Test::SendBw, "send_bw")] {
+        for size in [65536, 1 << 20] {
+            let r = iwarp_bw(&a, &b, test, size, secs)?;
+            rows.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: tcp });
+        }
+    }
+    Ok((tcp, rows))
+}
+
 struct Row {
     test: &'static str,
     size: usize,
@@ -266,6 +360,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         None
     };
     let stats = [a.stats(), b.stats()];
+    let (tcp_bw, iw_rows) = iwarp_rows(args.seconds)?;
     if args.json {
         let bw: Vec<_> = bw_rows
             .iter()
@@ -284,7 +379,14 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         let scale = scale.map(
             |s| json!({"qps": args.qps, "idle_qp_bytes": s.0, "one_qp_bytes_per_s": s.1, "all_qps_bytes_per_s": s.2}),
         );
-        let doc = json!({"udp_bytes_per_s": udp_bw, "udp_t_typical_us": udp_lat.typical(),
+        let iw: Vec<_> = iw_rows
+            .iter()
+            .map(|r| {
+                json!({"test": r.test, "bytes": r.size, "iterations": r.iters,
+            "bw_avg_bytes_per_s": r.value, "tcp_bytes_per_s": r.baseline, "ratio": r.value / r.baseline})
+            })
+            .collect();
+        let doc = json!({"iwarp": {"tcp_bytes_per_s": tcp_bw, "bandwidth": iw}, "udp_bytes_per_s": udp_bw, "udp_t_typical_us": udp_lat.typical(),
             "udp_blocking_t_typical_us": udp_lat_blocking.typical(), "bandwidth": bw, "latency": lat,
             "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
             "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad});
@@ -292,6 +394,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         return Ok(());
     }
     print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking], datagram, &bw_rows, &lat_rows);
+    print_iwarp(tcp_bw, &iw_rows);
     if let Some((idle, one, all)) = scale {
         println!(
             " {} QPs on one device: {:.2} KiB per idle connected QP (registered memory excluded)",
@@ -334,6 +437,27 @@ fn scale_rows(a: &Context, b: &Context, args: &DemoArgs) -> Result<(f64, f64, f6
     connect(&x, &y, p.mtu)?;
     let all = bench::run_bw_client(&x, &y.dests(0), &p)?.avg_bytes_per_s;
     Ok((idle, one, all))
+}
+
+fn print_iwarp(tcp_bw: f64, rows: &[Row]) {
+    let mb = |x: f64| x / f64::from(1 << 20);
+    println!(" iWARP (RDMAP/DDP/MPA over kernel TCP) between two iWARP devices on the same addresses;");
+    println!(
+        " baseline, plain TCP on the same path, this run: one connection, 65536-byte writes: {:.2} MB/sec",
+        mb(tcp_bw)
+    );
+    println!(" test        #bytes     #iterations    BW average[MB/sec]    of TCP");
+    for r in rows {
+        println!(
+            " {:<10}  {:<9}  {:<13}  {:<20.2}  {:>5.2}",
+            r.test,
+            r.size,
+            r.iters,
+            mb(r.value),
+            r.value / r.baseline
+        );
+    }
+    println!("{}", "-".repeat(87));
 }
 
 fn print_table(

@@ -455,8 +455,12 @@ impl Oob {
     /// perftest's `ctx_close_connection`: a last handshake, then "done".
     pub fn close(&mut self, mine: &Dest) -> Result<(), OobError> {
         self.handshake(mine)?;
-        if let Channel::Tcp(stream) = &mut self.chan {
-            stream.write_all(b"done\0")?;
+        match &mut self.chan {
+            Channel::Tcp(stream) => stream.write_all(b"done\0")?,
+            // siw (Linux 6.1) completes its last Send in error when the peer's FIN comes
+            // right behind it (seen live: perftest's server then fails); linger a moment,
+            // as perftest's own teardown does, before the connections close.
+            Channel::Cm(_) => std::thread::sleep(Duration::from_millis(300)),
         }
         Ok(())
     }

@@ -319,7 +319,7 @@ fn send_bw(a: &ToolArgs, p: &Params, oob: &mut Oob, ep: &Endpoint<'_>, mine: &[D
         } else {
             let server = bench::SendServer::post(ep, &run)?;
             oob.handshake(&mine[0]).map_err(e)?;
-            server.run(ep, &run)?
+            server.run(ep, theirs, &run)?
         };
         if a.json {
             out.push(bw_json(&r));
