@@ -393,7 +393,7 @@ fn run_bw_send_server(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwR
         let sge = ep.mr.sge(ep.recv_offset(q), p.size as u32);
         ep.qps[q].post_recv(RecvWr { wr_id: wc.wr_id, sgl: vec![sge] }).map_err(|e| format!("post_recv: {e:?}"))?;
         per_qp[q] += 1;
-        if ep.credits && per_qp[q] % every == 0 {
+        if ep.credits && per_qp[q].is_multiple_of(every) {
             if let Some(r) = rem.get(q) {
                 ep.post_credit(q, r, per_qp[q])?;
             }
