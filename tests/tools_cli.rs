@@ -190,3 +190,36 @@ fn bad_out_of_band_input_is_a_clear_error_not_a_hang() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("not a perftest key message"), "{e}");
 }
+
+/// Every tool over iWARP (perftest's -R flow on kernel TCP) between two processes, with
+/// MPA CRC asked for by the client; atomics, not spoken over iWARP yet, are a clear error.
+#[test]
+fn every_tool_runs_over_iwarp_between_two_processes() {
+    let cases = [
+        ("write-bw", 19231, 200, 200),
+        ("read-bw", 19232, 200, 200),
+        ("send-bw", 19233, 600, 600),
+        ("write-lat", 19234, 300, 299),
+        ("read-lat", 19235, 300, 300),
+        ("send-lat", 19236, 300, 299),
+    ];
+    for (tool, port, iters, want) in cases {
+        let (n, p) = (iters.to_string(), port.to_string());
+        let common = ["-p", &p, "-n", &n, "-s", "4096", "--json", "--transport", "iwarp"];
+        let s = spawn(&strings(&[&[tool][..], &common[..], &["--bind", "127.33.0.1"]].concat()));
+        let client = [&[tool, "127.33.0.1"][..], &common[..], &["--mpa-crc", "required"]].concat();
+        let c = finish(spawn(&strings(&client)), Duration::from_secs(60));
+        let s = finish(s, Duration::from_secs(10));
+        let doc = json_of(&c);
+        let r = &doc["results"][0];
+        assert_eq!((r["bytes"].as_u64(), r["iterations"].as_u64()), (Some(4096), Some(want)), "{tool}: {doc}");
+        assert!(s.status.success(), "{tool} server: {}", String::from_utf8_lossy(&s.stderr));
+        if tool == "send-bw" {
+            // 600 Sends through a receive window of 512: the credit writes keep it going.
+            assert_eq!(json_of(&s)["results"][0]["iterations"].as_u64(), Some(iters), "every SEND received");
+        }
+    }
+    let o = softrdma().args(["atomic-bw", "127.33.0.1", "--transport", "iwarp", "-p", "19237"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("RFC 7306"));
+}
