@@ -112,7 +112,7 @@ struct Slot {
     /// Receives posted before the connection came up.
     early_recvs: Vec<RecvWr>,
     conn: Option<Token>,
-    /// Why the QP is in ERR without ever having had a connection.
+    /// The QP went to ERR without a connection (setup failed or the application moved it).
     failed: bool,
 }
 
