@@ -160,16 +160,21 @@ fn rdma_bw(a: &Context, b: &Context, test: Test, size: usize, qps: usize, secs: 
     let (x, y) =
         (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
     connect(&x, &y, p.mtu)?;
-    if test == Test::SendBw {
-        let server = bench::SendServer::post(&y, &p)?;
+    bw_between(&x, &y, &p)
+}
+
+/// Runs one bandwidth test from connected endpoint `x` to `y` (SEND: `y` receives).
+fn bw_between(x: &Endpoint<'_>, y: &Endpoint<'_>, p: &Params) -> Result<BwResult, String> {
+    if p.test == Test::SendBw {
+        let server = bench::SendServer::post(y, p)?;
         return std::thread::scope(|s| {
-            let h = s.spawn(|| server.run(&y, &x.dests(0), &p));
-            let c = bench::run_bw_client(&x, &y.dests(0), &p);
+            let h = s.spawn(|| server.run(y, &x.dests(0), p));
+            let c = bench::run_bw_client(x, &y.dests(0), p);
             let srv = h.join().map_err(|_| "server thread panicked".to_string())?;
             c.and(srv)
         });
     }
-    bench::run_bw_client(&x, &y.dests(0), &p)
+    bench::run_bw_client(x, &y.dests(0), p)
 }
 
 /// One latency row between the two devices.
@@ -288,16 +293,7 @@ fn iwarp_bw(a: &Context, b: &Context, test: Test, size: usize, secs: f64) -> Res
     let (x, y) =
         (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
     iwarp_connect(&x, &y, b, if test == Test::ReadBw { 16 } else { 0 })?;
-    if test == Test::SendBw {
-        let server = bench::SendServer::post(&y, &p)?;
-        return std::thread::scope(|s| {
-            let h = s.spawn(|| server.run(&y, &x.dests(0), &p));
-            let c = bench::run_bw_client(&x, &y.dests(0), &p);
-            let srv = h.join().map_err(|_| "server thread panicked".to_string())?;
-            c.and(srv)
-        });
-    }
-    bench::run_bw_client(&x, &y.dests(0), &p)
+    bw_between(&x, &y, &p)
 }
 
 /// The iWARP rows: bandwidth of each operation next to plain TCP.

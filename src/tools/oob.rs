@@ -209,7 +209,8 @@ pub fn mtu_from_enum(v: u8) -> Option<Mtu> {
     [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].get(usize::from(v).wrapping_sub(1)).copied()
 }
 
-fn resolve(host: &str, port: u16) -> io::Result<std::net::SocketAddr> {
+/// The first address of `host:port`.
+pub fn resolve(host: &str, port: u16) -> io::Result<std::net::SocketAddr> {
     (host, port)
         .to_socket_addrs()?
         .next()

@@ -129,9 +129,7 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
 /// The local address the kernel routes to `host` from (a connected UDP socket sends
 /// nothing).
 fn route_source(host: &str, port: u16) -> std::io::Result<IpAddr> {
-    let to = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))?
-        .next()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
+    let to = super::oob::resolve(host, port)?;
     let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
     let s = std::net::UdpSocket::bind(any)?;
     s.connect(to)?;
@@ -149,10 +147,7 @@ fn connect_cm_qps(a: &ToolArgs, oob: &mut Oob, ctx: &Context, ep: &Endpoint<'_>)
     let param = ConnParam { private_data: Vec::new(), responder_resources: depth, initiator_depth: depth };
     match &a.server {
         Some(s) => {
-            let to = std::net::ToSocketAddrs::to_socket_addrs(&(s.as_str(), a.port))
-                .ok()
-                .and_then(|mut i| i.next())
-                .ok_or(format!("{s}: no address"))?;
+            let to = super::oob::resolve(s, a.port).map_err(|e| format!("{s}: {e}"))?;
             for qp in &ep.qps {
                 super::oob::connect_qp_retrying(qp, to, &param).map_err(e)?;
             }
