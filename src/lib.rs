@@ -3,6 +3,9 @@
 //! This crate holds the engine, its transports and the `softrdma` command-line tools. The
 //! wire formats live in the [`softrdma_proto`] crate, re-exported here as [`proto`].
 
+// Every `unsafe` block lives in `transport::sys`, the one module allowed it.
+#![deny(unsafe_code)]
+
 pub use softrdma_proto as proto;
 
 pub mod capture;

@@ -19,7 +19,13 @@ const CHUNK: usize = 256 << 10;
 fn run(cc_on: bool) -> (LinkStats, [softrdma::engine::Stats; 2], u64) {
     let cc = CcConfig { enabled: cc_on, line_rate_bytes_per_us: 2_000, ..CcConfig::default() };
     let dev = |i: u8| {
-        Device::new(DeviceConfig { gid: gid_from_ipv4([10, 0, 0, i]), seed: u64::from(i), max_qps: 8, max_mrs: 8, cc })
+        Device::new(DeviceConfig {
+            gid: gid_from_ipv4([10, 0, 0, i]),
+            seed: Some(u64::from(i)),
+            max_qps: 8,
+            max_mrs: 8,
+            cc,
+        })
     };
     let faults = Faults {
         rate_bytes_per_us: Some(200),

@@ -16,7 +16,7 @@ struct Side {
 }
 
 fn side(qp: IwarpQp, seed: u64) -> Side {
-    let mut mrs = MrTable::with_start(8, seed);
+    let mut mrs = MrTable::new(8);
     let mr = mrs.register(Pd(1), 1 << 20, Access::ALL, &mut Rng::new(seed)).unwrap();
     Side { qp, mrs, mr, wcs: Vec::new() }
 }

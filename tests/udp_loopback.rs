@@ -25,7 +25,7 @@ struct Side {
 fn open(ip: [u8; 4]) -> Context {
     let mut cfg = OpenConfig::new(IpAddr::V4(Ipv4Addr::from(ip)));
     cfg.port = 0;
-    cfg.seed = u64::from(ip[3]);
+    cfg.seed = Some(u64::from(ip[3]));
     Context::open(cfg).expect("open a device on a loopback address")
 }
 

@@ -135,11 +135,20 @@ pub struct Access {
     pub remote_write: bool,
     /// A remote peer may perform atomics.
     pub remote_atomic: bool,
+    /// A remote peer may invalidate the key with SEND_WITH_INVALIDATE (IBTA 10.6.7.2) or
+    /// Send with Invalidate (RFC 5040 §6.4.1).
+    pub remote_invalidate: bool,
 }
 
 impl Access {
     /// Everything allowed.
-    pub const ALL: Access = Access { local_write: true, remote_read: true, remote_write: true, remote_atomic: true };
+    pub const ALL: Access = Access {
+        local_write: true,
+        remote_read: true,
+        remote_write: true,
+        remote_atomic: true,
+        remote_invalidate: true,
+    };
 }
 
 /// A protection domain handle.
@@ -188,7 +197,6 @@ pub enum MemError {
 #[derive(Debug, Default)]
 pub struct MrTable {
     regions: HashMap<u32, Region>,
-    next_index: u32,
     max_regions: usize,
 }
 
@@ -210,31 +218,25 @@ pub enum Need {
 impl MrTable {
     /// A table holding at most `max_regions`.
     pub fn new(max_regions: usize) -> Self {
-        MrTable { regions: HashMap::new(), next_index: 0, max_regions }
+        MrTable { regions: HashMap::new(), max_regions }
     }
 
-    /// A table whose key indices start at a point drawn from `seed`, so that a peer cannot
-    /// guess the first region's index either (the 8 key bits alone are 1 in 256).
-    pub fn with_start(max_regions: usize, seed: u64) -> Self {
-        let start = Rng::new(seed ^ 0x6d72_5f6b_6579_7321).next_u64() as u32 & 0xff_ffff;
-        MrTable { regions: HashMap::new(), next_index: start, max_regions }
-    }
-
-    /// Registers `len` bytes. Index bits are a permutation of a counter (not sequential on
-    /// the wire); the 8 key bits are random, so a re-registration gets a new key.
+    /// Registers `len` bytes. All 32 key bits are drawn from `rng` (the OS CSPRNG on a real
+    /// device): the 24 index bits among the free indices, the 8 key bits freely, so that a
+    /// key says nothing of any other and a re-registration gets a new one. The advertised
+    /// address is a separate draw, so it reveals nothing of the keys.
     pub fn register(&mut self, pd: Pd, len: usize, access: Access, rng: &mut Rng) -> Option<Mr> {
         if self.regions.len() >= self.max_regions {
             return None;
         }
-        let index = loop {
-            self.next_index = self.next_index.wrapping_add(1) & 0xff_ffff;
-            // Multiplication by an odd constant mod 2^24 is a bijection: unique, not sequential.
-            let idx = self.next_index.wrapping_mul(0x9e_3779) & 0xff_ffff;
-            if idx != 0 && !self.regions.contains_key(&idx) {
-                break idx;
+        let key = loop {
+            let k = rng.next_u64() as u32;
+            // Index 0 is never used, so that a zeroed key never names a region.
+            if k >> 8 != 0 && !self.regions.contains_key(&(k >> 8)) {
+                break k;
             }
         };
-        let key = (index << 8) | (rng.next_u64() as u32 & 0xff);
+        let index = key >> 8;
         let addr = (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000;
         let mem = Arc::new(SharedMem::new(len));
         self.regions.insert(index, Region { pd, access, addr, mem: mem.clone(), key, valid: true });
@@ -255,6 +257,21 @@ impl MrTable {
             }
             _ => false,
         }
+    }
+
+    /// Invalidation by the peer of a QP in `pd`: only a valid key of that PD whose region
+    /// allows remote invalidation (IBTA 10.6.7.2, RFC 5040 §6.4.1). Nothing changes on an
+    /// error.
+    pub fn remote_invalidate(&mut self, key: u32, pd: Pd) -> Result<(), MemError> {
+        let r = self.regions.get_mut(&(key >> 8)).filter(|r| r.key == key && r.valid).ok_or(MemError::BadKey)?;
+        if r.pd != pd {
+            return Err(MemError::WrongPd);
+        }
+        if !r.access.remote_invalidate {
+            return Err(MemError::Access);
+        }
+        r.valid = false;
+        Ok(())
     }
 
     /// Finds the bytes for `[va, va + len)` under `key`, checking PD, access and bounds.

@@ -94,8 +94,9 @@ pub struct Stats {
 pub struct DeviceConfig {
     /// The device's first GID (index 0); more can be added with [`Device::add_gid`].
     pub gid: Gid,
-    /// Seed of every random choice (keys, initial PSNs).
-    pub seed: u64,
+    /// Seed of every random choice (keys, QPNs, initial PSNs), for the simulator and
+    /// reproducible tests; `None` (a real device): the OS CSPRNG.
+    pub seed: Option<u64>,
     /// Most QPs.
     pub max_qps: usize,
     /// Most memory regions.
@@ -114,7 +115,6 @@ pub struct Device {
     mrs: MrTable,
     cqs: HashMap<u32, Cq>,
     qps: BTreeMap<u32, Qp>,
-    next_qpn: u32,
     next_pd: u32,
     next_cq: u32,
     out: VecDeque<Transmit>,
@@ -130,15 +130,14 @@ pub struct Device {
 impl Device {
     /// A device with no objects.
     pub fn new(cfg: DeviceConfig) -> Self {
-        let mrs = MrTable::with_start(cfg.max_mrs, cfg.seed);
+        let mrs = MrTable::new(cfg.max_mrs);
         Device {
             gids: vec![cfg.gid],
-            rng: Rng::new(cfg.seed),
+            rng: cfg.seed.map_or_else(Rng::os, Rng::new),
             cfg,
             mrs,
             cqs: HashMap::new(),
             qps: BTreeMap::new(),
-            next_qpn: 16,
             next_pd: 1,
             next_cq: 1,
             out: VecDeque::new(),
@@ -254,7 +253,13 @@ impl Device {
         self.events.pop_front()
     }
 
-    /// Creates a QP in RESET; QPNs start at 16 and are never reused while live.
+    /// A random QPN for a new QP: 24 bits, never 0 or 1 (SMI, GSI) nor the rest of the
+    /// first 16, drawn from the device's random source so that a peer cannot guess one.
+    pub fn draw_qpn(&mut self, taken: impl Fn(u32) -> bool) -> u32 {
+        draw_qpn(&mut self.rng, taken)
+    }
+
+    /// Creates a QP in RESET with a random QPN, never one of a live QP.
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
         if self.qps.len() >= self.cfg.max_qps {
             return Err(VerbsError::OutOfResources);
@@ -265,13 +270,7 @@ impl Device {
         if init.srq.is_some_and(|s| !self.srqs.contains_key(&s)) {
             return Err(VerbsError::NotFound);
         }
-        let qpn = loop {
-            let q = self.next_qpn;
-            self.next_qpn = if q >= 0xff_fffe { 16 } else { q + 1 };
-            if !self.qps.contains_key(&q) {
-                break q;
-            }
-        };
+        let qpn = draw_qpn(&mut self.rng, |q| self.qps.contains_key(&q));
         let mut qp = Qp::new(qpn, init);
         qp.path.src_gid = self.cfg.gid;
         if self.cfg.cc.enabled {
@@ -436,10 +435,17 @@ impl Device {
             ctx.stats.rx_unknown_qp += 1;
             return;
         };
+        // Only the QP's own peer may reach it, with a CNP or a CE mark as with anything
+        // else: a stranger must not slow a connection down.
+        let connected = qp.init.qp_type != QpType::Ud;
+        if (connected && qp.path.dest_gid != src) || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            ctx.stats.rx_unknown_qp += 1;
+            return;
+        }
         if r.bth.opcode == CNP_OPCODE {
-            // Annex A17.9.3: a CNP slows this QP's requester (when CC is on).
+            // Annex A17.9.3: a CNP slows this QP's requester (when CC is on); UD has none.
             ctx.stats.cnps_received += 1;
-            if cc.enabled {
+            if cc.enabled && connected {
                 qp.req.limiter.get_or_insert_with(|| cc::RateLimiter::new(&cc)).on_cnp(now, &cc);
             }
             return;
@@ -449,11 +455,6 @@ impl Device {
             if cc.enabled {
                 send_cnp(qp, &cc, &mut ctx);
             }
-        }
-        let connected = qp.init.qp_type != QpType::Ud;
-        if (connected && qp.path.dest_gid != src) || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            ctx.stats.rx_unknown_qp += 1;
-            return;
         }
         dispatch(qp, &r, src, &mut ctx);
     }
@@ -511,6 +512,17 @@ impl Device {
         }
         if let Some(q) = served {
             self.cursor = q;
+        }
+    }
+}
+
+/// A QPN from `rng` that `taken` does not refuse: 24 bits, not the 16 reserved ones, nor
+/// 0xFFFFFF (the multicast QPN, IBTA 9.6.1).
+fn draw_qpn(rng: &mut Rng, taken: impl Fn(u32) -> bool) -> u32 {
+    loop {
+        let q = rng.next_u64() as u32 & 0xff_ffff;
+        if q >= 16 && q != 0xff_ffff && !taken(q) {
+            return q;
         }
     }
 }

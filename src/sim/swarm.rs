@@ -163,7 +163,7 @@ pub fn device(i: usize, seed: u64) -> Device {
         cc.loss_window_max_packets = 1 + (seed % 64) as u32;
         cc.loss_window_initial_packets = 1 + (seed / 64 % 16) as u32;
     }
-    Device::new(DeviceConfig { gid, seed: seed ^ (0x5eed << i), max_qps: 64, max_mrs: 256, cc })
+    Device::new(DeviceConfig { gid, seed: Some(seed ^ (0x5eed << i)), max_qps: 64, max_mrs: 256, cc })
 }
 
 /// Connects a QP on device `a` to one on device `b` (RESET → INIT → RTR → RTS both ways).

@@ -72,7 +72,7 @@ pub fn udp_bandwidth(size: usize, secs: f64) -> std::io::Result<f64> {
                 first = Some(Instant::now());
                 continue;
             }
-            got += batch.meta.iter().map(|m| m.0 as u64).sum::<u64>();
+            got += (0..batch.len()).filter_map(|i| batch.get(i)).map(|d| d.0.len() as u64).sum::<u64>();
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = sender.join();

@@ -180,8 +180,8 @@ fn connect(a: &RpingArgs) -> Result<Conn, String> {
     };
     let mss = 1460;
     let qp = IwarpQp::new(1, PD, &neg, a.client, mss);
-    let mut mrs = MrTable::with_start(8, u64::from(std::process::id()));
-    let mut rng = Rng::new(u64::from(std::process::id()) ^ 0x0072_7069_6e67);
+    let mut mrs = MrTable::new(8);
+    let mut rng = Rng::os();
     let mut reg = |len| mrs.register(PD, len, Access::ALL, &mut rng).ok_or("cannot register memory".to_string());
     let (recv, send, start, rdma) = (reg(INFO_LEN)?, reg(INFO_LEN)?, reg(a.size)?, reg(a.size)?);
     let mut c = Conn { stream, qp, mrs, recv, send, start, rdma, recvs: 0, pending_recvs: 0 };

@@ -3,6 +3,7 @@
 
 pub mod headers;
 pub mod pcap;
+#[allow(unsafe_code)]
 mod sys;
 pub mod udp;
 

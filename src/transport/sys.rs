@@ -57,16 +57,24 @@ pub fn set_buffers(fd: RawFd, bytes: usize) {
 
 const CMSG_SPACE: usize = 64;
 
-/// Reusable buffers for one `recvmmsg` call.
+/// Room for the ancillary data of one datagram, aligned as the kernel and the CMSG macros
+/// expect a `cmsghdr` to be.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct CmsgBuf([u8; CMSG_SPACE]);
+
+const _: () = assert!(std::mem::align_of::<CmsgBuf>() >= std::mem::align_of::<libc::cmsghdr>());
+
+/// Reusable buffers for one `recvmmsg` call. Every vector has the one length given at
+/// creation, and none is reachable from outside: the raw pointers handed to the kernel
+/// can only ever point into them.
 pub struct RecvBatch {
-    /// Datagram buffers.
-    pub bufs: Vec<Vec<u8>>,
+    bufs: Vec<Vec<u8>>,
     addrs: Vec<libc::sockaddr_storage>,
-    cmsgs: Vec<[u8; CMSG_SPACE]>,
+    cmsgs: Vec<CmsgBuf>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    /// Per datagram of the last call: (length, source, TOS byte).
-    pub meta: Vec<(usize, SocketAddr, u8)>,
+    meta: Vec<(usize, SocketAddr, u8)>,
 }
 
 // SAFETY: the raw pointers in `iovs` and `hdrs` are scratch space, rewritten from the owned
@@ -80,7 +88,7 @@ impl RecvBatch {
             bufs: (0..count).map(|_| vec![0u8; size]).collect(),
             // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
             addrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
-            cmsgs: vec![[0u8; CMSG_SPACE]; count],
+            cmsgs: vec![CmsgBuf([0u8; CMSG_SPACE]); count],
             iovs: Vec::with_capacity(count),
             // SAFETY: mmsghdr is plain data; all-zero is a valid value.
             hdrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
@@ -88,9 +96,25 @@ impl RecvBatch {
         }
     }
 
+    /// Datagrams the last [`RecvBatch::recv`] received.
+    pub fn len(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// True when the last call received nothing.
+    pub fn is_empty(&self) -> bool {
+        self.meta.is_empty()
+    }
+
+    /// Datagram `i` of the last call: its bytes, source and TOS byte.
+    pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr, u8)> {
+        let &(len, src, tos) = self.meta.get(i)?;
+        Some((&self.bufs[i][..len], src, tos))
+    }
+
     /// Receives what is queued without blocking; returns the number of datagrams.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        let n = self.bufs.len();
+        let n = self.hdrs.len();
         self.iovs.clear();
         self.iovs
             .extend(self.bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }));
@@ -101,7 +125,7 @@ impl RecvBatch {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
             h.msg_hdr.msg_iov = &mut self.iovs[i];
             h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = self.cmsgs[i].as_mut_ptr().cast();
+            h.msg_hdr.msg_control = self.cmsgs[i].0.as_mut_ptr().cast();
             h.msg_hdr.msg_controllen = CMSG_SPACE;
             h.msg_hdr.msg_flags = 0;
         }
@@ -116,7 +140,9 @@ impl RecvBatch {
         };
         for (i, h) in hdrs.iter().take(got).enumerate() {
             let src = sockaddr_to_std(&self.addrs[i]).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-            self.meta.push((h.msg_len as usize, src, tos_of(&h.msg_hdr)));
+            // The kernel never reports more than the iovec's length; clamp all the same.
+            let len = (h.msg_len as usize).min(self.bufs[i].len());
+            self.meta.push((len, src, tos_of(&h.msg_hdr)));
         }
         Ok(got)
     }
@@ -275,4 +301,31 @@ pub fn tcp_maxseg(fd: RawFd) -> io::Result<usize> {
         libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, (&mut v as *mut libc::c_int).cast(), &mut len)
     };
     check(rc).map(|_| v.max(0) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_receives_within_its_own_buffers() {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        set_recv_tos(rx.as_raw_fd(), false).unwrap();
+        let to = rx.local_addr().unwrap();
+        // Three datagrams for a batch of two 8-byte buffers: two arrive, cut to 8 bytes.
+        for d in [&[1u8; 20][..], &[2u8; 3][..], &[3u8; 5][..]] {
+            tx.send_to(d, to).unwrap();
+        }
+        let mut b = RecvBatch::new(2, 8);
+        for c in &b.cmsgs {
+            assert_eq!(c.0.as_ptr() as usize % std::mem::align_of::<libc::cmsghdr>(), 0);
+        }
+        wait_readable(&[rx.as_raw_fd()], Some(Duration::from_secs(1))).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(b.recv(rx.as_raw_fd()).unwrap(), 2);
+        assert_eq!(b.get(0).map(|d| d.0.to_vec()), Some(vec![1u8; 8]));
+        assert_eq!(b.get(1).map(|d| d.0.to_vec()), Some(vec![2u8; 3]));
+        assert!(b.get(2).is_none());
+    }
 }

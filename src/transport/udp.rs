@@ -243,15 +243,14 @@ impl UdpRx {
 
     /// Checks every datagram of the last [`UdpRx::recv`] and hands the good ones to `dev`.
     pub fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
-        let bufs = std::mem::take(&mut self.batch.bufs);
-        for (i, buf) in bufs.iter().enumerate().take(self.batch.meta.len()) {
-            let (len, src, tos) = self.batch.meta[i];
-            let payload = &buf[..len];
+        let batch = std::mem::replace(&mut self.batch, RecvBatch::new(0, 0));
+        for i in 0..batch.len() {
+            let Some((payload, src, tos)) = batch.get(i) else { break };
             if let RxVerdict::Good { src, ce } = self.check(src, tos, payload) {
                 dev.handle_packet_ecn(now_ns, src, ce, payload);
             }
         }
-        self.batch.bufs = bufs;
+        self.batch = batch;
     }
 
     fn check(&mut self, src: SocketAddr, tos: u8, payload: &[u8]) -> RxVerdict {

@@ -153,7 +153,6 @@ pub(super) struct IwCore {
     /// How setup ended, for the caller of `connect` or `accept` (kept until taken).
     results: HashMap<Token, Result<Vec<u8>, ConnectError>>,
     next_token: usize,
-    next_qpn: u32,
     epoch: Instant,
     registry: Registry,
 }
@@ -181,7 +180,6 @@ impl IwShared {
             cqs: HashMap::new(),
             results: HashMap::new(),
             next_token: 1,
-            next_qpn: 1,
             epoch: Instant::now(),
             registry: poll.registry().try_clone()?,
         };
@@ -222,8 +220,8 @@ impl IwShared {
         if !core.cqs.contains_key(&send_cq) || !core.cqs.contains_key(&recv_cq) {
             return Err(VerbsError::NotFound);
         }
-        let qpn = core.next_qpn;
-        core.next_qpn = (qpn + 1) & 0xff_ffff;
+        let IwCore { dev, qps, .. } = &mut *core;
+        let qpn = dev.draw_qpn(|q| qps.contains_key(&q));
         let slot = Slot { pd, send_cq, recv_cq, caps, qp: None, early_recvs: Vec::new(), conn: None, failed: false };
         core.qps.insert(qpn, slot);
         Ok(qpn)
@@ -650,8 +648,7 @@ impl IwCore {
             return;
         }
         if let Some(q) = self.cqs.get(&cq) {
-            q.entries.lock().unwrap_or_else(|e| e.into_inner()).extend(wcs);
-            q.ready.notify_all();
+            q.deliver(wcs);
         }
     }
 

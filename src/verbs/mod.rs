@@ -123,8 +123,9 @@ pub struct OpenConfig {
     pub addr: IpAddr,
     /// UDP port to receive on and send to: 4791, or 0 for a free port (tests).
     pub port: u16,
-    /// Seed of keys and initial PSNs (default: from the clock).
-    pub seed: u64,
+    /// Seed of keys, QPNs and initial PSNs, for reproducible tests only; `None` (the
+    /// default): the OS CSPRNG, so that a peer can guess none of them.
+    pub seed: Option<u64>,
     /// Most QPs.
     pub max_qps: usize,
     /// Most memory regions.
@@ -140,14 +141,12 @@ pub struct OpenConfig {
 impl OpenConfig {
     /// Port 4791 on `addr`, with defaults for the rest.
     pub fn new(addr: IpAddr) -> Self {
-        let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
         OpenConfig {
             transport: Transport::RoceV2,
             iwarp: IwarpConfig::default(),
             addr,
             port: udp::ROCE_PORT,
-            seed,
+            seed: None,
             max_qps: 16384,
             max_mrs: 16384,
             pcap: None,
@@ -171,11 +170,44 @@ struct Core {
     completions_seen: u64,
 }
 
-/// A CQ's completions, once they left the engine.
-#[derive(Default)]
+/// Most entries a CQ may be created with (`ibv_device_attr.max_cqe`); a larger request
+/// gets this many.
+pub const MAX_CQE: usize = 1 << 22;
+
+/// A CQ's completions, once they left the engine, at most `capacity` of them.
 struct CqQueue {
     entries: Mutex<VecDeque<Wc>>,
     ready: Condvar,
+    capacity: usize,
+    /// A completion found the queue full (IBTA 11.4.2.1 "CQ overrun"): the CQ is in error.
+    overrun: AtomicBool,
+}
+
+impl CqQueue {
+    fn new(capacity: usize) -> Self {
+        CqQueue {
+            entries: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            capacity: capacity.clamp(1, MAX_CQE),
+            overrun: AtomicBool::new(false),
+        }
+    }
+
+    /// Queues completions up to the capacity; what does not fit is lost and the CQ is
+    /// marked overrun, as a NIC's CQ is (the application sized it too small).
+    fn deliver(&self, wcs: Vec<Wc>) {
+        if wcs.is_empty() {
+            return;
+        }
+        let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let room = self.capacity.saturating_sub(q.len());
+        if wcs.len() > room {
+            self.overrun.store(true, Ordering::Release);
+        }
+        q.extend(wcs.into_iter().take(room));
+        drop(q);
+        self.ready.notify_all();
+    }
 }
 
 struct Shared {
@@ -225,10 +257,7 @@ impl Shared {
             let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
             for (&id, q) in cqs.iter() {
                 let wcs = core.dev.poll_cq(id, usize::MAX);
-                if !wcs.is_empty() {
-                    q.entries.lock().unwrap_or_else(|e| e.into_inner()).extend(wcs);
-                    q.ready.notify_all();
-                }
+                q.deliver(wcs);
             }
         }
         let deadline = core.dev.poll_timeout().unwrap_or(u64::MAX);
@@ -458,10 +487,11 @@ impl Context {
         Ok(MemoryRegion { mr, backend: self.backend.clone() })
     }
 
-    /// `ibv_create_cq`.
+    /// `ibv_create_cq` with room for `cqe` completions (1 to [`MAX_CQE`]). Completions
+    /// beyond that while unpolled overrun the CQ ([`CompletionQueue::overrun`]).
     pub fn create_cq(&self, cqe: usize) -> CompletionQueue {
-        let id = self.backend.with_dev(|d| d.create_cq(cqe));
-        let queue = Arc::new(CqQueue::default());
+        let queue = Arc::new(CqQueue::new(cqe));
+        let id = self.backend.with_dev(|d| d.create_cq(queue.capacity));
         match &self.backend {
             Backend::Roce(s) => {
                 s.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue.clone());
@@ -671,6 +701,17 @@ impl CompletionQueue {
         let mut q = self.queue.entries.lock().unwrap_or_else(|e| e.into_inner());
         let n = max.min(q.len());
         q.drain(..n).collect()
+    }
+
+    /// True once a completion found the CQ full and was lost (IBTA 11.4.2.1 CQ overrun,
+    /// an application error: the CQ was created smaller than the work it completes).
+    pub fn overrun(&self) -> bool {
+        self.queue.overrun.load(Ordering::Acquire)
+    }
+
+    /// The number of completions the CQ holds at most.
+    pub fn capacity(&self) -> usize {
+        self.queue.capacity
     }
 
     /// One completion, waiting at most `timeout` for it.

@@ -51,7 +51,7 @@ impl Default for Attrs {
 pub fn dev(i: u8) -> Device {
     Device::new(DeviceConfig {
         gid: gid_from_ipv4([10, 0, 0, i]),
-        seed: u64::from(i),
+        seed: Some(u64::from(i)),
         max_qps: 8,
         max_mrs: 8,
         cc: Default::default(),

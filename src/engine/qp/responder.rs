@@ -278,8 +278,7 @@ impl Responder {
             }
             // IBTA 9.7.5.1.3: more READ/atomic responses pending than IRD allows is an
             // invalid request.
-            let reading = self.replies.iter().filter(|x| matches!(x, Reply::Read(_) | Reply::AtomicAck { .. })).count();
-            if reading >= usize::from(self.max_dest_rd_atomic) {
+            if self.pending_reads() >= usize::from(self.max_dest_rd_atomic) {
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
             // The oldest resource is done at a requester that keeps to its ORD.
@@ -288,6 +287,11 @@ impl Responder {
             }
         }
         Ok(())
+    }
+
+    /// READ responses and atomic ACKs queued: the responder resources in use.
+    fn pending_reads(&self) -> usize {
+        self.replies.iter().filter(|x| matches!(x, Reply::Read(_) | Reply::AtomicAck { .. })).count()
     }
 
     fn access_allows(&self, op: Operation) -> bool {
@@ -362,8 +366,13 @@ impl Responder {
             wc.imm = r.immdt.map(|i| i.imm);
             wc.solicited = r.bth.solicited;
             if let Some(ieth) = r.ieth {
-                // IBTA 10.6.7.2: invalidate the named rkey of this PD.
-                ctx.mrs.invalidate(ieth.rkey);
+                // IBTA 10.6.7.2: only a key of this PD that allows remote invalidation. A
+                // refusal completes the receive in error and ends the QP (rxe's class J),
+                // and the requester is told with a NAK.
+                if ctx.mrs.remote_invalidate(ieth.rkey, q.pd).is_err() {
+                    ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, WcStatus::RemInvReqErr, received));
+                    return Err(Refusal::Nak(NakCode::InvalidRequest));
+                }
                 wc.invalidated_rkey = Some(ieth.rkey);
             }
             ctx.complete(q.recv_cq, wc);
@@ -464,14 +473,23 @@ impl Responder {
         let Some(info) = r.info() else { return };
         let res = self.resources.iter().rev().find(|x| psn.in_window(x.first_psn, x.npkts)).cloned();
         match (info.operation, res) {
-            (Operation::ReadRequest, Some(Resource { kind: ResourceKind::Read, .. })) => {
+            (Operation::ReadRequest, Some(Resource { kind: ResourceKind::Read, first_psn, npkts })) => {
                 let Some(reth) = r.reth else { return };
                 let len = reth.dma_len as usize;
+                // IBTA 9.7.5.1.1: a duplicate READ re-reads part of its original, never more:
+                // its last response PSN must fall inside the original's.
+                let dup_pkts = len.div_ceil(q.mtu).max(1) as u32;
+                if !psn.add(dup_pkts - 1).in_window(first_psn, npkts) {
+                    return;
+                }
                 let Ok((mem, offset)) = ctx.mrs.resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead) else {
                     return;
                 };
                 // A resumed READ supersedes any response still going out for it.
                 self.replies.retain(|x| !matches!(x, Reply::Read(j) if j.psn.in_window(psn, 1 << 23)));
+                if self.pending_reads() >= usize::from(self.max_dest_rd_atomic) {
+                    return; // Never more responses in flight than IRD, duplicates included.
+                }
                 self.replies.push_back(Reply::Read(ReadJob { psn, mem, offset, remaining: len, first: true }));
             }
             (
