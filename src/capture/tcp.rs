@@ -16,6 +16,9 @@ type DirKey = (Endpoint, Endpoint);
 
 /// Segments held while waiting for a gap to fill; beyond this the stream is dropped.
 const MAX_PENDING_SEGMENTS: usize = 4096;
+/// Bytes held in those segments, and bytes held after an MPA frame while the other
+/// side's frame has not been seen; beyond either the stream is not followed further.
+const MAX_HELD_BYTES: usize = 16 << 20;
 
 #[derive(Debug)]
 enum Phase {
@@ -38,6 +41,7 @@ struct Direction {
     isn: Option<u32>,
     next: u64,
     pending: BTreeMap<u64, Vec<u8>>,
+    pending_bytes: usize,
     phase: Phase,
     sent: Option<FrameKind>,
     frames: u64,
@@ -45,7 +49,15 @@ struct Direction {
 
 impl Default for Direction {
     fn default() -> Self {
-        Direction { isn: None, next: 0, pending: BTreeMap::new(), phase: Phase::Start, sent: None, frames: 0 }
+        Direction {
+            isn: None,
+            next: 0,
+            pending: BTreeMap::new(),
+            pending_bytes: 0,
+            phase: Phase::Start,
+            sent: None,
+            frames: 0,
+        }
     }
 }
 
@@ -112,30 +124,42 @@ impl Streams {
         if rel < dir.next {
             data = &data[(dir.next - rel) as usize..];
         } else if rel > dir.next {
-            if dir.pending.len() >= MAX_PENDING_SEGMENTS {
+            if dir.pending.len() >= MAX_PENDING_SEGMENTS || dir.pending_bytes + data.len() > MAX_HELD_BYTES {
                 dir.phase = Phase::Lost;
+                dir.pending.clear();
+            } else if let Some(old) = dir.pending.insert(rel, data.to_vec()) {
+                dir.pending_bytes -= old.len();
+                dir.pending_bytes += data.len();
             } else {
-                dir.pending.insert(rel, data.to_vec());
+                dir.pending_bytes += data.len();
             }
             return out;
         }
-        let mut contiguous = data.to_vec();
         dir.next += data.len() as u64;
-        while let Some((&at, _)) = dir.pending.first_key_value() {
+        self.deliver(frame, key, data, &mut out);
+        // Held segments the gap was waiting for follow one by one, each pushed as it is.
+        while let Some(seg) = self.take_next_held(key) {
+            self.deliver(frame, key, &seg, &mut out);
+        }
+        out
+    }
+
+    /// The held segment that continues direction `key`'s stream, cut to its new bytes.
+    fn take_next_held(&mut self, key: DirKey) -> Option<Vec<u8>> {
+        let dir = self.dirs.get_mut(&key)?;
+        loop {
+            let (&at, _) = dir.pending.first_key_value()?;
             if at > dir.next {
-                break;
+                return None;
             }
-            let Some((at, seg)) = dir.pending.pop_first() else {
-                break;
-            };
+            let (at, seg) = dir.pending.pop_first()?;
+            dir.pending_bytes -= seg.len();
             let skip = (dir.next - at) as usize;
             if skip < seg.len() {
-                contiguous.extend_from_slice(&seg[skip..]);
                 dir.next += (seg.len() - skip) as u64;
+                return Some(seg[skip..].to_vec());
             }
         }
-        self.deliver(frame, key, &contiguous, &mut out);
-        out
     }
 
     fn deliver(&mut self, frame: u64, key: DirKey, data: &[u8], out: &mut Vec<Record>) {
@@ -161,7 +185,11 @@ impl Streams {
             }
             Phase::AwaitPeer(mut buf) => {
                 buf.extend_from_slice(data);
-                Phase::AwaitPeer(buf)
+                if buf.len() > MAX_HELD_BYTES {
+                    Phase::Lost
+                } else {
+                    Phase::AwaitPeer(buf)
+                }
             }
             Phase::Fpdus(mut d) => {
                 d.push(data);

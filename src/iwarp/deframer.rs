@@ -4,6 +4,10 @@
 //! octet of the first FPDU, which is also where markers are counted from. It holds at most
 //! one FPDU of buffered bytes beyond what it was given, so a peer cannot make it buffer
 //! without bound: a ULPDU_Length above the configured limit is an error.
+//!
+//! Taking FPDUs off costs time linear in the bytes pushed, however they are cut: FPDUs are
+//! read at a cursor and the consumed prefix is dropped only once it is most of the buffer
+//! (never one `drain` per FPDU), and the CRC is computed only when it was negotiated.
 
 use crate::proto::iwarp::fpdu::{self, crc_with_markers, strip_markers, wire_len_with_markers};
 use crate::proto::Error;
@@ -41,6 +45,10 @@ pub struct Fpdu {
 #[derive(Debug, Clone)]
 pub struct Deframer {
     buf: Vec<u8>,
+    /// Bytes of `buf` already taken as FPDUs.
+    head: usize,
+    /// Bytes moved to drop a consumed prefix, in all (the cost the cursor keeps linear).
+    moved: u64,
     offset: u64,
     markers: bool,
     crc: bool,
@@ -50,7 +58,7 @@ pub struct Deframer {
 impl Deframer {
     /// A deframer for a direction with the negotiated markers and CRC settings.
     pub fn new(markers: bool, crc: bool) -> Self {
-        Deframer { buf: Vec::new(), offset: 0, markers, crc, max_ulpdu_len: usize::from(u16::MAX) }
+        Deframer { buf: Vec::new(), head: 0, moved: 0, offset: 0, markers, crc, max_ulpdu_len: usize::from(u16::MAX) }
     }
 
     /// Refuses FPDUs whose ULPDU is longer than `len` (the connection's MULPDU limit).
@@ -61,12 +69,27 @@ impl Deframer {
 
     /// Appends stream bytes.
     pub fn push(&mut self, data: &[u8]) {
+        // Amortised: the prefix moves only when it is at least half the buffer.
+        if self.head > 0 && self.head * 2 >= self.buf.len() {
+            self.moved += (self.buf.len() - self.head) as u64;
+            self.buf.drain(..self.head);
+            self.head = 0;
+        }
         self.buf.extend_from_slice(data);
     }
 
     /// Bytes received but not yet part of a whole FPDU.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.head
+    }
+
+    /// Bytes moved within the buffer so far: at most the bytes pushed.
+    pub fn bytes_moved(&self) -> u64 {
+        self.moved
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.head..]
     }
 
     /// Stream offset of the next FPDU.
@@ -80,15 +103,16 @@ impl Deframer {
         let mut hdr = [0u8; fpdu::HEADER_LEN];
         let head_wire =
             if self.markers { wire_len_with_markers(self.offset, fpdu::HEADER_LEN) } else { fpdu::HEADER_LEN };
-        if self.buf.len() < head_wire {
+        let pending = self.pending();
+        if pending.len() < head_wire {
             return Ok(None);
         }
         if self.markers {
             let mut tmp = [0u8; fpdu::HEADER_LEN + fpdu::MARKER_LEN];
-            let n = strip_markers(self.offset, &self.buf[..head_wire], &mut tmp)?;
+            let n = strip_markers(self.offset, &pending[..head_wire], &mut tmp)?;
             hdr.copy_from_slice(&tmp[..n.min(fpdu::HEADER_LEN)]);
         } else {
-            hdr.copy_from_slice(&self.buf[..fpdu::HEADER_LEN]);
+            hdr.copy_from_slice(&pending[..fpdu::HEADER_LEN]);
         }
         Ok(Some(usize::from(u16::from_be_bytes(hdr))))
     }
@@ -104,35 +128,47 @@ impl Deframer {
         }
         let plain_len = fpdu::fpdu_len(ulpdu_len);
         let wire_len = if self.markers { wire_len_with_markers(self.offset, plain_len) } else { plain_len };
-        if self.buf.len() < wire_len {
+        if self.pending().len() < wire_len {
             return Ok(None);
         }
-        let wire = &self.buf[..wire_len];
-        let mut plain = vec![0u8; plain_len];
-        let crc_computed = if self.markers {
+        let wire = &self.buf[self.head..self.head + wire_len];
+        let ulpdu_at = fpdu::HEADER_LEN..fpdu::HEADER_LEN + ulpdu_len;
+        let (ulpdu, carried) = if self.markers {
+            let mut plain = vec![0u8; plain_len];
             strip_markers(self.offset, wire, &mut plain)?;
-            crc_with_markers(self.offset, wire, plain_len)?
+            (plain[ulpdu_at].to_vec(), crc_field(&plain))
         } else {
-            plain.copy_from_slice(wire);
-            crate::proto::crc::crc32c(&wire[..plain_len - fpdu::CRC_LEN])
+            (wire[ulpdu_at].to_vec(), crc_field(wire))
         };
-        let t = &plain[plain_len - fpdu::CRC_LEN..];
-        let carried = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
-        let crc = match (self.crc, carried == crc_computed || cfg!(fuzzing)) {
-            (false, _) => CrcCheck::NotNegotiated,
-            (true, true) => CrcCheck::Ok,
-            (true, false) => CrcCheck::Bad { carried, computed: crc_computed },
+        let crc = if !self.crc {
+            CrcCheck::NotNegotiated
+        } else {
+            let computed = if self.markers {
+                crc_with_markers(self.offset, wire, plain_len)?
+            } else {
+                crate::proto::crc::crc32c(&wire[..plain_len - fpdu::CRC_LEN])
+            };
+            if carried == computed || cfg!(fuzzing) {
+                CrcCheck::Ok
+            } else {
+                CrcCheck::Bad { carried, computed }
+            }
         };
-        let fpdu = Fpdu {
-            ulpdu: plain[fpdu::HEADER_LEN..fpdu::HEADER_LEN + ulpdu_len].to_vec(),
-            crc,
-            start_offset: self.offset,
-            wire_len,
-        };
-        self.buf.drain(..wire_len);
+        let fpdu = Fpdu { ulpdu, crc, start_offset: self.offset, wire_len };
+        self.head += wire_len;
         self.offset += wire_len as u64;
+        if self.head == self.buf.len() {
+            self.buf.clear();
+            self.head = 0;
+        }
         Ok(Some(fpdu))
     }
+}
+
+/// The CRC field: the last four octets of a plain (marker-free) FPDU.
+fn crc_field(plain: &[u8]) -> u32 {
+    let t = &plain[plain.len() - fpdu::CRC_LEN..];
+    u32::from_le_bytes([t[0], t[1], t[2], t[3]])
 }
 
 #[cfg(test)]
@@ -190,6 +226,27 @@ mod tests {
         let mut d = Deframer::new(false, true);
         d.push(&s);
         assert!(matches!(d.next_fpdu().unwrap().unwrap().crc, CrcCheck::Bad { .. }));
+    }
+
+    #[test]
+    fn many_fpdus_in_one_push_cost_linear_work() {
+        // 100,000 small FPDUs arrive in one read, the rest of the last one in a second.
+        let one = stream(&[&[7u8; 2]], false, false);
+        let mut s: Vec<u8> = one.iter().copied().cycle().take(one.len() * 100_000).collect();
+        let tail = s.split_off(s.len() - 3);
+        let mut d = Deframer::new(false, false);
+        d.push(&s);
+        let mut n = 0;
+        while let Some(f) = d.next_fpdu().unwrap() {
+            assert_eq!(f.crc, CrcCheck::NotNegotiated);
+            n += 1;
+        }
+        d.push(&tail);
+        while d.next_fpdu().unwrap().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 100_000);
+        assert!(d.bytes_moved() <= (s.len() + tail.len()) as u64, "moved {} bytes", d.bytes_moved());
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use super::deframer::{CrcCheck, Deframer};
 use super::framer::Framer;
 use super::setup::{Negotiated, RtrKind};
-use crate::engine::mem::{MemError, MrTable, Need, Pd};
+use crate::engine::mem::{MemError, MrTable, Need, Pd, SharedMem};
 use crate::engine::verbs::{QpState, RecvWr, SendOp, SendWr, VerbsError, Wc, WcOpcode, WcStatus};
 use crate::proto::iwarp::ddp::{DdpBuffer, DdpRepr, VERSION as DDP_VERSION};
 use crate::proto::iwarp::rdmap::{
@@ -18,10 +18,15 @@ use crate::proto::iwarp::rdmap::{
     VERSION as RDMAP_VERSION,
 };
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// The STag a ready-to-receive zero-length Write or Read carries (siw's choice, since some
 /// hardware rejects 0); any is accepted.
 const RTR_STAG: u32 = 1;
+
+/// Read Response bytes [`IwarpQp::take_output`] produces per call at most: a peer's Read
+/// Requests turn into output only as fast as the transport takes it.
+pub const OUTPUT_BUDGET: usize = 1 << 20;
 
 /// A send-queue entry until it completes, in posting order.
 #[derive(Debug)]
@@ -31,16 +36,39 @@ struct SqEntry {
     len: u32,
     signaled: bool,
     done: Option<WcStatus>,
-    is_read: bool,
+    /// For a Read: where its response must land, and how much of it has.
+    read: Option<ReadSink>,
     /// Output stream offset after the entry's last byte, until that byte is transmitted.
     tx_end: Option<u64>,
 }
 
-/// A receive being filled by the message with MSN `msn`.
+/// The Data Sink of an outstanding Read (RFC 5040 §5.2): its Read Response must carry
+/// this STag and tagged offsets from `to`, in order, `len` bytes in all.
+#[derive(Debug, Clone, Copy)]
+struct ReadSink {
+    stag: u32,
+    to: u64,
+    len: u32,
+    placed: u32,
+}
+
+/// An inbound Read being answered (one of IRD): its source, already checked.
+#[derive(Debug)]
+struct ReadJob {
+    sink_stag: u32,
+    sink_to: u64,
+    mem: Arc<SharedMem>,
+    offset: usize,
+    remaining: usize,
+}
+
+/// A receive being filled by the current Send message.
 #[derive(Debug)]
 struct Filling {
     wr: RecvWr,
     capacity: usize,
+    /// Bytes placed so far: the next segment's MO must be this (in-order placement).
+    received: usize,
 }
 
 /// Why the stream stopped.
@@ -70,6 +98,9 @@ pub struct IwarpQp {
     expect_msn: [u32; 2],
     ord: usize,
     reads_out: usize,
+    /// IRD: inbound Reads answered at once at most (RFC 5040 §5.3, RFC 6581).
+    ird: usize,
+    reads_in: VecDeque<ReadJob>,
     rtr_expected: bool,
     completions: VecDeque<Wc>,
     terminated: Option<Terminated>,
@@ -99,6 +130,8 @@ impl IwarpQp {
             expect_msn: [1; 2],
             ord: usize::from(neg.ord.max(1)),
             reads_out: 0,
+            ird: usize::from(neg.ird),
+            reads_in: VecDeque::new(),
             rtr_expected: !initiator && neg.rtr.is_some(),
             completions: VecDeque::new(),
             terminated: None,
@@ -154,9 +187,38 @@ impl IwarpQp {
         self.terminated.as_ref()
     }
 
-    /// Bytes for the TCP stream.
+    /// Bytes for the TCP stream: everything posted, and Read Responses up to
+    /// [`OUTPUT_BUDGET`]; call again while [`IwarpQp::has_output`].
     pub fn take_output(&mut self) -> Vec<u8> {
+        self.poll_output(OUTPUT_BUDGET)
+    }
+
+    /// Bytes for the TCP stream: everything posted (the application's own, bounded by its
+    /// queue depths), then Read Responses while fewer than `budget` bytes are out, so a
+    /// peer's Reads never outrun the transport.
+    pub fn poll_output(&mut self, budget: usize) -> Vec<u8> {
+        while self.out.len() < budget && self.state != QpState::Err {
+            let Some(job) = self.reads_in.front_mut() else { break };
+            let room = budget - self.out.len();
+            let n = job.remaining.min(room.max(self.mulpdu));
+            let mut data = vec![0u8; n];
+            job.mem.read(job.offset, &mut data);
+            let to = job.sink_to;
+            let (stag, done) = (job.sink_stag, n == job.remaining);
+            job.offset += n;
+            job.remaining -= n;
+            job.sink_to = job.sink_to.wrapping_add(n as u64);
+            self.send_tagged_part(Opcode::ReadResponse, stag, to, &data, done);
+            if done {
+                self.reads_in.pop_front();
+            }
+        }
         std::mem::take(&mut self.out)
+    }
+
+    /// True while output waits: posted frames, or Read Responses not yet produced.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || (!self.reads_in.is_empty() && self.state != QpState::Err)
     }
 
     /// The next completion.
@@ -209,8 +271,8 @@ impl IwarpQp {
         let len: u32 = wr.sgl.iter().map(|s| s.length).sum();
         let opcode = wc_opcode(&wr.op);
         let is_read = matches!(wr.op, SendOp::Read(_));
-        let mut entry =
-            SqEntry { wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, done: None, is_read, tx_end: None };
+        let read = is_read.then(|| ReadSink { stag: wr.sgl[0].lkey, to: wr.sgl[0].addr, len, placed: 0 });
+        let mut entry = SqEntry { wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, done: None, read, tx_end: None };
         match gather(&wr, self.pd, mrs, is_read) {
             Err(()) => entry.done = Some(WcStatus::LocProtErr),
             Ok(data) => {
@@ -268,11 +330,17 @@ impl IwarpQp {
 
     /// A tagged message (Write or Read Response), segmented to the MULPDU.
     fn send_tagged(&mut self, opcode: Opcode, stag: u32, to: u64, data: &[u8]) {
+        self.send_tagged_part(opcode, stag, to, data, true);
+    }
+
+    /// A part of a tagged message, segmented to the MULPDU; `ends` sets L on its last
+    /// segment.
+    fn send_tagged_part(&mut self, opcode: Opcode, stag: u32, to: u64, data: &[u8], ends: bool) {
         let room = self.mulpdu - crate::proto::iwarp::ddp::TAGGED_LEN;
         let mut off = 0;
         loop {
             let n = room.min(data.len() - off);
-            let last = off + n == data.len();
+            let last = ends && off + n == data.len();
             let ddp = DdpRepr {
                 last,
                 version: DDP_VERSION,
@@ -281,7 +349,7 @@ impl IwarpQp {
             };
             self.emit(&MessageRepr { ddp, control: Self::control(opcode), body: Body::Data(&data[off..off + n]) });
             off += n;
-            if last {
+            if off == data.len() {
                 break;
             }
         }
@@ -333,6 +401,19 @@ impl IwarpQp {
             RtrKind::Read => {
                 let rr = ReadRequestRepr { sink_stag: RTR_STAG, sink_to: 0, size: 0, src_stag: RTR_STAG, src_to: 0 };
                 self.send_read_request(rr);
+                // Its zero-length response is awaited like any Read's, and completes silently.
+                let read = Some(ReadSink { stag: RTR_STAG, to: 0, len: 0, placed: 0 });
+                let opcode = WcOpcode::RdmaRead;
+                self.sq.push_back(SqEntry {
+                    wr_id: 0,
+                    opcode,
+                    len: 0,
+                    signaled: false,
+                    done: None,
+                    read,
+                    tx_end: None,
+                });
+                self.reads_out += 1;
             }
         }
     }
@@ -370,10 +451,16 @@ impl IwarpQp {
         if self.rtr_expected {
             self.rtr_expected = false;
             self.start_waiting(mrs);
-            if let Body::Data(d) = m.body {
-                if d.is_empty() && matches!(m.control.opcode, Opcode::Write | Opcode::Send) {
+            match (m.control.opcode, m.body) {
+                (Opcode::Write | Opcode::Send, Body::Data(d)) if d.is_empty() => {
                     return; // The initiator's ready-to-receive: nothing to place.
                 }
+                (Opcode::ReadRequest, Body::ReadRequest(rr)) if rr.size == 0 => {
+                    // A Read RTR is answered outside the IRD (RFC 6581 §6).
+                    self.expect_msn[1] = self.expect_msn[1].wrapping_add(1);
+                    return self.send_tagged(Opcode::ReadResponse, rr.sink_stag, rr.sink_to, &[]);
+                }
+                _ => {}
             }
         }
         match (m.control.opcode, m.ddp.buffer, m.body) {
@@ -398,10 +485,8 @@ impl IwarpQp {
     }
 
     /// Places tagged data after checking STag, PD, access and bounds (RFC 5041 §7.2 codes).
+    /// A zero-length segment is checked all the same: it names a buffer like any other.
     fn place_tagged(&mut self, stag: u32, to: u64, d: &[u8], need: Need, ulpdu: &[u8], mrs: &MrTable) -> bool {
-        if d.is_empty() {
-            return true; // Nothing is placed, so nothing is checked.
-        }
         match mrs.resolve(stag, self.pd, to, d.len(), need) {
             Ok((mem, off)) => mem.write(off, d),
             Err(e) => {
@@ -412,12 +497,35 @@ impl IwarpQp {
         }
     }
 
+    /// A Read Response segment belongs to the oldest outstanding Read (RFC 5040 §5.2,
+    /// responses come in request order): it must name that Read's sink STag, continue at
+    /// the next offset, stay within its length, and end exactly at its end. Anything else
+    /// places nothing, fails the Read and terminates.
     fn on_read_response(&mut self, stag: u32, to: u64, d: &[u8], last: bool, ulpdu: &[u8], mrs: &MrTable) {
-        let Some(i) = self.sq.iter().position(|e| e.is_read && e.done.is_none()) else {
+        let Some(i) = self.sq.iter().position(|e| e.read.is_some() && e.done.is_none()) else {
             return self.terminate(Layer::Rdmap, 2, 6, Some(ulpdu));
         };
-        if !self.place_tagged(stag, to, d, Need::LocalWrite, ulpdu, mrs) {
+        let Some(sink) = self.sq[i].read else { return };
+        let fault = if stag != sink.stag {
+            Some((Layer::Ddp, 1, 0))
+        } else if to != sink.to.wrapping_add(u64::from(sink.placed))
+            || d.len() > (sink.len - sink.placed) as usize
+            || (last && d.len() != (sink.len - sink.placed) as usize)
+        {
+            Some((Layer::Ddp, 1, 1))
+        } else {
+            None
+        };
+        if let Some((layer, etype, code)) = fault {
+            self.sq[i].done = Some(WcStatus::RemOpErr);
+            return self.terminate(layer, etype, code, Some(ulpdu));
+        }
+        // The RTR's zero-length Read has no buffer to check.
+        if !(sink.len == 0 && stag == RTR_STAG) && !self.place_tagged(stag, to, d, Need::LocalWrite, ulpdu, mrs) {
             return;
+        }
+        if let Some(s) = self.sq[i].read.as_mut() {
+            s.placed += d.len() as u32;
         }
         if last {
             self.sq[i].done = Some(WcStatus::Success);
@@ -451,16 +559,22 @@ impl IwarpQp {
                 return self.terminate(Layer::Ddp, 2, 2, Some(ulpdu));
             };
             let capacity = wr.sgl.iter().map(|s| s.length as usize).sum();
-            self.filling = Some(Filling { wr, capacity });
+            self.filling = Some(Filling { wr, capacity, received: 0 });
         }
-        let Some(f) = self.filling.as_ref() else { return };
-        let end = u.mo as usize + d.len();
+        let Some(f) = self.filling.as_mut() else { return };
+        // TCP delivers a message's segments in order, so each continues where the last
+        // ended (as siw requires): a gap or overlap would complete bytes never written.
+        if u.mo as usize != f.received {
+            return self.terminate(Layer::Ddp, 2, 4, Some(ulpdu));
+        }
+        let end = f.received + d.len();
         if end > f.capacity {
             return self.terminate(Layer::Ddp, 2, 5, Some(ulpdu));
         }
-        if !scatter(&f.wr, u.mo as usize, d, self.pd, mrs) {
+        if !scatter(&f.wr, f.received, d, self.pd, mrs) {
             return self.terminate(Layer::Rdmap, 2, 7, Some(ulpdu));
         }
+        f.received = end;
         if u.last {
             self.finish_receive(u, op, end, mrs);
         }
@@ -472,7 +586,11 @@ impl IwarpQp {
         let mut wc = Wc::new(f.wr.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn, len as u32);
         wc.solicited = matches!(op, Opcode::SendSolicited | Opcode::SendSolicitedInvalidate);
         if matches!(op, Opcode::SendInvalidate | Opcode::SendSolicitedInvalidate) {
-            if !mrs.invalidate(u.inv) {
+            // RFC 5040 §6.4.1: only an STag of this QP's PD that allows remote
+            // invalidation. A refusal completes the receive in error, then terminates.
+            if mrs.remote_invalidate(u.inv, self.pd).is_err() {
+                wc.status = WcStatus::RemInvReqErr;
+                self.completions.push_back(wc);
                 return self.terminate(Layer::Rdmap, 2, 9, None);
             }
             wc.invalidated_rkey = Some(u.inv);
@@ -480,7 +598,8 @@ impl IwarpQp {
         self.completions.push_back(wc);
     }
 
-    /// A Read Request on queue 1: answered at once with tagged Read Response segments.
+    /// A Read Request on queue 1: checked, then queued as one of at most IRD Reads being
+    /// answered; its Read Response is produced as the transport takes output.
     fn on_read_request(&mut self, qn: u32, msn: u32, rr: ReadRequestRepr, ulpdu: &[u8], mrs: &MrTable) {
         if qn != QN_READ_REQUEST {
             return self.terminate(Layer::Ddp, 2, 1, Some(ulpdu));
@@ -488,16 +607,20 @@ impl IwarpQp {
         if msn != self.expect_msn[1] {
             return self.terminate(Layer::Ddp, 2, 3, Some(ulpdu));
         }
-        self.expect_msn[1] = self.expect_msn[1].wrapping_add(1);
-        if rr.size == 0 {
-            return self.send_tagged(Opcode::ReadResponse, rr.sink_stag, rr.sink_to, &[]);
+        if self.reads_in.len() >= self.ird {
+            // RFC 5040 §5.3: IRD bounds the Reads a peer may have outstanding; one more is
+            // fatal to the stream (as siw answers an IRQ overflow).
+            return self.terminate(Layer::Rdmap, 2, 7, Some(ulpdu));
         }
+        self.expect_msn[1] = self.expect_msn[1].wrapping_add(1);
         match mrs.resolve(rr.src_stag, self.pd, rr.src_to, rr.size as usize, Need::RemoteRead) {
-            Ok((mem, off)) => {
-                let mut data = vec![0u8; rr.size as usize];
-                mem.read(off, &mut data);
-                self.send_tagged(Opcode::ReadResponse, rr.sink_stag, rr.sink_to, &data);
-            }
+            Ok((mem, offset)) => self.reads_in.push_back(ReadJob {
+                sink_stag: rr.sink_stag,
+                sink_to: rr.sink_to,
+                mem,
+                offset,
+                remaining: rr.size as usize,
+            }),
             Err(e) => {
                 let (_, _, code) = tagged_error(e);
                 // RFC 5040 §7.1: a bad source is a remote protection error of the Read Request.
@@ -536,6 +659,7 @@ impl IwarpQp {
     /// ERR: every outstanding request completes flushed (IBTA 10.3.1.7 semantics, as siw).
     fn enter_error(&mut self) {
         self.state = QpState::Err;
+        self.reads_in.clear();
         let qpn = self.qpn;
         for e in self.sq.drain(..) {
             let status = e.done.filter(|s| *s != WcStatus::Success).unwrap_or(WcStatus::WrFlushErr);

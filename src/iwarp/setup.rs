@@ -233,17 +233,29 @@ impl Setup {
         self.outcome.as_ref()
     }
 
-    /// The deadline of the wait for the peer's frame.
+    /// The deadline of the whole handshake: the peer's frame, and on a deferred responder
+    /// the application's answer, all within the timeout of the connection's start.
     pub fn poll_timeout(&self) -> Option<u64> {
-        matches!(self.state, State::AwaitRequest | State::AwaitReply).then_some(self.deadline_ns)
+        (self.state != State::Done).then_some(self.deadline_ns)
     }
 
-    /// Fails setup when the peer said nothing in time.
+    /// Ends setup when the handshake did not finish in time: a held Request is rejected
+    /// (the peer hears so), a silent peer fails.
     pub fn handle_timeout(&mut self, now_ns: u64) {
-        if self.poll_timeout().is_some_and(|d| now_ns >= d) {
-            let what = if self.state == State::AwaitRequest { "MPA Request" } else { "MPA Reply" };
-            self.finish(Outcome::Failed(format!("no {what} within {} ms", self.policy.timeout_ns / 1_000_000)));
+        if !self.poll_timeout().is_some_and(|d| now_ns >= d) {
+            return;
         }
+        let ms = self.policy.timeout_ns / 1_000_000;
+        match self.state {
+            State::AwaitAccept => self.fail_rejecting(format!("not accepted within {ms} ms")),
+            State::AwaitRequest => self.finish(Outcome::Failed(format!("no MPA Request within {ms} ms"))),
+            _ => self.finish(Outcome::Failed(format!("no MPA Reply within {ms} ms"))),
+        }
+    }
+
+    /// True while a valid Request waits for the application.
+    pub fn is_held(&self) -> bool {
+        self.state == State::AwaitAccept
     }
 
     /// Bytes from the stream. Returns how many were consumed: bytes after the peer's frame

@@ -34,6 +34,23 @@ const READS_PER_TURN: usize = 16;
 /// The poll thread looks at the MPA timers at least this often.
 const TICK: Duration = Duration::from_millis(100);
 
+/// Connections on one listener whose MPA Request has not fully arrived. One more evicts
+/// the oldest of them: a peer holding handshakes open cannot lock a legitimate one out,
+/// which sends its Request at once.
+pub const MAX_HALF_OPEN_PER_LISTENER: usize = 64;
+/// Valid MPA Requests on one listener waiting for the application; one more is rejected
+/// with an MPA reject (a full listen backlog).
+pub const MAX_HELD_REQUESTS_PER_LISTENER: usize = 128;
+/// Bytes a peer may send after its MPA Request while the application has not accepted it
+/// (a conforming initiator sends none before the Reply, RFC 5044 §7.1.2); more: rejected.
+pub const MAX_EARLY_BYTES: usize = 64 * 1024;
+/// Bytes queued for one connection's socket beyond which Read Responses wait for the
+/// peer to read: what a peer's Reads can make this side buffer.
+pub const MAX_TX_BUFFERED: usize = 4 << 20;
+/// How long a closing connection may take to write its last bytes (a Terminate, say) to a
+/// peer that does not read before it is dropped, ms.
+pub const CLOSE_LINGER_MS: u64 = 2_000;
+
 /// The iWARP settings of a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IwarpConfig {
@@ -133,8 +150,12 @@ struct Conn {
     rx_early: Vec<u8>,
     /// Close once everything queued is written.
     closing: bool,
+    /// When `closing` was set (ns), for the linger limit.
+    closing_since_ns: Option<u64>,
     dead: bool,
     mss: usize,
+    /// When the connection was made (ns): the oldest half-open one is evicted first.
+    opened_ns: u64,
 }
 
 struct Lst {
@@ -464,6 +485,7 @@ impl IwCore {
         self.registry.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)?;
         let mss = crate::transport::tcp_maxseg(stream.as_raw_fd()).unwrap_or(1460).max(576);
         let mss = self.cfg.max_fpdu.map_or(mss, |m| m.clamp(128, mss.max(128)));
+        let opened_ns = self.now_ns();
         let conn = Conn {
             stream: Arc::new(stream),
             setup: Some(setup),
@@ -478,8 +500,10 @@ impl IwCore {
             qp_base: 0,
             rx_early: Vec::new(),
             closing: false,
+            closing_since_ns: None,
             dead: false,
             mss,
+            opened_ns,
         };
         self.conns.insert(t, conn);
         Ok(t)
@@ -495,6 +519,7 @@ impl IwCore {
                 Err(_) => return,
             };
             let _ = stream.set_nodelay(true);
+            self.evict_half_open(t);
             let now = self.now_ns();
             let policy = self.policy(&ConnParam::default());
             if self.add_conn(stream, Setup::responder_deferred(policy, now), Some(t)).is_err() {
@@ -503,12 +528,38 @@ impl IwCore {
         }
     }
 
+    /// Makes room for one more half-open connection on listener `l` by dropping the
+    /// oldest, if it has [`MAX_HALF_OPEN_PER_LISTENER`].
+    fn evict_half_open(&mut self, l: Token) {
+        let half_open = |c: &Conn| c.listener == Some(l) && c.setup.as_ref().is_some_and(|s| !s.is_held());
+        let count = self.conns.values().filter(|c| half_open(c)).count();
+        if count < MAX_HALF_OPEN_PER_LISTENER {
+            return;
+        }
+        let oldest = self.conns.iter().filter(|(_, c)| half_open(c)).min_by_key(|(_, c)| c.opened_ns).map(|(t, _)| *t);
+        if let Some(t) = oldest {
+            self.close(t);
+        }
+    }
+
+    /// Requests held on listener `l` for the application.
+    fn held_requests(&self, l: Token) -> usize {
+        self.conns.values().filter(|c| c.listener == Some(l) && c.setup.as_ref().is_some_and(|s| s.is_held())).count()
+    }
+
     /// Bytes arrived on connection `t`.
     fn on_bytes(&mut self, t: Token, data: &[u8]) {
         let Some(c) = self.conns.get_mut(&t) else { return };
         if let Some(setup) = c.setup.as_mut() {
             let used = setup.on_bytes(data);
             c.rx_early.extend_from_slice(&data[used..]);
+            if c.rx_early.len() > MAX_EARLY_BYTES {
+                c.rx_early = Vec::new();
+                setup.reject(b"FPDUs before the MPA Reply");
+                if setup.outcome().is_none() {
+                    return self.fail(t, ConnectError::Mpa("FPDUs before the MPA Reply".into()));
+                }
+            }
             self.after_setup(t);
             return;
         }
@@ -523,6 +574,15 @@ impl IwCore {
     /// After the MPA state machine moved: send its frames, hand a Request to the
     /// listener, bring the QP up or end the connection.
     fn after_setup(&mut self, t: Token) {
+        let Some(c) = self.conns.get(&t) else { return };
+        let newly_held = !c.announced && c.setup.as_ref().is_some_and(|s| s.is_held());
+        if let Some(l) = c.listener.filter(|_| newly_held) {
+            if self.held_requests(l) > MAX_HELD_REQUESTS_PER_LISTENER {
+                if let Some(s) = self.conns.get_mut(&t).and_then(|c| c.setup.as_mut()) {
+                    s.reject(b"too many pending connection requests");
+                }
+            }
+        }
         let Some(c) = self.conns.get_mut(&t) else { return };
         let Some(setup) = c.setup.as_mut() else { return };
         let out = setup.take_output();
@@ -557,8 +617,9 @@ impl IwCore {
             self.flush_early_recvs(q);
         }
         // The reject Reply (if any) goes out before the close.
+        let now = self.now_ns();
         if let Some(c) = self.conns.get_mut(&t) {
-            c.closing = true;
+            c.start_closing(now);
         }
         self.flush(t);
     }
@@ -611,13 +672,15 @@ impl IwCore {
     fn pump_qp(&mut self, qpn: u32) {
         let Some(s) = self.qps.get_mut(&qpn) else { return };
         let Some(qp) = s.qp.as_mut() else { return };
-        let out = qp.take_output();
+        // What the application posted; Read Responses are produced as the socket drains.
+        let out = qp.poll_output(0);
         let t = s.conn;
         let err = qp.state() == QpState::Err;
+        let now = self.now_ns();
         if let Some(c) = t.and_then(|t| self.conns.get_mut(&t)) {
             queue(c, &out);
             if err {
-                c.closing = true;
+                c.start_closing(now);
             }
         }
         if let Some(t) = t {
@@ -652,35 +715,31 @@ impl IwCore {
         }
     }
 
-    /// Writes what the socket takes; tells the QP how far its stream went; closes a
-    /// connection that is done.
+    /// Writes what the socket takes, topping the queue up with the QP's Read Responses up
+    /// to [`MAX_TX_BUFFERED`]; tells the QP how far its stream went; closes a connection
+    /// that is done.
     fn flush(&mut self, t: Token) {
-        let Some(c) = self.conns.get_mut(&t) else { return };
-        while c.tx_head < c.tx.len() && !c.dead {
-            match (&*c.stream).write(&c.tx[c.tx_head..]) {
-                Ok(n) => {
-                    c.tx_head += n;
-                    c.written += n as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => c.dead = true,
+        let IwCore { conns, qps, .. } = self;
+        let Some(c) = conns.get_mut(&t) else { return };
+        let mut qp = c.qpn.and_then(|q| qps.get_mut(&q)).and_then(|s| s.qp.as_mut());
+        loop {
+            if let Some(qp) = qp.as_deref_mut().filter(|q| q.has_output()) {
+                let room = MAX_TX_BUFFERED.saturating_sub(c.tx.len() - c.tx_head);
+                queue(c, &qp.poll_output(room));
+            }
+            let blocked = c.write_some();
+            if blocked || c.dead || !qp.as_deref().is_some_and(|q| q.has_output()) {
+                break;
             }
         }
-        if c.tx_head == c.tx.len() {
-            c.tx.clear();
-            c.tx_head = 0;
-        } else if c.tx_head > (1 << 20) {
-            c.tx.drain(..c.tx_head);
-            c.tx_head = 0;
-        }
-        let (written, base, qpn) = (c.written, c.qp_base, c.qpn);
+        let (written, base) = (c.written, c.qp_base);
         let done = c.dead || (c.closing && c.tx.is_empty());
-        if let Some(qp) = qpn.and_then(|q| self.qps.get_mut(&q)).and_then(|s| s.qp.as_mut()) {
+        if let Some(qp) = qp {
             if written >= base {
                 qp.on_transmitted(written - base);
             }
         }
+        let qpn = c.qpn;
         if done {
             self.close(t);
         } else if let Some(q) = qpn {
@@ -716,11 +775,17 @@ impl IwCore {
     }
 
     fn next_deadline(&self) -> Option<u64> {
-        self.conns.values().filter_map(|c| c.setup.as_ref().and_then(|s| s.poll_timeout())).min()
+        let setup = self.conns.values().filter_map(|c| c.setup.as_ref().and_then(|s| s.poll_timeout()));
+        setup.chain(self.conns.values().filter_map(|c| c.linger_deadline())).min()
     }
 
     fn on_timers(&mut self) {
         let now = self.now_ns();
+        let lingering: Vec<Token> =
+            self.conns.iter().filter(|(_, c)| c.linger_deadline().is_some_and(|d| d <= now)).map(|(t, _)| *t).collect();
+        for t in lingering {
+            self.close(t);
+        }
         let due: Vec<Token> = self
             .conns
             .iter()
@@ -739,6 +804,46 @@ impl IwCore {
 fn queue(c: &mut Conn, bytes: &[u8]) {
     c.tx.extend_from_slice(bytes);
     c.queued += bytes.len() as u64;
+}
+
+impl Conn {
+    /// Writes what the socket takes; true when it would block.
+    fn write_some(&mut self) -> bool {
+        let mut blocked = false;
+        while self.tx_head < self.tx.len() && !self.dead {
+            match (&*self.stream).write(&self.tx[self.tx_head..]) {
+                Ok(n) => {
+                    self.tx_head += n;
+                    self.written += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    blocked = true;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => self.dead = true,
+            }
+        }
+        if self.tx_head == self.tx.len() {
+            self.tx.clear();
+            self.tx_head = 0;
+        } else if self.tx_head > (1 << 20) {
+            self.tx.drain(..self.tx_head);
+            self.tx_head = 0;
+        }
+        blocked
+    }
+
+    /// Close once the queue is written, or once [`CLOSE_LINGER_MS`] have passed.
+    fn start_closing(&mut self, now_ns: u64) {
+        self.closing = true;
+        self.closing_since_ns.get_or_insert(now_ns);
+    }
+
+    /// The time by which a closing connection is dropped, written out or not.
+    fn linger_deadline(&self) -> Option<u64> {
+        self.closing_since_ns.map(|t| t.saturating_add(CLOSE_LINGER_MS * 1_000_000))
+    }
 }
 
 /// The poll thread.
