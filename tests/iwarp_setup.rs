@@ -141,6 +141,19 @@ fn bytes_after_the_frame_are_left_for_the_data_phase_at_every_split() {
 }
 
 #[test]
+fn a_held_request_the_application_leaves_unanswered_is_rejected_at_the_deadline() {
+    let mut res = Setup::responder_deferred(Policy { timeout_ns: 1_000, ..Policy::default() }, 0);
+    res.on_bytes(&Setup::initiator(Policy::default(), 0).take_output());
+    assert!(res.pending_request().is_some());
+    res.handle_timeout(999);
+    assert_eq!(res.outcome(), None, "not before the deadline");
+    res.handle_timeout(1_000);
+    assert!(matches!(res.outcome(), Some(Outcome::Rejected(_))), "{:?}", res.outcome());
+    assert!(reply_of(&res.take_output()).reject, "the initiator hears a reject");
+    assert!(res.pending_request().is_none());
+}
+
+#[test]
 fn a_deferred_responder_holds_the_request_until_the_application_answers() {
     let i = Policy { ird: 8, ord: 4, private_data: b"hello".to_vec(), ..Policy::default() };
     let mut ini = Setup::initiator(i.clone(), 0);
@@ -148,7 +161,8 @@ fn a_deferred_responder_holds_the_request_until_the_application_answers() {
     res.on_bytes(&ini.take_output());
     assert!(res.take_output().is_empty(), "nothing is said before the application answers");
     assert_eq!(res.outcome(), None);
-    assert_eq!(res.poll_timeout(), None, "the application's wait has no MPA timeout");
+    let deadline = Policy::default().timeout_ns;
+    assert_eq!(res.poll_timeout(), Some(deadline), "the handshake's deadline covers the application's answer");
     let req = res.pending_request().expect("a held request");
     assert_eq!((req.private_data.as_slice(), req.ird, req.ord, req.revision), (&b"hello"[..], 8, 4, 2));
     res.accept(b"welcome".to_vec(), 2, 3);

@@ -212,6 +212,11 @@ impl Device {
         self.cqs.get_mut(&cq).map(|c| c.poll(max)).unwrap_or_default()
     }
 
+    /// True once a completion found the CQ full and was lost (IBTA 11.4.2.1 CQ overrun).
+    pub fn cq_overflowed(&self, cq: u32) -> bool {
+        self.cqs.get(&cq).is_some_and(|c| c.overflowed())
+    }
+
     /// Arms a CQ notification; [`Device::take_cq_event`] reports it.
     pub fn req_notify_cq(&mut self, cq: u32, what: Notify) {
         if let Some(c) = self.cqs.get_mut(&cq) {

@@ -27,6 +27,8 @@ const RTR_STAG: u32 = 1;
 /// Read Response bytes [`IwarpQp::take_output`] produces per call at most: a peer's Read
 /// Requests turn into output only as fast as the transport takes it.
 pub const OUTPUT_BUDGET: usize = 1 << 20;
+/// Bytes of a Read's source copied at a time while its response is produced.
+const READ_CHUNK: usize = 64 * 1024;
 
 /// A send-queue entry until it completes, in posting order.
 #[derive(Debug)]
@@ -200,7 +202,7 @@ impl IwarpQp {
         while self.out.len() < budget && self.state != QpState::Err {
             let Some(job) = self.reads_in.front_mut() else { break };
             let room = budget - self.out.len();
-            let n = job.remaining.min(room.max(self.mulpdu));
+            let n = job.remaining.min(room.clamp(self.mulpdu, READ_CHUNK.max(self.mulpdu)));
             let mut data = vec![0u8; n];
             job.mem.read(job.offset, &mut data);
             let to = job.sink_to;

@@ -46,7 +46,7 @@ pub const MAX_HELD_REQUESTS_PER_LISTENER: usize = 128;
 pub const MAX_EARLY_BYTES: usize = 64 * 1024;
 /// Bytes queued for one connection's socket beyond which Read Responses wait for the
 /// peer to read: what a peer's Reads can make this side buffer.
-pub const MAX_TX_BUFFERED: usize = 4 << 20;
+pub const MAX_TX_BUFFERED: usize = 1 << 20;
 /// How long a closing connection may take to write its last bytes (a Terminate, say) to a
 /// peer that does not read before it is dropped, ms.
 pub const CLOSE_LINGER_MS: u64 = 2_000;
@@ -458,6 +458,11 @@ fn prepare(s: std::net::TcpStream) -> io::Result<TcpStream> {
 }
 
 impl IwCore {
+    /// TCP connections open.
+    pub(super) fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }

@@ -89,7 +89,10 @@ pub use crate::engine::verbs::{
     WcStatus,
 };
 pub use crate::iwarp::setup::{CrcPolicy, RtrKind};
-pub use iwarp::{ConnParam, ConnectError, IwarpConfig};
+pub use iwarp::{
+    ConnParam, ConnectError, IwarpConfig, CLOSE_LINGER_MS, MAX_EARLY_BYTES, MAX_HALF_OPEN_PER_LISTENER,
+    MAX_HELD_REQUESTS_PER_LISTENER, MAX_TX_BUFFERED,
+};
 
 /// The wire protocol of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -257,6 +260,9 @@ impl Shared {
             let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
             for (&id, q) in cqs.iter() {
                 let wcs = core.dev.poll_cq(id, usize::MAX);
+                if core.dev.cq_overflowed(id) {
+                    q.overrun.store(true, Ordering::Release);
+                }
                 q.deliver(wcs);
             }
         }
@@ -370,6 +376,8 @@ pub struct DeviceStats {
     pub tx_datagrams: u64,
     /// Datagrams the kernel refused.
     pub tx_errors: u64,
+    /// iWARP: TCP connections open (in MPA setup, connected, or closing).
+    pub iwarp_connections: u64,
 }
 
 impl Context {
@@ -575,8 +583,13 @@ impl Context {
 
     /// The device's counters.
     pub fn stats(&self) -> DeviceStats {
-        let Backend::Roce(shared) = &self.backend else {
-            return DeviceStats::default();
+        let shared = match &self.backend {
+            Backend::Roce(shared) => shared,
+            Backend::Iwarp(s) => {
+                let core = s.lock();
+                let engine = core.dev.stats.clone();
+                return DeviceStats { engine, iwarp_connections: core.connections() as u64, ..DeviceStats::default() };
+            }
         };
         let engine = shared.lock().dev.stats.clone();
         let u = &shared.udp_stats;
@@ -589,6 +602,7 @@ impl Context {
             rx_ipv4_ident_nonzero: get(&u.rx_ipv4_ident_nonzero),
             tx_datagrams: get(&u.tx_datagrams),
             tx_errors: get(&u.tx_errors),
+            iwarp_connections: 0,
         }
     }
 }
