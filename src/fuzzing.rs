@@ -1,6 +1,15 @@
 //! Entry points of the fuzz targets in `fuzz/`, kept in the library so that a stable test
 //! (`tests/fuzz_corpus.rs`) replays every corpus file without nightly. Each takes arbitrary
-//! bytes and must never panic.
+//! bytes and must never panic. The parser targets are here; the stateful ones (a RoCEv2
+//! device, an iWARP QP, MPA setup, the UDP receive check) check more than the absence of a
+//! panic: bounded state and output, completions at most once, and no write outside what a
+//! peer may write.
+
+mod iwarp;
+mod roce;
+
+pub use iwarp::{iwarp_qp, mpa_setup};
+pub use roce::roce_device;
 
 use crate::iwarp::deframer::Deframer;
 use crate::proto::cm::{CmMadRepr, CmaHeader, MadPacket};
@@ -84,5 +93,37 @@ pub fn cm_mad(data: &[u8]) {
     if m.emit(&mut out).is_ok() {
         let again = CmMadRepr::parse(&MadPacket::new_checked(&out[..]).expect("256 bytes"));
         assert_eq!(again.ok(), Some(m), "CM MAD round-trips");
+    }
+}
+
+/// The UDP receive check, then the device: [source IPv4][destination IPv4][TOS]
+/// [source port: u16 BE][UDP payload]. Oracle: a datagram found good carries an ICRC that
+/// verifies over the header rebuilt with the recovered Identification and DF.
+pub fn udp_receive(data: &[u8]) {
+    use crate::transport::headers::{ip_header, udp_header};
+    use crate::transport::udp::{check_datagram, DatagramCheck};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    if data.len() < 11 {
+        return;
+    }
+    let ip = |b: &[u8]| IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]));
+    let (src, dst, tos) = (ip(&data[0..4]), ip(&data[4..8]), data[8]);
+    let sport = u16::from_be_bytes([data[9], data[10]]);
+    let payload = &data[11..];
+    let mut cache = icrc::RecoveryCache::default();
+    let checked = check_datagram(&mut cache, SocketAddr::new(src, sport), (dst, 4791), tos, payload);
+    assert_eq!(checked, check_datagram(&mut cache, SocketAddr::new(src, sport), (dst, 4791), tos, payload));
+    if let DatagramCheck::Good { src: gid, ce, ident, dont_fragment } = checked {
+        let (h, _) = ip_header(src, dst, 8 + payload.len(), ident, dont_fragment, tos);
+        let udp = udp_header(sport, 4791, payload.len());
+        assert!(icrc::verify(IpHeader::V4(&h[..20]), &udp, payload).is_ok(), "recovered fields verify");
+        let cfg = crate::engine::DeviceConfig {
+            gid: crate::transport::headers::ip_to_gid(dst),
+            seed: Some(1),
+            max_qps: 4,
+            max_mrs: 4,
+            cc: crate::verbs::OpenConfig::new(dst).cc,
+        };
+        crate::engine::Device::new(cfg).handle_packet_ecn(0, gid, ce, payload);
     }
 }

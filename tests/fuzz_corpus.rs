@@ -38,3 +38,23 @@ fn ddp_rdmap_corpus() {
 fn cm_mad_corpus() {
     assert!(replay("cm_mad", softrdma::fuzzing::cm_mad) >= 5);
 }
+
+#[test]
+fn roce_device_corpus() {
+    assert!(replay("roce_device", softrdma::fuzzing::roce_device) >= 4);
+}
+
+#[test]
+fn udp_receive_corpus() {
+    assert!(replay("udp_receive", softrdma::fuzzing::udp_receive) >= 200);
+}
+
+#[test]
+fn iwarp_qp_corpus() {
+    assert!(replay("iwarp_qp", softrdma::fuzzing::iwarp_qp) >= 10);
+}
+
+#[test]
+fn mpa_setup_corpus() {
+    assert!(replay("mpa_setup", softrdma::fuzzing::mpa_setup) >= 8);
+}

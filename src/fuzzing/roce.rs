@@ -1,0 +1,200 @@
+//! Stateful fuzzing of a RoCEv2 device: an RC, a UC and a UD QP fed a fuzzer-chosen
+//! sequence of packets, as if from their peer (or a stranger), with time passing and
+//! timers firing. Oracles: no panic; replies, packets out and completions bounded; no
+//! completion lost twice or made up; no byte changed outside what a peer may write.
+
+use crate::engine::mem::{Access, Mr};
+use crate::engine::qp::responder::MAX_REPLIES;
+use crate::engine::verbs::{Gid, QpInit};
+use crate::engine::verbs::{Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, Remote, SendOp, SendWr, Sge, WcOpcode};
+use crate::engine::{Device, DeviceConfig};
+use crate::transport::headers::ip_to_gid;
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+
+/// What the guard regions hold, and must still hold after every packet.
+const PATTERN: u8 = 0xa5;
+/// The QPN the fuzzer's side claims.
+const PEER_QPN: u32 = 0x99;
+/// Receives each QP keeps posted.
+const RECVS: u64 = 16;
+/// Packets one input packet may make the device send (replies, READ responses,
+/// retransmissions): far above any rule, far below a runaway.
+const MAX_OUT_PER_STEP: usize = 4096;
+
+struct Harness {
+    dev: Device,
+    cq: u32,
+    qps: [u32; 3],
+    up: [bool; 3],
+    peer: Gid,
+    stranger: Gid,
+    rw: Mr,
+    recv: Mr,
+    guards: Vec<Mr>,
+    posted_recvs: u64,
+    recv_done: u64,
+    sends: HashSet<u64>,
+    now: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let cc = crate::verbs::OpenConfig::new(Ipv4Addr::new(10, 0, 0, 1).into()).cc;
+        let gid = ip_to_gid(Ipv4Addr::new(10, 0, 0, 1).into());
+        let mut dev = Device::new(DeviceConfig { gid, seed: Some(7), max_qps: 8, max_mrs: 16, cc });
+        let (pd, other) = (dev.alloc_pd(), dev.alloc_pd());
+        let local_write = Access { local_write: true, ..Access::default() };
+        let remote_read = Access { remote_read: true, ..Access::default() };
+        let mut reg = |pd, len, access| dev.reg_mr(pd, len, access).expect("room for the regions");
+        let (rw, recv) = (reg(pd, 64 << 10, Access::ALL), reg(pd, 64 << 10, local_write));
+        let guards = vec![reg(pd, 4096, remote_read), reg(other, 4096, Access::ALL), reg(pd, 4096, local_write)];
+        for g in &guards {
+            g.mem.fill(0, g.mem.len(), PATTERN);
+        }
+        let cq = dev.create_cq(4096);
+        let mut qps = [0; 3];
+        for (i, qp_type) in [QpType::Rc, QpType::Uc, QpType::Ud].into_iter().enumerate() {
+            let init = QpInit { qp_type, pd, send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
+            qps[i] = dev.create_qp(init).expect("room for the QPs");
+        }
+        let peer = ip_to_gid(Ipv4Addr::new(10, 0, 0, 2).into());
+        let stranger = ip_to_gid(Ipv4Addr::new(10, 0, 0, 3).into());
+        let (posted_recvs, recv_done, sends) = (0, 0, HashSet::new());
+        Harness {
+            dev,
+            cq,
+            qps,
+            up: [false; 3],
+            peer,
+            stranger,
+            rw,
+            recv,
+            guards,
+            posted_recvs,
+            recv_done,
+            sends,
+            now: 0,
+        }
+    }
+
+    /// Brings QP `i` to RTS expecting PSN `psn` first, with receives and (RC) one of each
+    /// request outstanding.
+    fn bring_up(&mut self, i: usize, psn: u32) {
+        let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+        let qpn = self.qps[i];
+        let init = if i == 2 {
+            QpAttr { qkey: Some(0x7777), ..st(QpState::Init) }
+        } else {
+            QpAttr { access: Some(Access::ALL), ..st(QpState::Init) }
+        };
+        let rtr = QpAttr {
+            dest_gid: Some(self.peer),
+            dest_qpn: Some(PEER_QPN),
+            rq_psn: Some(psn),
+            path_mtu: Some(Mtu::M1024),
+            ..st(QpState::Rtr)
+        };
+        let rtr = match i {
+            0 => QpAttr { max_dest_rd_atomic: Some(4), min_rnr_timer: Some(12), ..rtr },
+            1 => rtr,
+            _ => st(QpState::Rtr),
+        };
+        let rts = QpAttr { sq_psn: Some(0), ..st(QpState::Rts) };
+        let rts = if i == 0 {
+            QpAttr { timeout: Some(14), max_rd_atomic: Some(4), retry_cnt: Some(7), rnr_retry: Some(7), ..rts }
+        } else {
+            rts
+        };
+        for attr in [init, rtr, rts] {
+            self.dev.modify_qp(qpn, &attr).expect("a valid transition");
+        }
+        self.up[i] = true;
+        for _ in 0..RECVS {
+            self.post_recv(qpn);
+        }
+        if i == 0 {
+            self.post_requests(qpn);
+        }
+    }
+
+    fn post_recv(&mut self, qpn: u32) {
+        let slot = self.posted_recvs % 64;
+        let sge = Sge { addr: self.recv.addr + slot * 1024, length: 1024, lkey: self.recv.lkey };
+        if self.dev.post_recv(qpn, RecvWr { wr_id: 1_000 + self.posted_recvs, sgl: vec![sge] }).is_ok() {
+            self.posted_recvs += 1;
+        }
+    }
+
+    fn post_requests(&mut self, qpn: u32) {
+        let at = |off: u64, len| Sge { addr: self.rw.addr + off, length: len, lkey: self.rw.lkey };
+        let remote = Remote { addr: 0x1000, rkey: 0x1234 };
+        let wrs = [
+            SendWr::new(1, SendOp::Send, vec![at(0, 3000)]),
+            SendWr::new(2, SendOp::Write(remote), vec![at(0, 100)]),
+            SendWr::new(3, SendOp::Read(remote), vec![at(4096, 4096)]),
+            SendWr::new(4, SendOp::FetchAdd(remote, 1), vec![at(8192, 8)]),
+        ];
+        for wr in wrs {
+            let id = wr.wr_id;
+            if self.dev.post_send(qpn, wr).is_ok() {
+                self.sends.insert(id);
+            }
+        }
+    }
+
+    /// One packet: `sel` picks the QP (or a stranger's source), a CE mark and whether
+    /// time passes and timers fire.
+    fn step(&mut self, sel: u8, bytes: &[u8]) {
+        let i = usize::from(sel & 3);
+        let mut pkt = bytes.to_vec();
+        if i < 3 && pkt.len() >= 12 {
+            pkt[5..8].copy_from_slice(&self.qps[i].to_be_bytes()[1..]);
+            if !self.up[i] {
+                self.bring_up(i, u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]]));
+            }
+        }
+        let src = if i == 3 { self.stranger } else { self.peer };
+        self.now += u64::from(sel >> 4) * 1_000_000;
+        self.dev.handle_packet_ecn(self.now, src, sel & 4 != 0, &pkt);
+        if sel & 8 != 0 {
+            self.dev.handle_timeout(self.now);
+        }
+        self.check();
+    }
+
+    fn check(&mut self) {
+        let mut out = 0;
+        while self.dev.poll_transmit(self.now).is_some() {
+            out += 1;
+            assert!(out <= MAX_OUT_PER_STEP, "one packet made the device send more than {MAX_OUT_PER_STEP}");
+        }
+        for q in self.qps {
+            assert!(self.dev.qp_pending_replies(q) <= MAX_REPLIES, "reply queue beyond its limit");
+        }
+        for wc in self.dev.poll_cq(self.cq, usize::MAX) {
+            if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                self.recv_done += 1;
+                assert!(self.recv_done <= self.posted_recvs, "more receive completions than receives");
+                let qpn = wc.qpn;
+                self.post_recv(qpn);
+            } else {
+                assert!(self.sends.remove(&wc.wr_id), "send {} completed twice or never posted", wc.wr_id);
+            }
+        }
+        for g in &self.guards {
+            assert!(g.mem.to_vec().iter().all(|b| *b == PATTERN), "a guard region changed");
+        }
+    }
+}
+
+/// Input: records of [selector][length: u16 BE][packet: BTH .. ICRC].
+pub fn roce_device(data: &[u8]) {
+    let mut h = Harness::new();
+    let mut rest = data;
+    while rest.len() >= 3 {
+        let len = usize::from(u16::from_be_bytes([rest[1], rest[2]])).min(rest.len() - 3);
+        h.step(rest[0], &rest[3..3 + len]);
+        rest = &rest[3 + len..];
+    }
+}
