@@ -42,6 +42,8 @@ struct SqEntry {
     read: Option<ReadSink>,
     /// Output stream offset after the entry's last byte, until that byte is transmitted.
     tx_end: Option<u64>,
+    /// The QP's own (the RTR's Read): never completes to the application, even flushed.
+    internal: bool,
 }
 
 /// The Data Sink of an outstanding Read (RFC 5040 §5.2): its Read Response must carry
@@ -274,7 +276,8 @@ impl IwarpQp {
         let opcode = wc_opcode(&wr.op);
         let is_read = matches!(wr.op, SendOp::Read(_));
         let read = is_read.then(|| ReadSink { stag: wr.sgl[0].lkey, to: wr.sgl[0].addr, len, placed: 0 });
-        let mut entry = SqEntry { wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, done: None, read, tx_end: None };
+        let (wr_id, signaled) = (wr.wr_id, wr.signaled);
+        let mut entry = SqEntry { wr_id, opcode, len, signaled, done: None, read, tx_end: None, internal: false };
         match gather(&wr, self.pd, mrs, is_read) {
             Err(()) => entry.done = Some(WcStatus::LocProtErr),
             Ok(data) => {
@@ -307,7 +310,7 @@ impl IwarpQp {
     fn retire(&mut self) {
         while let Some(status) = self.sq.front().and_then(|e| e.done) {
             let Some(e) = self.sq.pop_front() else { break };
-            if e.signaled || status != WcStatus::Success {
+            if !e.internal && (e.signaled || status != WcStatus::Success) {
                 self.completions.push_back(Wc::new(e.wr_id, status, e.opcode, self.qpn, e.len));
             }
             if status != WcStatus::Success {
@@ -414,6 +417,7 @@ impl IwarpQp {
                     done: None,
                     read,
                     tx_end: None,
+                    internal: true,
                 });
                 self.reads_out += 1;
             }
@@ -663,7 +667,7 @@ impl IwarpQp {
         self.state = QpState::Err;
         self.reads_in.clear();
         let qpn = self.qpn;
-        for e in self.sq.drain(..) {
+        for e in self.sq.drain(..).filter(|e| !e.internal) {
             let status = e.done.filter(|s| *s != WcStatus::Success).unwrap_or(WcStatus::WrFlushErr);
             self.completions.push_back(Wc::new(e.wr_id, status, e.opcode, qpn, e.len));
         }
