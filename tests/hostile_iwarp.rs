@@ -35,11 +35,23 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Resident set size of this process, KiB.
-fn rss_kib() -> u64 {
+/// A line of /proc/self/status, KiB.
+fn status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The resident set size now, KiB, with the process's peak reset to it.
+fn rss_kib() -> u64 {
+    // Writing 5 to clear_refs resets VmHWM, the peak RSS (Linux 4.0 and later).
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    status_kib("VmRSS:")
+}
+
+/// The peak resident set size since [`rss_kib`], KiB: what an attack cost at its height.
+fn peak_rss_kib() -> u64 {
+    status_kib("VmHWM:")
 }
 
 /// The attacker's end of one MPA connection: it frames and deframes by hand.
@@ -79,18 +91,31 @@ impl Wire {
     }
 
     fn send(&mut self, m: &MessageRepr<'_>) {
+        let mut out = Vec::new();
+        self.frame(m, &mut out);
+        self.s.write_all(&out).unwrap();
+    }
+
+    fn frame(&mut self, m: &MessageRepr<'_>, out: &mut Vec<u8>) {
         let mut ulpdu = vec![0u8; m.buffer_len()];
         m.emit(&mut ulpdu).unwrap();
+        self.framer.frame(&ulpdu, out).unwrap();
+    }
+
+    /// `n` Read Requests in one write, so that the device reads them together.
+    fn read_requests(&mut self, rr: ReadRequestRepr, n: usize) {
         let mut out = Vec::new();
-        self.framer.frame(&ulpdu, &mut out).unwrap();
+        for _ in 0..n {
+            let msn = self.read_msn;
+            self.read_msn += 1;
+            let buffer = DdpBuffer::Untagged { rsvd_ulp: 0, qn: QN_READ_REQUEST, msn, mo: 0 };
+            self.frame(&message(Opcode::ReadRequest, buffer, true, Body::ReadRequest(rr)), &mut out);
+        }
         self.s.write_all(&out).unwrap();
     }
 
     fn read_request(&mut self, rr: ReadRequestRepr) {
-        let msn = self.read_msn;
-        self.read_msn += 1;
-        let buffer = DdpBuffer::Untagged { rsvd_ulp: 0, qn: QN_READ_REQUEST, msn, mo: 0 };
-        self.send(&message(Opcode::ReadRequest, buffer, true, Body::ReadRequest(rr)));
+        self.read_requests(rr, 1);
     }
 
     /// The next ULPDU from the device, or None when the stream ended or went silent.
@@ -153,10 +178,45 @@ fn victim(ctx: Context, mr_len: usize) -> Victim {
 
 /// The attacker connects to `listener` and the device accepts onto `qp` with IRD `ird`.
 fn attack(listener: &Listener, qp: &QueuePair, ird: u16) -> Wire {
+    attack_from(listener, qp, ird, TcpStream::connect)
+}
+
+/// A TCP connection whose receive buffer is a few KiB from the start, so that a peer
+/// that does not read closes its window at once, whatever the system's autotuning does.
+fn connect_small_window(to: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(v4) = to else { panic!("IPv4") };
+    // SAFETY: a fresh socket, owned by the TcpStream it becomes; every pointer passed
+    // points at a live local of the size given.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let size: libc::c_int = 4096;
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, (&size as *const libc::c_int).cast(), len);
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_port = v4.port().to_be();
+        sa.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+        let sa_len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let s = TcpStream::from_raw_fd(fd);
+        if libc::connect(fd, (&sa as *const libc::sockaddr_in).cast(), sa_len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
+fn attack_from(
+    listener: &Listener,
+    qp: &QueuePair,
+    ird: u16,
+    connect: fn(SocketAddr) -> std::io::Result<TcpStream>,
+) -> Wire {
     let to = listener.local_addr();
     std::thread::scope(|scope| {
         let h = scope.spawn(move || {
-            let s = TcpStream::connect(to).unwrap();
+            let s = connect(to).unwrap();
             Wire::handshake(s, Setup::initiator(attacker_policy(ird, ird, Vec::new()), 0)).0
         });
         let req = listener.get_request(T).expect("the attacker's request");
@@ -172,7 +232,6 @@ fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
     let listener = server.ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let to = listener.local_addr();
     let rss_before = rss_kib();
-    let rss_start = Instant::now();
     let request = Setup::initiator(attacker_policy(1, 1, Vec::new()), 0).take_output();
     // 2,000 handshakes held open from four threads: half a valid Request and silence, half
     // ten bytes of one and silence; and two peers streaming zeros, one after a valid
@@ -215,7 +274,6 @@ fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
             .collect();
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
-    eprintln!("{} attacker connections in {:?}", held.len(), rss_start.elapsed());
     assert!(held.len() >= 1_900, "{} attacker connections made", held.len());
     let streamed: Vec<usize> = streamers.into_iter().map(|h| h.join().unwrap()).collect();
 
@@ -235,7 +293,6 @@ fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
         }
         h.join().unwrap()
     });
-    eprintln!("connected after {:?}", rss_start.elapsed());
     assert_eq!(answer.expect("the legitimate connection"), b"welcome");
     let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i * 13) as u8).collect();
     client.mr.write(0, &data);
@@ -250,12 +307,12 @@ fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
     client.mr.read(512 * 1024, &mut back);
     assert!(back == data, "the Read brought back what the Write put");
 
-    let grown = rss_kib().saturating_sub(rss_before);
+    let grown = peak_rss_kib().saturating_sub(rss_before);
     let conns = server.ctx.stats().iwarp_connections;
     eprintln!(
-        "2,000 held handshakes, zero streams of {streamed:?} bytes: RSS +{grown} KiB, {conns} server connections"
+        "2,000 held handshakes, zero streams of {streamed:?} bytes: peak RSS +{grown} KiB, {conns} server connections"
     );
-    assert!(grown < 48 * 1024, "RSS grew by {grown} KiB");
+    assert!(grown < 48 * 1024, "peak RSS grew by {grown} KiB");
     let bound = MAX_HALF_OPEN_PER_LISTENER + MAX_HELD_REQUESTS_PER_LISTENER + 2;
     assert!(conns as usize <= bound, "{conns} connections held by the server");
     drop(held);
@@ -276,16 +333,19 @@ fn ird_bounds_reads_and_the_output_they_make() {
     };
     let before = rss_kib();
     // Two 16 MiB Reads, as IRD 2 allows, from a peer that never reads back.
-    w.read_request(rr);
-    w.read_request(rr);
+    w.read_requests(rr, 2);
     std::thread::sleep(Duration::from_millis(500));
-    let grown = rss_kib().saturating_sub(before);
-    eprintln!("two unread 16 MiB Read Requests: RSS +{grown} KiB");
-    assert!(grown < 12 * 1024, "RSS grew by {grown} KiB for 32 MiB of unread Read Responses");
+    let grown = peak_rss_kib().saturating_sub(before);
+    eprintln!("two unread 16 MiB Read Requests: peak RSS +{grown} KiB");
+    assert!(grown < 12 * 1024, "peak RSS grew by {grown} KiB for 32 MiB of unread Read Responses");
     assert_eq!(server.qp.state(), Some(QpState::Rts));
-    // A third is beyond IRD: Terminate, RDMAP remote operation error, catastrophic to the
-    // stream (RFC 5040 §5.3; siw's answer to an IRQ overflow).
-    w.read_request(rr);
+    drop(w);
+    // Three at once are one beyond IRD: Terminate, RDMAP remote operation error,
+    // catastrophic to the stream (RFC 5040 §5.3; siw's answer to an IRQ overflow).
+    let server = victim(open(|_| {}), 16 << 20);
+    let listener = server.ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut w = attack(&listener, &server.qp, 2);
+    w.read_requests(ReadRequestRepr { src_stag: server.mr.rkey(), src_to: server.mr.addr(), ..rr }, 3);
     assert_eq!(w.terminate(), (Layer::Rdmap, 2, 7));
     assert_eq!(server.qp.state(), Some(QpState::Err));
 
@@ -446,9 +506,10 @@ fn held_requests_time_out_and_early_bytes_are_capped() {
 #[test]
 fn a_terminated_connection_to_a_peer_that_never_reads_is_dropped_after_the_linger() {
     let _serial = serial();
+    // A 16 MiB Read from a peer whose receive window is a few KiB and that never reads.
     let server = victim(open(|_| {}), 16 << 20);
     let listener = server.ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let mut w = attack(&listener, &server.qp, 1);
+    let mut w = attack_from(&listener, &server.qp, 1, connect_small_window);
     w.read_request(ReadRequestRepr {
         sink_stag: 0x99,
         sink_to: 0,
@@ -456,15 +517,18 @@ fn a_terminated_connection_to_a_peer_that_never_reads_is_dropped_after_the_linge
         src_stag: server.mr.rkey(),
         src_to: server.mr.addr(),
     });
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(1_000));
     // A bad STag: the device terminates, but its Terminate sits behind Read Responses the
     // peer does not read.
     w.send(&tagged(Opcode::Write, 0xdead_beef, 0, true, b"x"));
-    let deadline = Instant::now() + Duration::from_millis(CLOSE_LINGER_MS + 3_000);
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(CLOSE_LINGER_MS + 3_000);
     while server.ctx.stats().iwarp_connections > 0 {
         assert!(Instant::now() < deadline, "the connection lingers");
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(CLOSE_LINGER_MS / 2), "closed after {took:?}: the linger was not needed");
     assert_eq!(server.qp.state(), Some(QpState::Err));
     drop(listener);
 }

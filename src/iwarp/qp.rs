@@ -458,7 +458,7 @@ impl IwarpQp {
             self.rtr_expected = false;
             self.start_waiting(mrs);
             match (m.control.opcode, m.body) {
-                (Opcode::Write | Opcode::Send, Body::Data(d)) if d.is_empty() => {
+                (Opcode::Write | Opcode::Send, Body::Data([])) => {
                     return; // The initiator's ready-to-receive: nothing to place.
                 }
                 (Opcode::ReadRequest, Body::ReadRequest(rr)) if rr.size == 0 => {
@@ -527,7 +527,8 @@ impl IwarpQp {
             return self.terminate(layer, etype, code, Some(ulpdu));
         }
         // The RTR's zero-length Read has no buffer to check.
-        if !(sink.len == 0 && stag == RTR_STAG) && !self.place_tagged(stag, to, d, Need::LocalWrite, ulpdu, mrs) {
+        let rtr = sink.len == 0 && stag == RTR_STAG;
+        if !rtr && !self.place_tagged(stag, to, d, Need::LocalWrite, ulpdu, mrs) {
             return;
         }
         if let Some(s) = self.sq[i].read.as_mut() {

@@ -242,7 +242,7 @@ impl Setup {
     /// Ends setup when the handshake did not finish in time: a held Request is rejected
     /// (the peer hears so), a silent peer fails.
     pub fn handle_timeout(&mut self, now_ns: u64) {
-        if !self.poll_timeout().is_some_and(|d| now_ns >= d) {
+        if self.poll_timeout().is_none_or(|d| now_ns < d) {
             return;
         }
         let ms = self.policy.timeout_ns / 1_000_000;
