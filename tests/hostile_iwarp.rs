@@ -3,6 +3,9 @@
 //! for (layer, type, code), the completions, that no byte outside a permitted range
 //! changed, and that memory and connections stay bounded.
 
+mod hostile;
+
+use hostile::{peak_rss_kib, rss_kib, serial};
 use softrdma::iwarp::deframer::Deframer;
 use softrdma::iwarp::framer::Framer;
 use softrdma::iwarp::setup::{Negotiated, Outcome, Policy, RtrKind, Setup};
@@ -27,31 +30,6 @@ fn open(tweak: impl FnOnce(&mut OpenConfig)) -> Context {
 
 fn param(pd: &[u8], depth: u16) -> ConnParam {
     ConnParam { private_data: pd.to_vec(), responder_resources: depth, initiator_depth: depth }
-}
-
-/// The tests of this file run one at a time: they measure the process's memory.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A line of /proc/self/status, KiB.
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// The resident set size now, KiB, with the process's peak reset to it.
-fn rss_kib() -> u64 {
-    // Writing 5 to clear_refs resets VmHWM, the peak RSS (Linux 4.0 and later).
-    std::fs::write("/proc/self/clear_refs", "5").unwrap();
-    status_kib("VmRSS:")
-}
-
-/// The peak resident set size since [`rss_kib`], KiB: what an attack cost at its height.
-fn peak_rss_kib() -> u64 {
-    status_kib("VmHWM:")
 }
 
 /// The attacker's end of one MPA connection: it frames and deframes by hand.
@@ -225,63 +203,53 @@ fn attack_from(
     })
 }
 
-#[test]
-fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
-    let _serial = serial();
-    let server = victim(open(|c| c.iwarp.mpa_timeout_ms = 3_000), 1 << 20);
-    let listener = server.ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let to = listener.local_addr();
-    let rss_before = rss_kib();
-    let request = Setup::initiator(attacker_policy(1, 1, Vec::new()), 0).take_output();
-    // 2,000 handshakes held open from four threads: half a valid Request and silence, half
-    // ten bytes of one and silence; and two peers streaming zeros, one after a valid
-    // Request, one from the first byte.
-    let zeros = |after_request: bool| {
-        let request = request.clone();
-        std::thread::spawn(move || {
-            let Ok(mut s) = TcpStream::connect(to) else { return 0usize };
-            // The device stops reading a peer it has turned down: a write then blocks.
-            s.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
-            if after_request && s.write_all(&request).is_err() {
-                return 0;
+/// A peer that streams zeros for two seconds (after a valid Request, or from the first
+/// byte); returns what it got to write.
+fn stream_zeros(to: SocketAddr, request: Vec<u8>, after_request: bool) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let Ok(mut s) = TcpStream::connect(to) else { return 0 };
+        // The device stops reading a peer it has turned down: a write then blocks.
+        s.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+        if after_request && s.write_all(&request).is_err() {
+            return 0;
+        }
+        let (chunk, mut sent, start) = (vec![0u8; 64 * 1024], 0, Instant::now());
+        while start.elapsed() < Duration::from_secs(2) {
+            match s.write(&chunk) {
+                Ok(n) => sent += n,
+                Err(_) => break,
             }
-            let (chunk, mut sent, start) = (vec![0u8; 64 * 1024], 0, Instant::now());
-            while start.elapsed() < Duration::from_secs(2) {
-                match s.write(&chunk) {
-                    Ok(n) => sent += n,
-                    Err(_) => break,
-                }
-            }
-            sent
-        })
-    };
-    let streamers = [zeros(true), zeros(false)];
-    let held: Vec<TcpStream> = std::thread::scope(|scope| {
+        }
+        sent
+    })
+}
+
+/// 2,000 handshakes held open, from four threads: half a valid Request and silence, half
+/// ten bytes of one and silence.
+fn hold_handshakes(to: SocketAddr, request: &[u8]) -> Vec<TcpStream> {
+    std::thread::scope(|scope| {
         let hs: Vec<_> = (0..4)
             .map(|t| {
-                let request = &request;
                 scope.spawn(move || {
-                    (0..500)
-                        .filter_map(|i| {
-                            let mut s = TcpStream::connect(to).ok()?;
-                            let n = if (t + i) % 2 == 0 { request.len() } else { 10 };
-                            let _ = s.write_all(&request[..n]);
-                            Some(s)
-                        })
-                        .collect::<Vec<_>>()
+                    let held = (0..500).filter_map(|i| {
+                        let mut s = TcpStream::connect(to).ok()?;
+                        let n = if (t + i) % 2 == 0 { request.len() } else { 10 };
+                        let _ = s.write_all(&request[..n]);
+                        Some(s)
+                    });
+                    held.collect::<Vec<_>>()
                 })
             })
             .collect();
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
-    assert!(held.len() >= 1_900, "{} attacker connections made", held.len());
-    let streamed: Vec<usize> = streamers.into_iter().map(|h| h.join().unwrap()).collect();
+    })
+}
 
-    // A legitimate client connects while the attackers still hold their sockets; the
-    // application turns down every request but its own.
-    let client = victim(open(|_| {}), 1 << 20);
-    let answer = std::thread::scope(|scope| {
-        let h = scope.spawn(|| client.qp.connect(to, &param(b"legit", 4), T));
+/// The client connects with private data "legit" while the application turns down every
+/// other request it is handed.
+fn connect_among_attackers(listener: &Listener, server: &Victim, client: &Victim) -> Vec<u8> {
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| client.qp.connect(listener.local_addr(), &param(b"legit", 4), T));
         let deadline = Instant::now() + T;
         while Instant::now() < deadline {
             let Some(req) = listener.get_request(Duration::from_millis(200)) else { continue };
@@ -291,9 +259,12 @@ fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
             }
             req.reject(b"no");
         }
-        h.join().unwrap()
-    });
-    assert_eq!(answer.expect("the legitimate connection"), b"welcome");
+        h.join().unwrap().expect("the legitimate connection")
+    })
+}
+
+/// A 256 KiB Write from `client` into `server`'s region and a Read of it back.
+fn write_and_read_back(client: &Victim, server: &Victim) {
     let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i * 13) as u8).collect();
     client.mr.write(0, &data);
     let at = Remote { addr: server.mr.addr(), rkey: server.mr.rkey() };
@@ -306,6 +277,25 @@ fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
     let mut back = vec![0u8; data.len()];
     client.mr.read(512 * 1024, &mut back);
     assert!(back == data, "the Read brought back what the Write put");
+}
+
+#[test]
+fn held_handshakes_and_zero_streams_leave_a_real_connection_working() {
+    let _serial = serial();
+    let server = victim(open(|c| c.iwarp.mpa_timeout_ms = 3_000), 1 << 20);
+    let listener = server.ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let to = listener.local_addr();
+    let rss_before = rss_kib();
+    let request = Setup::initiator(attacker_policy(1, 1, Vec::new()), 0).take_output();
+    let streamers = [stream_zeros(to, request.clone(), true), stream_zeros(to, request.clone(), false)];
+    let held = hold_handshakes(to, &request);
+    assert!(held.len() >= 1_900, "{} attacker connections made", held.len());
+    let streamed: Vec<usize> = streamers.into_iter().map(|h| h.join().unwrap()).collect();
+
+    // A legitimate client, while the attackers still hold their sockets.
+    let client = victim(open(|_| {}), 1 << 20);
+    assert_eq!(connect_among_attackers(&listener, &server, &client), b"welcome");
+    write_and_read_back(&client, &server);
 
     let grown = peak_rss_kib().saturating_sub(rss_before);
     let conns = server.ctx.stats().iwarp_connections;
@@ -467,8 +457,13 @@ fn zero_length_and_out_of_order_segments_are_checked() {
 /// Reads the device's MPA Reply after `bytes`; true when it is a reject.
 fn reply_after(to: SocketAddr, bytes: &[u8]) -> bool {
     let mut s = TcpStream::connect(to).unwrap();
-    s.set_read_timeout(Some(T)).unwrap();
     let _ = s.write_all(bytes);
+    reply_on(&mut s)
+}
+
+/// Reads the device's MPA Reply on `s`; true when it is a reject.
+fn reply_on(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(T)).unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while let Ok(n) = s.read(&mut buf) {
@@ -531,4 +526,74 @@ fn a_terminated_connection_to_a_peer_that_never_reads_is_dropped_after_the_linge
     assert!(took >= Duration::from_millis(CLOSE_LINGER_MS / 2), "closed after {took:?}: the linger was not needed");
     assert_eq!(server.qp.state(), Some(QpState::Err));
     drop(listener);
+}
+
+/// Waits until the device holds `n` connections.
+fn wait_connections(ctx: &Context, n: u64) {
+    let deadline = Instant::now() + T;
+    while ctx.stats().iwarp_connections != n {
+        assert!(Instant::now() < deadline, "{} connections, not {n}", ctx.stats().iwarp_connections);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// True when the device closed `s` (end of stream or reset) within a second.
+fn closed_by_device(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == ErrorKind::ConnectionReset,
+    }
+}
+
+/// True when the device says nothing on `s` for 300 ms and keeps it open.
+fn silent(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut))
+}
+
+#[test]
+fn a_listener_evicts_its_oldest_half_open_handshake_and_rejects_beyond_its_backlog() {
+    let _serial = serial();
+    let server = victim(open(|_| {}), 4096);
+    let listener = server.ctx.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let to = listener.local_addr();
+    let request = Setup::initiator(attacker_policy(1, 1, Vec::new()), 0).take_output();
+    // At the limit of half-open handshakes, each ten bytes into its Request.
+    let mut half_open: Vec<TcpStream> = Vec::new();
+    for i in 0..MAX_HALF_OPEN_PER_LISTENER {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.write_all(&request[..10]).unwrap();
+        half_open.push(s);
+        wait_connections(&server.ctx, i as u64 + 1);
+    }
+    // One more: the oldest goes, the others stay.
+    let mut newest = TcpStream::connect(to).unwrap();
+    newest.write_all(&request[..10]).unwrap();
+    assert!(closed_by_device(&mut half_open[0]), "the oldest half-open handshake is closed");
+    assert!(silent(&mut half_open[1]), "the next oldest stays");
+    wait_connections(&server.ctx, MAX_HALF_OPEN_PER_LISTENER as u64);
+    drop((half_open, newest));
+    wait_connections(&server.ctx, 0);
+
+    // At the limit of held Requests (the application answers none), one more rejects the
+    // oldest, and is itself held for the application.
+    let mut held: Vec<TcpStream> = Vec::new();
+    for i in 0..MAX_HELD_REQUESTS_PER_LISTENER {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.write_all(&request).unwrap();
+        held.push(s);
+        wait_connections(&server.ctx, i as u64 + 1);
+    }
+    let mut newest = TcpStream::connect(to).unwrap();
+    newest.write_all(&request).unwrap();
+    assert!(reply_on(&mut held[0]), "the oldest held Request gets a reject Reply");
+    assert!(silent(&mut held[1]), "the next oldest is still held");
+    assert!(silent(&mut newest), "the newest is held");
+    let req = listener.get_request(T).expect("a held request");
+    req.reject(b"");
+    drop((held, newest));
 }

@@ -3,6 +3,10 @@
 //! answer the specification asks for, that nothing outside a permitted range changed, and
 //! that memory stays bounded.
 
+mod hostile;
+
+use hostile::{peak_rss_kib, rss_kib, serial};
+use softrdma::engine::qp::requester::bare;
 use softrdma::proto::roce::bth::BthRepr;
 use softrdma::proto::roce::ext::{AethRepr, IethRepr, NakCode, RethRepr, Syndrome};
 use softrdma::proto::roce::icrc::{self, IpHeader};
@@ -88,19 +92,8 @@ fn bth(opcode: u8, qpn: u32, psn: u32, payload_len: usize) -> BthRepr {
     }
 }
 
-fn repr<'a>(bth: BthRepr, payload: &'a [u8]) -> RoceRepr<'a> {
-    RoceRepr {
-        bth,
-        deth: None,
-        feth: None,
-        reth: None,
-        atomic_eth: None,
-        aeth: None,
-        atomic_ack_eth: None,
-        immdt: None,
-        ieth: None,
-        payload,
-    }
+fn repr(bth: BthRepr, payload: &[u8]) -> RoceRepr<'_> {
+    RoceRepr { payload, ..bare(bth, None, None) }
 }
 
 /// The AETH syndromes of the ACK/NAK packets among `replies`, with their PSNs.
@@ -125,31 +118,6 @@ fn victim_qp(
     let qp = ctx.create_qp(pd, cq, cq, QpType::Rc, QpCaps::default(), None).unwrap();
     qp.connect_rc(a.gid(), peer_qpn, rq_psn, 0x10, Mtu::M1024).unwrap();
     qp
-}
-
-/// The tests of this file run one at a time: they measure the process's memory.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A line of /proc/self/status, KiB.
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// The resident set size now, KiB, with the process's peak reset to it.
-fn rss_kib() -> u64 {
-    // Writing 5 to clear_refs resets VmHWM, the peak RSS (Linux 4.0 and later).
-    std::fs::write("/proc/self/clear_refs", "5").unwrap();
-    status_kib("VmRSS:")
-}
-
-/// The peak resident set size since [`rss_kib`], KiB: what an attack cost at its height.
-fn peak_rss_kib() -> u64 {
-    status_kib("VmHWM:")
 }
 
 #[test]

@@ -38,8 +38,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// the oldest of them: a peer holding handshakes open cannot lock a legitimate one out,
 /// which sends its Request at once.
 pub const MAX_HALF_OPEN_PER_LISTENER: usize = 64;
-/// Valid MPA Requests on one listener waiting for the application; one more is rejected
-/// with an MPA reject (a full listen backlog).
+/// Valid MPA Requests on one listener waiting for the application. One more rejects the
+/// oldest the application has not yet taken (or, if it has taken them all, the newcomer)
+/// with an MPA reject: a peer filling the backlog cannot keep a fresh Request out.
 pub const MAX_HELD_REQUESTS_PER_LISTENER: usize = 128;
 /// Bytes a peer may send after its MPA Request while the application has not accepted it
 /// (a conforming initiator sends none before the Reply, RFC 5044 §7.1.2); more: rejected.
@@ -547,6 +548,17 @@ impl IwCore {
         }
     }
 
+    /// Takes the oldest Request still queued on listener `l` for the application (the
+    /// queue may hold connections that have gone since: they are skipped).
+    fn oldest_queued_request(&mut self, l: Token) -> Option<Token> {
+        loop {
+            let t = self.listeners.get_mut(&l)?.requests.pop_front()?;
+            if self.conns.get(&t).and_then(|c| c.setup.as_ref()).is_some_and(|s| s.is_held()) {
+                return Some(t);
+            }
+        }
+    }
+
     /// Requests held on listener `l` for the application.
     fn held_requests(&self, l: Token) -> usize {
         self.conns.values().filter(|c| c.listener == Some(l) && c.setup.as_ref().is_some_and(|s| s.is_held())).count()
@@ -583,9 +595,8 @@ impl IwCore {
         let newly_held = !c.announced && c.setup.as_ref().is_some_and(|s| s.is_held());
         if let Some(l) = c.listener.filter(|_| newly_held) {
             if self.held_requests(l) > MAX_HELD_REQUESTS_PER_LISTENER {
-                if let Some(s) = self.conns.get_mut(&t).and_then(|c| c.setup.as_mut()) {
-                    s.reject(b"too many pending connection requests");
-                }
+                let victim = self.oldest_queued_request(l).unwrap_or(t);
+                self.reject(victim, b"too many pending connection requests");
             }
         }
         let Some(c) = self.conns.get_mut(&t) else { return };
