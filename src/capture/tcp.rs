@@ -324,3 +324,49 @@ fn drain_fpdus(frame: u64, key: DirKey, mut d: Deframer, out: &mut Vec<Record>) 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(seq: u32, payload: &[u8]) -> TcpSegment<'_> {
+        let ip = IpAddr::from([10, 0, 0, 1]);
+        TcpSegment {
+            src: (ip, 5000),
+            dst: (ip, 7174),
+            seq,
+            syn: false,
+            fin: false,
+            rst: false,
+            payload,
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn segments_held_behind_a_gap_stay_under_the_byte_limit() {
+        let mut s = Streams::default();
+        let key = ((IpAddr::from([10, 0, 0, 1]), 5000), (IpAddr::from([10, 0, 0, 1]), 7174));
+        s.segment(1, &seg(0, mpa::KEY_REQUEST));
+        // A gap at 16, then 400 segments of 60,000 bytes after it: 24 MB if all were held.
+        let big = vec![0u8; 60_000];
+        for i in 0..400u32 {
+            s.segment(2 + u64::from(i), &seg(100 + i * 60_000, &big));
+            let held: usize = s.dirs[&key].pending.values().map(Vec::len).sum();
+            assert!(held <= MAX_HELD_BYTES, "{held} bytes held after {} segments", i + 1);
+        }
+        assert!(matches!(s.dirs[&key].phase, Phase::Lost), "the stream is given up, not buffered");
+    }
+
+    #[test]
+    fn held_segments_are_delivered_one_by_one_once_the_gap_fills() {
+        let mut s = Streams::default();
+        let key = ((IpAddr::from([10, 0, 0, 1]), 5000), (IpAddr::from([10, 0, 0, 1]), 7174));
+        s.segment(1, &seg(0, mpa::KEY_REQUEST));
+        s.segment(2, &seg(20, &[0u8; 30]));
+        s.segment(3, &seg(50, &[0u8; 30]));
+        assert_eq!(s.dirs[&key].pending_bytes, 60);
+        s.segment(4, &seg(16, &[0u8; 4]));
+        assert_eq!((s.dirs[&key].next, s.dirs[&key].pending_bytes), (80, 0));
+    }
+}
