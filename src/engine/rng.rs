@@ -24,10 +24,6 @@ impl Rng {
     pub fn os() -> Self {
         Rng(Source::Os)
     }
-    /// True when the draws come from the OS.
-    pub fn is_os(&self) -> bool {
-        matches!(self.0, Source::Os)
-    }
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         match &mut self.0 {

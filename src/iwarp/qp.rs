@@ -527,8 +527,7 @@ impl IwarpQp {
             return self.terminate(layer, etype, code, Some(ulpdu));
         }
         // The RTR's zero-length Read has no buffer to check.
-        let rtr = sink.len == 0 && stag == RTR_STAG;
-        if !rtr && !self.place_tagged(stag, to, d, Need::LocalWrite, ulpdu, mrs) {
+        if !self.sq[i].internal && !self.place_tagged(stag, to, d, Need::LocalWrite, ulpdu, mrs) {
             return;
         }
         if let Some(s) = self.sq[i].read.as_mut() {
