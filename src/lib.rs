@@ -9,6 +9,7 @@
 pub use softrdma_proto as proto;
 
 pub mod capture;
+pub mod driver;
 pub mod engine;
 pub mod fuzzing;
 pub mod iwarp;

@@ -2,11 +2,13 @@
 //! capture log every transport can write.
 
 pub mod headers;
+pub mod link;
 pub mod pcap;
 #[allow(unsafe_code)]
 mod sys;
 pub mod udp;
 
+pub use link::{LinkStats, PacketRx, PacketTx};
 pub use sys::{tcp_maxseg, wait_readable, RecvBatch, Waker};
 
 /// Sends datagrams with one `sendmmsg` (the plain-UDP baseline uses it too).

@@ -13,6 +13,7 @@
 //! top of the UDP checksum the kernel has verified.
 
 use super::headers::udp_header;
+use super::link::{LinkStats, PacketRx, PacketTx};
 pub use super::headers::{gid_to_ip, ip_header, ip_to_gid};
 use super::pcap::FrameLog;
 use super::sys::{self, RecvBatch};
@@ -23,7 +24,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The RoCEv2 UDP port (IBTA Annex A17.2.1).
@@ -52,24 +53,6 @@ impl UdpConfig {
     pub fn new(addr: IpAddr) -> Self {
         UdpConfig { addr, port: ROCE_PORT, source_ports: 8 }
     }
-}
-
-/// Transport counters (the engine counts the rest).
-#[derive(Debug, Default)]
-pub struct UdpStats {
-    /// Datagrams received.
-    pub rx_datagrams: AtomicU64,
-    /// Datagrams whose ICRC did not check (dropped before the engine).
-    pub rx_icrc_bad: AtomicU64,
-    /// Datagrams too short to be RoCEv2, or from an address family the socket cannot use.
-    pub rx_runt: AtomicU64,
-    /// IPv4 datagrams whose recovered Identification was not 0 (senders such as rxe that
-    /// number their datagrams).
-    pub rx_ipv4_ident_nonzero: AtomicU64,
-    /// Datagrams sent.
-    pub tx_datagrams: AtomicU64,
-    /// Datagrams the kernel refused.
-    pub tx_errors: AtomicU64,
 }
 
 /// The sockets of one endpoint, shared by its send and receive halves.
@@ -102,7 +85,7 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
     }
     let port = rx.local_addr()?.port();
     let sockets = Arc::new(Sockets { rx, tx, local: cfg.addr, port });
-    let stats = Arc::new(UdpStats::default());
+    let stats = Arc::new(LinkStats::default());
     let tx_half = UdpTx {
         sockets: sockets.clone(),
         stats: stats.clone(),
@@ -123,7 +106,7 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
 /// The sending half: fills ICRCs and sends batches.
 pub struct UdpTx {
     sockets: Arc<Sockets>,
-    stats: Arc<UdpStats>,
+    stats: Arc<LinkStats>,
     log: Option<Arc<FrameLog>>,
     peer_ports: HashMap<IpAddr, u16>,
     batch: Vec<(SocketAddr, Vec<u8>, usize)>,
@@ -131,7 +114,7 @@ pub struct UdpTx {
 
 impl UdpTx {
     /// The counters shared with the receiving half.
-    pub fn stats(&self) -> &Arc<UdpStats> {
+    pub fn stats(&self) -> &Arc<LinkStats> {
         &self.stats
     }
 
@@ -269,7 +252,7 @@ pub fn check_datagram(
 /// The receiving half: reads batches and checks ICRCs.
 pub struct UdpRx {
     sockets: Arc<Sockets>,
-    stats: Arc<UdpStats>,
+    stats: Arc<LinkStats>,
     log: Option<Arc<FrameLog>>,
     batch: RecvBatch,
     recovery: icrc::RecoveryCache,
@@ -344,5 +327,29 @@ impl UdpRx {
     fn runt(&self) -> RxVerdict {
         self.stats.rx_runt.fetch_add(1, Ordering::Relaxed);
         RxVerdict::Dropped
+    }
+}
+
+impl PacketTx for UdpTx {
+    fn flush(&mut self, dev: &mut Device, now_ns: u64) {
+        UdpTx::flush(self, dev, now_ns)
+    }
+    fn port(&self) -> u16 {
+        UdpTx::port(self)
+    }
+    fn set_peer_port(&mut self, peer: IpAddr, port: u16) {
+        UdpTx::set_peer_port(self, peer, port)
+    }
+}
+
+impl PacketRx for UdpRx {
+    fn fd(&self) -> RawFd {
+        UdpRx::fd(self)
+    }
+    fn recv(&mut self) -> io::Result<usize> {
+        UdpRx::recv(self)
+    }
+    fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
+        UdpRx::deliver(self, dev, now_ns)
     }
 }

@@ -8,7 +8,7 @@
 //! outside the device lock; everything else under it. A Send or Write completes when its
 //! last byte is in the socket, so a full socket holds the application back.
 
-use super::CqQueue;
+use crate::driver::cq::CqQueue;
 use crate::engine::mem::Pd;
 use crate::engine::verbs::{QpCaps, QpState, RecvWr, SendWr, VerbsError, Wc, WcOpcode, WcStatus};
 use crate::engine::Device;

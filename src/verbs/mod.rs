@@ -67,20 +67,19 @@
 
 mod iwarp;
 
+use crate::driver::cq::CqQueue;
+use crate::driver::roce::{Link, RoceDriver};
 use crate::engine::mem::{Mr, SharedMem};
 use crate::engine::{Device, DeviceConfig, Stats};
 use crate::transport::pcap::FrameLog;
-use crate::transport::udp::{self, UdpConfig, UdpRx, UdpStats, UdpTx};
-use crate::transport::{wait_readable, Waker};
-use std::collections::{HashMap, VecDeque};
+use crate::transport::udp::{self, UdpConfig};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use crate::engine::cc::CcConfig;
 pub use crate::engine::mem::{Access, Pd};
@@ -166,180 +165,12 @@ impl OpenConfig {
     }
 }
 
-/// What the device lock guards: the engine and the sending half of the transport.
-struct Core {
-    dev: Device,
-    tx: UdpTx,
-    completions_seen: u64,
-}
-
-/// Most entries a CQ may be created with (`ibv_device_attr.max_cqe`); a larger request
-/// gets this many.
-pub const MAX_CQE: usize = 1 << 22;
-
-/// A CQ's completions, once they left the engine, at most `capacity` of them.
-struct CqQueue {
-    entries: Mutex<VecDeque<Wc>>,
-    ready: Condvar,
-    capacity: usize,
-    /// A completion found the queue full (IBTA 11.4.2.1 "CQ overrun"): the CQ is in error.
-    overrun: AtomicBool,
-}
-
-impl CqQueue {
-    fn new(capacity: usize) -> Self {
-        CqQueue {
-            entries: Mutex::new(VecDeque::new()),
-            ready: Condvar::new(),
-            capacity: capacity.clamp(1, MAX_CQE),
-            overrun: AtomicBool::new(false),
-        }
-    }
-
-    /// Queues completions up to the capacity; what does not fit is lost and the CQ is
-    /// marked overrun, as a NIC's CQ is (the application sized it too small).
-    fn deliver(&self, wcs: Vec<Wc>) {
-        if wcs.is_empty() {
-            return;
-        }
-        let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let room = self.capacity.saturating_sub(q.len());
-        if wcs.len() > room {
-            self.overrun.store(true, Ordering::Release);
-        }
-        q.extend(wcs.into_iter().take(room));
-        drop(q);
-        self.ready.notify_all();
-    }
-}
-
-struct Shared {
-    core: Mutex<Core>,
-    cqs: RwLock<HashMap<u32, Arc<CqQueue>>>,
-    waker: Waker,
-    /// The deadline the poll thread sleeps towards (ns since `epoch`; `u64::MAX`: none).
-    armed_ns: AtomicU64,
-    stop: AtomicBool,
-    epoch: Instant,
-    udp_stats: Arc<UdpStats>,
-    log: Option<Arc<FrameLog>>,
-    ip: IpAddr,
-    port: u16,
-    /// The receiving half of the transport: the poll thread's, or a busy-polling caller's.
-    rx: Mutex<UdpRx>,
-    /// Application threads busy-polling now.
-    busy_pollers: AtomicUsize,
-    /// A busy-polling caller left replies in the engine for its next call to send.
-    replies_held: AtomicBool,
-}
-
-impl Shared {
-    fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Core> {
-        // A panic while holding the lock is a bug in the engine; the state is still the
-        // engine's own, so carry on rather than poison every later call.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// After any engine work: send what it produced, hand out completions, and wake the
-    /// poll thread if the next deadline moved earlier.
-    fn settle(&self, core: &mut Core, now_ns: u64) {
-        let Core { dev, tx, .. } = core;
-        tx.flush(dev, now_ns);
-        self.replies_held.store(false, Ordering::Release);
-        self.hand_out(core);
-    }
-
-    /// Completions to their CQ queues; the poll thread woken if the deadline moved earlier.
-    fn hand_out(&self, core: &mut Core) {
-        if core.dev.stats.completions != core.completions_seen {
-            core.completions_seen = core.dev.stats.completions;
-            let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
-            for (&id, q) in cqs.iter() {
-                let wcs = core.dev.poll_cq(id, usize::MAX);
-                if core.dev.cq_overflowed(id) {
-                    q.overrun.store(true, Ordering::Release);
-                }
-                q.deliver(wcs);
-            }
-        }
-        let deadline = core.dev.poll_timeout().unwrap_or(u64::MAX);
-        if deadline < self.armed_ns.fetch_min(deadline, Ordering::AcqRel) {
-            self.waker.wake();
-        }
-    }
-
-    fn with_core<T>(&self, f: impl FnOnce(&mut Device) -> T) -> T {
-        let mut core = self.lock();
-        let out = f(&mut core.dev);
-        let now = self.now_ns();
-        self.settle(&mut core, now);
-        out
-    }
-}
-
-/// The poll thread: sleeps until a datagram, a wake-up or the engine's next deadline.
-/// While an application thread busy-polls ([`Context::busy_poll`]), it leaves the socket
-/// to that thread and keeps only the timers.
-fn poll_loop(shared: Arc<Shared>) {
-    let rx_fd = shared.rx.lock().unwrap_or_else(|e| e.into_inner()).fd();
-    let waker_fd = shared.waker.as_raw_fd();
-    while !shared.stop.load(Ordering::Acquire) {
-        let armed = shared.armed_ns.load(Ordering::Acquire);
-        let timeout = (armed != u64::MAX).then(|| Duration::from_nanos(armed.saturating_sub(shared.now_ns())));
-        let busy = shared.busy_pollers.load(Ordering::Acquire) > 0;
-        let fds: &[std::os::fd::RawFd] = if busy { &[waker_fd] } else { &[rx_fd, waker_fd] };
-        if wait_readable(fds, timeout).is_err() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        shared.waker.clear();
-        while shared.progress(false) > 0 {}
-    }
-}
-
-impl Shared {
-    /// Receives one batch (if the socket is free), fires due timers and settles; returns
-    /// the number of datagrams handled. With `hold_replies` (a busy-polling caller), the
-    /// replies to what arrived (ACKs) wait for the caller's next post or look, so that
-    /// they leave with the caller's own request in one `sendmmsg`.
-    fn progress(&self, hold_replies: bool) -> usize {
-        let Ok(mut rx) = self.rx.try_lock() else { return 0 };
-        let n = rx.recv().unwrap_or(0);
-        let now = self.now_ns();
-        let held = self.replies_held.load(Ordering::Acquire);
-        if n == 0 && !held && now < self.armed_ns.load(Ordering::Acquire) {
-            return 0;
-        }
-        let mut core = self.lock();
-        if n > 0 {
-            rx.deliver(&mut core.dev, now);
-        }
-        drop(rx);
-        if core.dev.poll_timeout().is_some_and(|t| t <= now) {
-            core.dev.handle_timeout(now);
-        }
-        if !hold_replies {
-            // The poll thread re-arms from scratch; a busy-polling caller leaves its sleep
-            // alone (settle only ever moves it earlier), or every look would wake it.
-            self.armed_ns.store(u64::MAX, Ordering::Release);
-        }
-        if n > 0 && hold_replies {
-            self.replies_held.store(true, Ordering::Release);
-            self.hand_out(&mut core);
-        } else {
-            self.settle(&mut core, now);
-        }
-        n
-    }
-}
+pub use crate::driver::cq::MAX_CQE;
 
 /// The device behind a handle: RoCEv2 on UDP or iWARP on TCP.
 #[derive(Clone)]
 enum Backend {
-    Roce(Arc<Shared>),
+    Roce(Arc<RoceDriver>),
     Iwarp(Arc<iwarp::IwShared>),
 }
 
@@ -376,6 +207,20 @@ pub struct DeviceStats {
     pub tx_datagrams: u64,
     /// Datagrams the kernel refused.
     pub tx_errors: u64,
+    /// Raw: IP fragments dropped (RoCEv2 is never fragmented).
+    pub rx_fragments: u64,
+    /// Raw: frames for another host or protocol, ignored.
+    pub rx_not_ours: u64,
+    /// Raw: UDP checksums that did not check.
+    pub rx_udp_checksum_bad: u64,
+    /// Raw: ARP requests and Neighbour Solicitations answered.
+    pub neighbour_replies: u64,
+    /// Raw: ARP requests and Neighbour Solicitations sent.
+    pub neighbour_requests: u64,
+    /// Raw: ICMP echo requests answered.
+    pub echo_replies: u64,
+    /// Raw: packets dropped because their next hop did not resolve.
+    pub tx_unresolved: u64,
     /// iWARP: TCP connections open (in MPA setup, connected, or closing).
     pub iwarp_connections: u64,
 }
@@ -392,6 +237,8 @@ impl Context {
         };
         let ucfg = UdpConfig { addr: cfg.addr, port: cfg.port, source_ports: cfg.source_ports };
         let (tx, rx) = udp::open(&ucfg, log.clone())?;
+        let stats = tx.stats().clone();
+        let link = Link { tx: Box::new(tx), rx: Box::new(rx), stats, log };
         let dev = Device::new(DeviceConfig {
             gid: udp::ip_to_gid(cfg.addr),
             seed: cfg.seed,
@@ -399,24 +246,8 @@ impl Context {
             max_mrs: cfg.max_mrs,
             cc: cfg.cc,
         });
-        let shared = Arc::new(Shared {
-            udp_stats: tx.stats().clone(),
-            port: tx.port(),
-            core: Mutex::new(Core { dev, tx, completions_seen: 0 }),
-            cqs: RwLock::new(HashMap::new()),
-            waker: Waker::new()?,
-            armed_ns: AtomicU64::new(u64::MAX),
-            stop: AtomicBool::new(false),
-            epoch: Instant::now(),
-            log,
-            ip: cfg.addr,
-            rx: Mutex::new(rx),
-            busy_pollers: AtomicUsize::new(0),
-            replies_held: AtomicBool::new(false),
-        });
-        let s = shared.clone();
-        let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || poll_loop(s))?;
-        Ok(Context { backend: Backend::Roce(shared), thread: Some(thread) })
+        let (driver, thread) = RoceDriver::start(dev, link, cfg.addr)?;
+        Ok(Context { backend: Backend::Roce(driver), thread: Some(thread) })
     }
 
     /// An iWARP device: no socket until a QP connects or the application listens.
@@ -499,11 +330,9 @@ impl Context {
     /// beyond that while unpolled overrun the CQ ([`CompletionQueue::overrun`]).
     pub fn create_cq(&self, cqe: usize) -> CompletionQueue {
         let queue = Arc::new(CqQueue::new(cqe));
-        let id = self.backend.with_dev(|d| d.create_cq(queue.capacity));
+        let id = self.backend.with_dev(|d| d.create_cq(queue.capacity()));
         match &self.backend {
-            Backend::Roce(s) => {
-                s.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue.clone());
-            }
+            Backend::Roce(s) => s.add_cq(id, queue.clone()),
             Backend::Iwarp(s) => s.add_cq(id, queue.clone()),
         }
         CompletionQueue { id, queue }
@@ -575,8 +404,7 @@ impl Context {
             Backend::Iwarp(_) => None,
         };
         if let Some(s) = shared {
-            s.busy_pollers.fetch_add(1, Ordering::AcqRel);
-            s.waker.wake();
+            s.busy_enter();
         }
         BusyPoll { shared }
     }
@@ -592,7 +420,7 @@ impl Context {
             }
         };
         let engine = shared.lock().dev.stats.clone();
-        let u = &shared.udp_stats;
+        let u = &shared.link_stats;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         DeviceStats {
             engine,
@@ -602,6 +430,13 @@ impl Context {
             rx_ipv4_ident_nonzero: get(&u.rx_ipv4_ident_nonzero),
             tx_datagrams: get(&u.tx_datagrams),
             tx_errors: get(&u.tx_errors),
+            rx_fragments: get(&u.rx_fragments),
+            rx_not_ours: get(&u.rx_not_ours),
+            rx_udp_checksum_bad: get(&u.rx_udp_checksum_bad),
+            neighbour_replies: get(&u.neighbour_replies),
+            neighbour_requests: get(&u.neighbour_requests),
+            echo_replies: get(&u.echo_replies),
+            tx_unresolved: get(&u.tx_unresolved),
             iwarp_connections: 0,
         }
     }
@@ -610,38 +445,28 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         match &self.backend {
-            Backend::Roce(s) => {
-                s.stop.store(true, Ordering::Release);
-                s.waker.wake();
-            }
+            Backend::Roce(s) => s.stop(),
             Backend::Iwarp(s) => s.stop(),
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
         if let Backend::Roce(s) = &self.backend {
-            if let Some(log) = &s.log {
-                let _ = log.close();
-            }
+            s.close_log();
         }
     }
 }
 
 /// A busy-polling section ([`Context::busy_poll`]).
 pub struct BusyPoll<'a> {
-    shared: Option<&'a Arc<Shared>>,
+    shared: Option<&'a Arc<RoceDriver>>,
 }
 
 impl Drop for BusyPoll<'_> {
     fn drop(&mut self) {
-        let Some(shared) = self.shared else { return };
-        // Send whatever replies the section held back.
-        let mut core = shared.lock();
-        let now = shared.now_ns();
-        shared.settle(&mut core, now);
-        drop(core);
-        shared.busy_pollers.fetch_sub(1, Ordering::AcqRel);
-        shared.waker.wake();
+        if let Some(shared) = self.shared {
+            shared.busy_leave();
+        }
     }
 }
 
@@ -712,33 +537,23 @@ pub struct CompletionQueue {
 impl CompletionQueue {
     /// `ibv_poll_cq`: up to `max` completions, without waiting.
     pub fn poll(&self, max: usize) -> Vec<Wc> {
-        let mut q = self.queue.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let n = max.min(q.len());
-        q.drain(..n).collect()
+        self.queue.poll(max)
     }
 
     /// True once a completion found the CQ full and was lost (IBTA 11.4.2.1 CQ overrun,
     /// an application error: the CQ was created smaller than the work it completes).
     pub fn overrun(&self) -> bool {
-        self.queue.overrun.load(Ordering::Acquire)
+        self.queue.overrun()
     }
 
     /// The number of completions the CQ holds at most.
     pub fn capacity(&self) -> usize {
-        self.queue.capacity
+        self.queue.capacity()
     }
 
     /// One completion, waiting at most `timeout` for it.
     pub fn wait(&self, timeout: Duration) -> Option<Wc> {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.queue.entries.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(wc) = q.pop_front() {
-                return Some(wc);
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            q = self.queue.ready.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
-        }
+        self.queue.wait(timeout)
     }
 }
 

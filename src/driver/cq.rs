@@ -1,0 +1,84 @@
+//! A CQ's completions once they left the engine: the queue the application polls, with its
+//! own lock, so polling never waits for a device lock.
+
+use crate::engine::verbs::Wc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Most entries a CQ may be created with (`ibv_device_attr.max_cqe`); a larger request
+/// gets this many.
+pub const MAX_CQE: usize = 1 << 22;
+
+/// A CQ's completions, once they left the engine, at most `capacity` of them.
+pub struct CqQueue {
+    entries: Mutex<VecDeque<Wc>>,
+    ready: Condvar,
+    capacity: usize,
+    /// A completion found the queue full (IBTA 11.4.2.1 "CQ overrun"): the CQ is in error.
+    overrun: AtomicBool,
+}
+
+impl CqQueue {
+    /// An empty queue for `capacity` completions (clamped to 1..=[`MAX_CQE`]).
+    pub fn new(capacity: usize) -> Self {
+        CqQueue {
+            entries: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            capacity: capacity.clamp(1, MAX_CQE),
+            overrun: AtomicBool::new(false),
+        }
+    }
+
+    /// The most completions it holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// True once a completion was lost to a full queue.
+    pub fn overrun(&self) -> bool {
+        self.overrun.load(Ordering::Acquire)
+    }
+
+    /// Marks the CQ overrun (the engine's own queue overflowed).
+    pub fn set_overrun(&self) {
+        self.overrun.store(true, Ordering::Release);
+    }
+
+    /// Queues completions up to the capacity; what does not fit is lost and the CQ is
+    /// marked overrun, as a NIC's CQ is (the application sized it too small).
+    pub fn deliver(&self, wcs: Vec<Wc>) {
+        if wcs.is_empty() {
+            return;
+        }
+        let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let room = self.capacity.saturating_sub(q.len());
+        if wcs.len() > room {
+            self.set_overrun();
+        }
+        q.extend(wcs.into_iter().take(room));
+        drop(q);
+        self.ready.notify_all();
+    }
+
+    /// Up to `max` completions, without waiting.
+    pub fn poll(&self, max: usize) -> Vec<Wc> {
+        let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let n = max.min(q.len());
+        q.drain(..n).collect()
+    }
+
+    /// One completion, waiting at most `timeout` for it.
+    pub fn wait(&self, timeout: Duration) -> Option<Wc> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(wc) = q.pop_front() {
+                return Some(wc);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            q = self.ready.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The RoCEv2 driver: one [`Device`] on one transport, a poll thread, and posting that
+//! runs to completion on the caller's thread (ARCHITECTURE.md, "The driver").
+
+use super::cq::CqQueue;
+use crate::engine::Device;
+use crate::transport::pcap::FrameLog;
+use crate::transport::{wait_readable, LinkStats, PacketRx, PacketTx, Waker};
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What the device lock guards: the engine and the sending half of the transport.
+pub struct Core {
+    /// The engine.
+    pub dev: Device,
+    /// The sending half of the transport.
+    pub tx: Box<dyn PacketTx>,
+    completions_seen: u64,
+}
+
+/// A running RoCEv2 device, shared by the application's handles and the poll thread.
+pub struct RoceDriver {
+    core: Mutex<Core>,
+    cqs: RwLock<HashMap<u32, Arc<CqQueue>>>,
+    waker: Waker,
+    /// The deadline the poll thread sleeps towards (ns since `epoch`; `u64::MAX`: none).
+    armed_ns: AtomicU64,
+    stop: AtomicBool,
+    epoch: Instant,
+    /// The transport's counters.
+    pub link_stats: Arc<LinkStats>,
+    log: Option<Arc<FrameLog>>,
+    /// The device's address.
+    pub ip: IpAddr,
+    /// The UDP port it receives on.
+    pub port: u16,
+    /// The receiving half of the transport: the poll thread's, or a busy-polling caller's.
+    rx: Mutex<Box<dyn PacketRx>>,
+    /// Application threads busy-polling now.
+    busy_pollers: AtomicUsize,
+    /// A busy-polling caller left replies in the engine for its next call to send.
+    replies_held: AtomicBool,
+}
+
+/// A transport, opened: both halves, their counters and the capture they write.
+pub struct Link {
+    /// Sending half.
+    pub tx: Box<dyn PacketTx>,
+    /// Receiving half.
+    pub rx: Box<dyn PacketRx>,
+    /// Counters both halves keep.
+    pub stats: Arc<LinkStats>,
+    /// The capture, closed when the device is.
+    pub log: Option<Arc<FrameLog>>,
+}
+
+impl RoceDriver {
+    /// Starts the driver of `dev` on `link` and its poll thread.
+    pub fn start(dev: Device, link: Link, ip: IpAddr) -> io::Result<(Arc<RoceDriver>, JoinHandle<()>)> {
+        let driver = Arc::new(RoceDriver {
+            port: link.tx.port(),
+            core: Mutex::new(Core { dev, tx: link.tx, completions_seen: 0 }),
+            cqs: RwLock::new(HashMap::new()),
+            waker: Waker::new()?,
+            armed_ns: AtomicU64::new(u64::MAX),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            link_stats: link.stats,
+            log: link.log,
+            ip,
+            rx: Mutex::new(link.rx),
+            busy_pollers: AtomicUsize::new(0),
+            replies_held: AtomicBool::new(false),
+        });
+        let d = driver.clone();
+        let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || d.poll_loop())?;
+        Ok((driver, thread))
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// The device lock.
+    pub fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock is a bug in the engine; the state is still the
+        // engine's own, so carry on rather than poison every later call.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A CQ's queue, so that completions for CQ `id` reach it.
+    pub fn add_cq(&self, id: u32, queue: Arc<CqQueue>) {
+        self.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue);
+    }
+
+    /// After any engine work: send what it produced, hand out completions, and wake the
+    /// poll thread if the next deadline moved earlier.
+    fn settle(&self, core: &mut Core, now_ns: u64) {
+        let Core { dev, tx, .. } = core;
+        tx.flush(dev, now_ns);
+        self.replies_held.store(false, Ordering::Release);
+        self.hand_out(core);
+    }
+
+    /// Completions to their CQ queues; the poll thread woken if the deadline moved earlier.
+    fn hand_out(&self, core: &mut Core) {
+        if core.dev.stats.completions != core.completions_seen {
+            core.completions_seen = core.dev.stats.completions;
+            let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
+            for (&id, q) in cqs.iter() {
+                let wcs = core.dev.poll_cq(id, usize::MAX);
+                if core.dev.cq_overflowed(id) {
+                    q.set_overrun();
+                }
+                q.deliver(wcs);
+            }
+        }
+        let deadline = core.dev.poll_timeout().unwrap_or(u64::MAX);
+        if deadline < self.armed_ns.fetch_min(deadline, Ordering::AcqRel) {
+            self.waker.wake();
+        }
+    }
+
+    /// Runs `f` on the engine under the device lock, then sends what it produced and hands
+    /// out completions (posting runs to completion on the caller's thread).
+    pub fn with_core<T>(&self, f: impl FnOnce(&mut Device) -> T) -> T {
+        let mut core = self.lock();
+        let out = f(&mut core.dev);
+        let now = self.now_ns();
+        self.settle(&mut core, now);
+        out
+    }
+
+    /// The poll thread: sleeps until a packet, a wake-up or the engine's next deadline.
+    /// While an application thread busy-polls, it leaves the socket to that thread and
+    /// keeps only the timers.
+    fn poll_loop(self: Arc<Self>) {
+        let rx_fd = self.rx.lock().unwrap_or_else(|e| e.into_inner()).fd();
+        let waker_fd = self.waker.as_raw_fd();
+        while !self.stop.load(Ordering::Acquire) {
+            let armed = self.armed_ns.load(Ordering::Acquire);
+            let timeout = (armed != u64::MAX).then(|| Duration::from_nanos(armed.saturating_sub(self.now_ns())));
+            let busy = self.busy_pollers.load(Ordering::Acquire) > 0;
+            let fds: &[std::os::fd::RawFd] = if busy { &[waker_fd] } else { &[rx_fd, waker_fd] };
+            if wait_readable(fds, timeout).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.waker.clear();
+            while self.progress(false) > 0 {}
+        }
+    }
+
+    /// Receives one batch (if the socket is free), fires due timers and settles; returns
+    /// the number of packets handled. With `hold_replies` (a busy-polling caller), the
+    /// replies to what arrived (ACKs) wait for the caller's next post or look, so that
+    /// they leave with the caller's own request in one batch.
+    pub fn progress(&self, hold_replies: bool) -> usize {
+        let Ok(mut rx) = self.rx.try_lock() else { return 0 };
+        let n = rx.recv().unwrap_or(0);
+        let now = self.now_ns();
+        let held = self.replies_held.load(Ordering::Acquire);
+        if n == 0 && !held && now < self.armed_ns.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut core = self.lock();
+        if n > 0 {
+            rx.deliver(&mut core.dev, now);
+        }
+        drop(rx);
+        if core.dev.poll_timeout().is_some_and(|t| t <= now) {
+            core.dev.handle_timeout(now);
+        }
+        if !hold_replies {
+            // The poll thread re-arms from scratch; a busy-polling caller leaves its sleep
+            // alone (settle only ever moves it earlier), or every look would wake it.
+            self.armed_ns.store(u64::MAX, Ordering::Release);
+        }
+        if n > 0 && hold_replies {
+            self.replies_held.store(true, Ordering::Release);
+            self.hand_out(&mut core);
+        } else {
+            self.settle(&mut core, now);
+        }
+        n
+    }
+
+    /// Enters a busy-polling section: the poll thread leaves the socket to the caller.
+    pub fn busy_enter(&self) {
+        self.busy_pollers.fetch_add(1, Ordering::AcqRel);
+        self.waker.wake();
+    }
+
+    /// Leaves a busy-polling section, sending whatever replies it held back.
+    pub fn busy_leave(&self) {
+        let mut core = self.lock();
+        let now = self.now_ns();
+        self.settle(&mut core, now);
+        drop(core);
+        self.busy_pollers.fetch_sub(1, Ordering::AcqRel);
+        self.waker.wake();
+    }
+
+    /// Stops the poll thread (the caller joins it).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Closes the capture, once the poll thread has stopped.
+    pub fn close_log(&self) {
+        if let Some(log) = &self.log {
+            let _ = log.close();
+        }
+    }
+}
