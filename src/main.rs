@@ -76,6 +76,8 @@ enum Command {
         /// Write every frame sent and received to this pcap file.
         #[arg(long)]
         pcap: Option<PathBuf>,
+        #[command(flatten)]
+        raw: RawArgs,
     },
     /// rping over iWARP (MPA on TCP), compatible with rdma-core's rping on siw.
     Rping {
@@ -182,6 +184,40 @@ struct PerfArgs {
     /// iWARP: ask for MPA markers in the stream this side receives.
     #[arg(long)]
     markers: bool,
+    #[command(flatten)]
+    raw: RawArgs,
+}
+
+/// RoCEv2 on raw Ethernet: a device with its own address on an interface (needs
+/// CAP_NET_RAW; the kernel must not hold the address).
+#[derive(clap::Args, Clone)]
+struct RawArgs {
+    /// Run RoCEv2 on this network interface with raw Ethernet frames (AF_PACKET).
+    #[arg(long, requires = "ip")]
+    iface: Option<String>,
+    /// The raw device's own address and on-link prefix, e.g. 10.9.0.2/24.
+    #[arg(long, requires = "iface")]
+    ip: Option<String>,
+    /// Next hop for addresses off the link.
+    #[arg(long, requires = "iface")]
+    gateway: Option<std::net::IpAddr>,
+    /// The raw device's MAC (default: 02:5e and the address's last four bytes).
+    #[arg(long, requires = "iface")]
+    mac: Option<String>,
+}
+
+impl RawArgs {
+    fn config(&self) -> Result<Option<softrdma::verbs::RawConfig>, String> {
+        let (Some(iface), Some(ip)) = (&self.iface, &self.ip) else { return Ok(None) };
+        let (addr, prefix) = softrdma::verbs::RawConfig::parse_cidr(ip)?;
+        let mut cfg = softrdma::verbs::RawConfig::new(iface, addr, prefix);
+        cfg.gateway = self.gateway;
+        if let Some(m) = &self.mac {
+            let bytes: Vec<u8> = m.split(':').filter_map(|b| u8::from_str_radix(b, 16).ok()).collect();
+            cfg.mac = Some(bytes.try_into().map_err(|_| format!("{m:?} is not a MAC address"))?);
+        }
+        Ok(Some(cfg))
+    }
 }
 
 #[derive(Subcommand)]
@@ -217,8 +253,15 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::RcPingpong { server, port, size, mtu, rx_depth, iters, gid_index, bind, pcap } => {
+        Command::RcPingpong { server, port, size, mtu, rx_depth, iters, gid_index, bind, pcap, raw } => {
             let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
+            let raw = match raw.config() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("softrdma rc-pingpong: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let args = softrdma::tools::pingpong::PingPongArgs {
                 server,
                 port,
@@ -229,6 +272,7 @@ fn main() -> ExitCode {
                 gid_index,
                 bind,
                 pcap,
+                raw,
             };
             match softrdma::tools::pingpong::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -330,7 +374,15 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
     params.progress = !a.json;
     let Some(crc) = crc_policy(&a.mpa_crc) else { return ExitCode::FAILURE };
     let iwarp = softrdma::verbs::IwarpConfig { crc, markers: a.markers, ..Default::default() };
+    let raw = match a.raw.config() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("softrdma: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let args = ToolArgs {
+        raw,
         transport: a.transport,
         iwarp,
         params,

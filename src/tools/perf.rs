@@ -8,7 +8,7 @@
 
 use super::bench::{self, BwResult, Endpoint, LatResult, Params, Test};
 use super::oob::{BwReport, Dest, Oob};
-use crate::verbs::{ConnParam, Context, IwarpConfig, OpenConfig, Transport};
+use crate::verbs::{ConnParam, Context, IwarpConfig, OpenConfig, RawConfig, Transport};
 use serde_json::json;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -38,6 +38,8 @@ pub struct ToolArgs {
     pub transport: Transport,
     /// iWARP settings (MPA CRC, markers).
     pub iwarp: IwarpConfig,
+    /// RoCEv2 on raw Ethernet with an address of its own (`None`: kernel UDP sockets).
+    pub raw: Option<RawConfig>,
 }
 
 /// Sizes of a run: 2^1..=2^23 with `-a` (perftest's range), else the one size.
@@ -57,7 +59,14 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
     let (mut oob, cfg) = open_oob(a)?;
-    let mtu = oob.preamble(a.params.mtu).map_err(|e| e.to_string())?;
+    let mut mtu = a.params.mtu;
+    if let Some(raw) = &a.raw {
+        let link = raw.active_mtu().map_err(|e| format!("the MTU of {}: {e}", raw.iface))?;
+        if link.bytes() < mtu.bytes() {
+            mtu = link;
+        }
+    }
+    let mtu = oob.preamble(mtu).map_err(|e| e.to_string())?;
     let local = cfg.addr;
     let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
     let mut p = a.params.clone();
@@ -92,6 +101,9 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
 fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
     let e = |e: super::oob::OobError| e.to_string();
     if a.transport == Transport::Iwarp {
+        if a.raw.is_some() {
+            return Err("--iface runs RoCEv2 on raw Ethernet; iWARP runs on kernel TCP".into());
+        }
         if a.params.test == Test::AtomicBw {
             return Err("atomics over iWARP are RFC 7306, which softrdma does not speak yet".into());
         }
@@ -117,11 +129,17 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
         None => Oob::accept(a.port),
     }
     .map_err(e)?;
-    let local = match a.bind {
-        Some(ip) => ip,
-        None => oob.local_ip().map_err(|e| e.to_string())?,
+    let mut cfg = match &a.raw {
+        Some(raw) => {
+            let mut cfg = OpenConfig::new(raw.ip);
+            cfg.raw = Some(raw.clone());
+            cfg
+        }
+        None => match a.bind {
+            Some(ip) => OpenConfig::new(ip),
+            None => OpenConfig::new(oob.local_ip().map_err(|e| e.to_string())?),
+        },
     };
-    let mut cfg = OpenConfig::new(local);
     cfg.pcap = a.pcap.clone();
     Ok((oob, cfg))
 }

@@ -36,6 +36,8 @@ pub struct PingPongArgs {
     pub bind: Option<IpAddr>,
     /// Capture file.
     pub pcap: Option<PathBuf>,
+    /// RoCEv2 on raw Ethernet with an address of its own (`None`: kernel UDP sockets).
+    pub raw: Option<crate::verbs::RawConfig>,
 }
 
 /// A peer's address as the exchange carries it.
@@ -99,8 +101,10 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
         Some(ip) => ip,
         None => stream.local_addr().map_err(io)?.ip(),
     };
-    let mut cfg = OpenConfig::new(local);
+    let mut cfg = OpenConfig::new(a.raw.as_ref().map_or(local, |r| r.ip));
+    cfg.raw = a.raw.clone();
     cfg.pcap = a.pcap.clone();
+    let local = cfg.addr;
     let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(a.rx_depth + 1);
@@ -122,7 +126,9 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
         mine.psn,
         gid_text(&gid)
     );
-    let connect = |rem: &PpDest| connect_qp(&qp, rem, mine.psn, a.mtu, a.gid_index);
+    let link_mtu = a.raw.as_ref().and_then(|r| r.active_mtu().ok());
+    let mtu = link_mtu.filter(|l| l.bytes() < a.mtu.bytes()).unwrap_or(a.mtu);
+    let connect = |rem: &PpDest| connect_qp(&qp, rem, mine.psn, mtu, a.gid_index);
     let mut msg = [0u8; MSG_LEN];
     let rem = if a.server.is_some() {
         stream.write_all(&mine.to_msg()).map_err(io)?;

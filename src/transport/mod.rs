@@ -4,12 +4,13 @@
 pub mod headers;
 pub mod link;
 pub mod pcap;
+pub mod raw;
 #[allow(unsafe_code)]
 mod sys;
 pub mod udp;
 
 pub use link::{LinkStats, PacketRx, PacketTx};
-pub use sys::{tcp_maxseg, wait_readable, RecvBatch, Waker};
+pub use sys::{enter_netns, tcp_maxseg, wait_readable, RecvBatch, Waker};
 
 /// Sends datagrams with one `sendmmsg` (the plain-UDP baseline uses it too).
 pub fn send_batch(s: &std::net::UdpSocket, msgs: &[(std::net::SocketAddr, &[u8])]) -> std::io::Result<usize> {

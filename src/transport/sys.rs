@@ -1,6 +1,6 @@
 //! The few Linux socket calls std does not offer: Don't-Fragment and TOS reception options,
 //! batched `recvmmsg`/`sendmmsg`, an eventfd to wake a sleeping poll thread, and `ppoll`
-//! with a sub-millisecond timeout. Every `unsafe` block of the crate is in this file.
+//! with a sub-millisecond timeout, packet sockets for raw Ethernet, and `setns`. Every `unsafe` block of the crate is in this file.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -301,6 +301,73 @@ pub fn tcp_maxseg(fd: RawFd) -> io::Result<usize> {
         libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, (&mut v as *mut libc::c_int).cast(), &mut len)
     };
     check(rc).map(|_| v.max(0) as usize)
+}
+
+/// `PACKET_IGNORE_OUTGOING` (Linux 4.20): a packet socket does not see its own frames.
+const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+
+/// A packet socket (`AF_PACKET`, `SOCK_RAW`) bound to interface `ifindex`, non-blocking,
+/// that receives every frame the interface sees (promiscuous membership, which the kernel
+/// drops with the socket, so a crash leaves the interface as it was) and not its own.
+pub fn open_packet_socket(ifindex: u32) -> io::Result<OwnedFd> {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: socket has no pointer arguments; on success we own the returned fd.
+    let fd = check(unsafe {
+        libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, i32::from(proto))
+    })?;
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = ifindex as i32;
+    // SAFETY: `sll` lives across the call and the length passed is its size.
+    let rc = unsafe {
+        libc::bind(fd, (&sll as *const libc::sockaddr_ll).cast(), size_of::<libc::sockaddr_ll>() as libc::socklen_t)
+    };
+    check(rc)?;
+    // Older kernels lack it; the driver then sees its own frames and ignores them (wrong MAC).
+    let _ = set_int_option(fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, 1);
+    // SAFETY: packet_mreq is plain data; all-zero is a valid value.
+    let mut mreq: libc::packet_mreq = unsafe { zeroed() };
+    mreq.mr_ifindex = ifindex as i32;
+    mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
+    // SAFETY: `mreq` lives across the call and the length passed is its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_ADD_MEMBERSHIP,
+            (&mreq as *const libc::packet_mreq).cast(),
+            size_of::<libc::packet_mreq>() as libc::socklen_t,
+        )
+    };
+    check(rc)?;
+    Ok(owned)
+}
+
+/// Sends whole frames on a bound packet socket with one `sendmmsg`; returns how many went.
+pub fn send_frames(fd: RawFd, frames: &[&[u8]]) -> io::Result<usize> {
+    let mut iovs: Vec<libc::iovec> =
+        frames.iter().map(|d| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() }).collect();
+    // SAFETY: mmsghdr is plain data; all-zero is a valid value.
+    let mut hdrs: Vec<libc::mmsghdr> = (0..frames.len()).map(|_| unsafe { zeroed() }).collect();
+    for (h, iov) in hdrs.iter_mut().zip(iovs.iter_mut()) {
+        h.msg_hdr.msg_iov = iov;
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: the headers point at buffers alive for the call; sendmmsg only reads them.
+    let rc = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as u32, 0) };
+    check(rc).map(|n| n as usize)
+}
+
+/// Moves the calling thread into the network namespace whose handle is `path` (e.g.
+/// `/var/run/netns/NAME`); sockets it opens afterwards live there.
+pub fn enter_netns(path: &std::path::Path) -> io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: setns takes a live descriptor and a flag; it touches no memory of ours.
+    check(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }).map(drop)
 }
 
 #[cfg(test)]

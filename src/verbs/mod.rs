@@ -72,6 +72,7 @@ use crate::driver::roce::{Link, RoceDriver};
 use crate::engine::mem::{Mr, SharedMem};
 use crate::engine::{Device, DeviceConfig, Stats};
 use crate::transport::pcap::FrameLog;
+use crate::transport::raw;
 use crate::transport::udp::{self, UdpConfig};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -88,6 +89,7 @@ pub use crate::engine::verbs::{
     WcStatus,
 };
 pub use crate::iwarp::setup::{CrcPolicy, RtrKind};
+pub use crate::transport::raw::RawConfig;
 pub use iwarp::{
     ConnParam, ConnectError, IwarpConfig, CLOSE_LINGER_MS, MAX_EARLY_BYTES, MAX_HALF_OPEN_PER_LISTENER,
     MAX_HELD_REQUESTS_PER_LISTENER, MAX_TX_BUFFERED,
@@ -138,6 +140,9 @@ pub struct OpenConfig {
     pub cc: CcConfig,
     /// UDP source ports QPs spread over.
     pub source_ports: usize,
+    /// RoCEv2 on raw Ethernet frames on a network interface, with an address of its own
+    /// (`addr` is then `raw.ip`); `None`: kernel UDP sockets.
+    pub raw: Option<RawConfig>,
 }
 
 impl OpenConfig {
@@ -161,7 +166,16 @@ impl OpenConfig {
                 ..CcConfig::default()
             },
             source_ports: 8,
+            raw: None,
         }
+    }
+
+    /// A RoCEv2 device on raw Ethernet: address `ip/prefix_len` (which the kernel must not
+    /// hold) on interface `iface`. Needs CAP_NET_RAW.
+    pub fn raw(iface: &str, ip: IpAddr, prefix_len: u8) -> Self {
+        let mut cfg = OpenConfig::new(ip);
+        cfg.raw = Some(RawConfig::new(iface, ip, prefix_len));
+        cfg
     }
 }
 
@@ -235,10 +249,21 @@ impl Context {
             Some(p) => Some(Arc::new(FrameLog::create(p)?)),
             None => None,
         };
-        let ucfg = UdpConfig { addr: cfg.addr, port: cfg.port, source_ports: cfg.source_ports };
-        let (tx, rx) = udp::open(&ucfg, log.clone())?;
-        let stats = tx.stats().clone();
-        let link = Link { tx: Box::new(tx), rx: Box::new(rx), stats, log };
+        let link = match &cfg.raw {
+            Some(raw_cfg) => {
+                if raw_cfg.ip != cfg.addr {
+                    return Err(io::Error::new(io::ErrorKind::InvalidInput, "OpenConfig::addr differs from raw.ip"));
+                }
+                let (tx, rx, stats) = raw::open(raw_cfg, log.clone())?;
+                Link { tx: Box::new(tx), rx: Box::new(rx), stats, log }
+            }
+            None => {
+                let ucfg = UdpConfig { addr: cfg.addr, port: cfg.port, source_ports: cfg.source_ports };
+                let (tx, rx) = udp::open(&ucfg, log.clone())?;
+                let stats = tx.stats().clone();
+                Link { tx: Box::new(tx), rx: Box::new(rx), stats, log }
+            }
+        };
         let dev = Device::new(DeviceConfig {
             gid: udp::ip_to_gid(cfg.addr),
             seed: cfg.seed,
