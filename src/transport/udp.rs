@@ -13,8 +13,8 @@
 //! top of the UDP checksum the kernel has verified.
 
 use super::headers::udp_header;
-use super::link::{LinkStats, PacketRx, PacketTx};
 pub use super::headers::{gid_to_ip, ip_header, ip_to_gid};
+use super::link::{LinkStats, PacketRx, PacketTx};
 use super::pcap::FrameLog;
 use super::sys::{self, RecvBatch};
 use crate::engine::verbs::Gid;

@@ -109,6 +109,20 @@ pub fn set_dst_mac(frame: &mut [u8], mac: [u8; 6]) {
     }
 }
 
+/// The IPv4 header checksum (RFC 791) `header` should carry (its own field skipped).
+fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for (i, c) in header.chunks(2).enumerate() {
+        if i != 5 {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 /// The UDP checksum over IPv6 (RFC 8200 §8.1) of `udp` (header with checksum 0, payload).
 fn udp6_checksum(src: Ipv6Addr, dst: Ipv6Addr, udp: &[u8]) -> u16 {
     let mut sum: u64 = 0;
@@ -237,6 +251,9 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
             if v4.payload().fragmented {
                 return Inbound::Dropped(DropReason::Fragment);
             }
+            if h.header_checksum() != ipv4_checksum(h.slice()) {
+                return Inbound::Dropped(DropReason::Malformed);
+            }
             let header_len = usize::from(h.ihl()) * 4;
             let payload_at = offset_in(frame, v4.payload().payload);
             let Some(ip_bytes) = payload_at.checked_sub(header_len).map(|at| &frame[at..payload_at]) else {
@@ -254,8 +271,10 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
                     Inbound::Dropped(DropReason::NotOurs)
                 };
             }
-            let multicast = h.destination_addr().is_multicast();
-            if !(for_our_mac && h.destination_addr() == ip) && !multicast {
+            let unicast_to_us = for_our_mac && h.destination_addr() == ip;
+            let neighbour_discovery =
+                h.destination_addr().is_multicast() && matches!(p.transport, Some(TransportSlice::Icmpv6(_)));
+            if !(unicast_to_us || neighbour_discovery) {
                 return Inbound::Dropped(DropReason::NotOurs);
             }
             on_ip(local, IpAddr::V6(h.source_addr()), h.slice(), h.traffic_class(), &p, src_mac)
@@ -385,4 +404,141 @@ fn nd_option(mut options: &[u8], kind: u8) -> Option<[u8; 6]> {
         options = &options[len..];
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etherparse::{Icmpv4Slice, Icmpv6Slice};
+
+    const A: Local = Local { mac: [2, 0, 0, 0, 0, 0xa], ip: IpAddr::V4(Ipv4Addr::new(10, 9, 0, 1)) };
+    const B: Local = Local { mac: [2, 0, 0, 0, 0, 0xb], ip: IpAddr::V4(Ipv4Addr::new(10, 9, 0, 2)) };
+
+    /// A SEND Only to QP 0x11 (BTH, 5 bytes, room for the ICRC).
+    fn send_only() -> Vec<u8> {
+        let mut p = vec![0x04, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 7];
+        p.extend_from_slice(b"hello");
+        p.extend_from_slice(&[0; 4]);
+        p
+    }
+
+    fn frame_a_to_b(tos: u8) -> Vec<u8> {
+        let f = RoceFields { sport: 0xc123, ident: 0x4242, tos };
+        let mut frame = roce_frame(&A, B.ip, f, &send_only()).unwrap();
+        set_dst_mac(&mut frame, B.mac);
+        frame
+    }
+
+    #[test]
+    fn a_roce_frame_carries_what_a_nic_sends_and_its_icrc_holds() {
+        let frame = frame_a_to_b(0b10);
+        let p = SlicedPacket::from_ethernet(&frame).unwrap();
+        let Some(NetSlice::Ipv4(v4)) = &p.net else { panic!("IPv4") };
+        let h = v4.header();
+        assert!(h.dont_fragment() && !h.more_fragments());
+        assert_eq!((h.identification(), h.ttl(), frame[15] & 3), (0x4242, 64, 0b10));
+        let Some(TransportSlice::Udp(udp)) = &p.transport else { panic!("UDP") };
+        assert_eq!((udp.source_port(), udp.destination_port(), udp.checksum()), (0xc123, 4791, 0));
+        match classify(&B, &frame) {
+            Inbound::Roce { src, ce, packet } => {
+                assert_eq!((src, ce), (ip_to_gid(A.ip), false));
+                assert_eq!(&packet[..17], &send_only()[..17]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same frame seen by a host it is not for.
+        assert_eq!(classify(&A, &frame), Inbound::Dropped(DropReason::NotOurs));
+    }
+
+    #[test]
+    fn every_covered_bit_is_checked_and_ce_reaches_the_engine() {
+        let mut frame = frame_a_to_b(0b11);
+        assert!(matches!(classify(&B, &frame), Inbound::Roce { ce: true, .. }));
+        // The Identification is covered by the ICRC (a UDP socket could only guess it).
+        frame[18] ^= 1;
+        let fix = ipv4_checksum(&frame[14..34]);
+        frame[24..26].copy_from_slice(&fix.to_be_bytes());
+        assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::Icrc));
+        // A payload byte.
+        let mut frame = frame_a_to_b(0b10);
+        frame[14 + 20 + 8 + 13] ^= 0x80;
+        assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::Icrc));
+        // The IPv4 header checksum.
+        let mut frame = frame_a_to_b(0b10);
+        frame[24] ^= 1;
+        assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::Malformed));
+    }
+
+    #[test]
+    fn fragments_and_bad_udp_checksums_are_dropped() {
+        let mut frame = frame_a_to_b(0b10);
+        frame[20] = 0x20; // MF, DF cleared
+        let fix = ipv4_checksum(&frame[14..34]);
+        frame[24..26].copy_from_slice(&fix.to_be_bytes());
+        assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::Fragment));
+        let mut frame = frame_a_to_b(0b10);
+        frame[14 + 20 + 6] = 0x12; // a wrong non-zero UDP checksum
+        assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::UdpChecksum));
+    }
+
+    #[test]
+    fn arp_requests_for_our_address_are_answered_and_teach_the_sender() {
+        let (IpAddr::V4(a), IpAddr::V4(b)) = (A.ip, B.ip) else { unreachable!() };
+        let request = arp_request(&A, a, b);
+        assert_eq!(request.len(), MIN_FRAME_LEN);
+        let Inbound::Neighbour { learned, reply: Some(reply) } = classify(&B, &request) else { panic!("a reply") };
+        assert_eq!(learned, Some((A.ip, A.mac)));
+        assert_eq!(&reply[..6], &A.mac, "unicast back to the asker");
+        // The reply teaches A about B, and asks for nothing.
+        assert_eq!(classify(&A, &reply), Inbound::Neighbour { learned: Some((B.ip, B.mac)), reply: None });
+        // A request for another address is not ours.
+        let other = arp_request(&A, a, Ipv4Addr::new(10, 9, 0, 3));
+        assert_eq!(classify(&B, &other), Inbound::Dropped(DropReason::NotOurs));
+    }
+
+    #[test]
+    fn echo_requests_get_echo_replies() {
+        let (IpAddr::V4(a), IpAddr::V4(b)) = (A.ip, B.ip) else { unreachable!() };
+        let req = PacketBuilder::ethernet2(A.mac, B.mac).ipv4(a.octets(), b.octets(), 64).icmpv4_echo_request(7, 9);
+        let mut frame = Vec::new();
+        req.write(&mut frame, b"ping").unwrap();
+        let Inbound::Echo(reply) = classify(&B, &frame) else { panic!("an echo reply") };
+        let p = SlicedPacket::from_ethernet(&reply).unwrap();
+        let Some(TransportSlice::Icmpv4(icmp)) = p.transport else { panic!("ICMP") };
+        let icmp: Icmpv4Slice = icmp;
+        assert!(matches!(icmp.icmp_type(), Icmpv4Type::EchoReply(e) if e.id == 7 && e.seq == 9));
+        assert_eq!(icmp.icmp_type().calc_checksum(icmp.payload()), icmp.checksum());
+        assert_eq!(&reply[..6], &A.mac);
+    }
+
+    #[test]
+    fn neighbour_discovery_resolves_ipv6_peers() {
+        let (a6, b6): (Ipv6Addr, Ipv6Addr) = ("fd00::a".parse().unwrap(), "fd00::b".parse().unwrap());
+        let a = Local { mac: A.mac, ip: IpAddr::V6(a6) };
+        let b = Local { mac: B.mac, ip: IpAddr::V6(b6) };
+        let ns = neighbour_solicitation(&a, a6, b6);
+        assert_eq!(&ns[..2], &[0x33, 0x33]);
+        let Inbound::Neighbour { learned, reply: Some(na) } = classify(&b, &ns) else { panic!("an advertisement") };
+        assert_eq!(learned, Some((a.ip, a.mac)));
+        let p = SlicedPacket::from_ethernet(&na).unwrap();
+        let Some(TransportSlice::Icmpv6(icmp)) = p.transport else { panic!("ICMPv6") };
+        let icmp: Icmpv6Slice = icmp;
+        assert!(icmp.is_checksum_valid(b6.octets(), a6.octets()));
+        assert_eq!(classify(&a, &na), Inbound::Neighbour { learned: Some((b.ip, b.mac)), reply: None });
+    }
+
+    #[test]
+    fn ipv6_roce_frames_carry_a_udp_checksum_that_holds() {
+        let (a6, b6): (Ipv6Addr, Ipv6Addr) = ("fd00::a".parse().unwrap(), "fd00::b".parse().unwrap());
+        let a = Local { mac: A.mac, ip: IpAddr::V6(a6) };
+        let b = Local { mac: B.mac, ip: IpAddr::V6(b6) };
+        let mut frame = roce_frame(&a, b.ip, RoceFields { sport: 0xc001, ident: 0, tos: 3 }, &send_only()).unwrap();
+        set_dst_mac(&mut frame, b.mac);
+        assert_ne!(u16::from_be_bytes([frame[60], frame[61]]), 0);
+        assert!(matches!(classify(&b, &frame), Inbound::Roce { ce: true, .. }));
+        assert_eq!(
+            roce_frame(&a, A.ip, RoceFields { sport: 1, ident: 0, tos: 0 }, &send_only()),
+            Err(BuildError::FamilyMismatch)
+        );
+    }
 }

@@ -77,11 +77,8 @@ impl Neighbours {
             return (Resolution::Known(mac), Some(frame));
         }
         self.make_room(hop);
-        let entry = self.map.entry(hop).or_insert(Entry::Pending {
-            frames: VecDeque::new(),
-            asked_ns: 0,
-            since_ns: now_ns,
-        });
+        let entry =
+            self.map.entry(hop).or_insert(Entry::Pending { frames: VecDeque::new(), asked_ns: 0, since_ns: now_ns });
         let Entry::Pending { frames, asked_ns, since_ns } = entry else {
             return (Resolution::Held { ask: false, dropped: 0 }, None);
         };
