@@ -52,8 +52,6 @@ pub struct LinkStats {
     pub rx_fragments: AtomicU64,
     /// Raw: frames for another host or protocol, ignored.
     pub rx_not_ours: AtomicU64,
-    /// Raw: UDP checksums that did not check.
-    pub rx_udp_checksum_bad: AtomicU64,
     /// Raw: ARP requests and IPv6 Neighbour Solicitations answered.
     pub neighbour_replies: AtomicU64,
     /// Raw: ARP requests and Neighbour Solicitations sent to resolve a peer.

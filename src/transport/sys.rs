@@ -362,6 +362,40 @@ pub fn send_frames(fd: RawFd, frames: &[&[u8]]) -> io::Result<usize> {
     check(rc).map(|n| n as usize)
 }
 
+fn ifreq_for(name: &str) -> io::Result<libc::ifreq> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not an interface name"));
+    }
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// The index and MTU of interface `name` in the calling thread's network namespace
+/// (sysfs shows the namespace it was mounted in, which a thread that entered another
+/// does not see).
+pub fn interface_info(name: &str) -> io::Result<(u32, u32)> {
+    let mut req = ifreq_for(name)?;
+    // SAFETY: socket has no pointer arguments; on success we own the returned fd.
+    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: SIOCGIFINDEX reads the name from and writes the index into the live `req`.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFINDEX, &mut req) })
+        .map_err(|e| io::Error::new(e.kind(), format!("no interface {name:?} here: {e}")))?;
+    // SAFETY: the kernel filled the index member of the union.
+    let index = unsafe { req.ifr_ifru.ifru_ifindex };
+    // SAFETY: SIOCGIFMTU reads the name from and writes the MTU into the live `req`.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU, &mut req) })?;
+    // SAFETY: the kernel filled the MTU member of the union.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    Ok((index.max(0) as u32, mtu.max(0) as u32))
+}
+
 /// Moves the calling thread into the network namespace whose handle is `path` (e.g.
 /// `/var/run/netns/NAME`); sockets it opens afterwards live there.
 pub fn enter_netns(path: &std::path::Path) -> io::Result<()> {

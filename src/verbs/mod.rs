@@ -225,8 +225,6 @@ pub struct DeviceStats {
     pub rx_fragments: u64,
     /// Raw: frames for another host or protocol, ignored.
     pub rx_not_ours: u64,
-    /// Raw: UDP checksums that did not check.
-    pub rx_udp_checksum_bad: u64,
     /// Raw: ARP requests and Neighbour Solicitations answered.
     pub neighbour_replies: u64,
     /// Raw: ARP requests and Neighbour Solicitations sent.
@@ -457,7 +455,6 @@ impl Context {
             tx_errors: get(&u.tx_errors),
             rx_fragments: get(&u.rx_fragments),
             rx_not_ours: get(&u.rx_not_ours),
-            rx_udp_checksum_bad: get(&u.rx_udp_checksum_bad),
             neighbour_replies: get(&u.neighbour_replies),
             neighbour_requests: get(&u.neighbour_requests),
             echo_replies: get(&u.echo_replies),

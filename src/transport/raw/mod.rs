@@ -15,6 +15,9 @@
 
 pub mod frame;
 pub mod neighbour;
+pub mod socket;
+
+pub use socket::FrameSocket;
 
 use super::link::{LinkStats, PacketRx, PacketTx};
 use super::pcap::FrameLog;
@@ -96,9 +99,7 @@ impl RawConfig {
     /// RoCEv2 packet around it (as rxe sizes its port's active MTU: the netdev MTU less
     /// [`HEADROOM`]).
     pub fn active_mtu(&self) -> io::Result<Mtu> {
-        let link: usize = read_sys(&self.iface, "mtu")?
-            .parse()
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "interface MTU"))?;
+        let link = sys::interface_info(&self.iface)?.1 as usize;
         let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
         Ok(fits.into_iter().find(|m| m.bytes() + HEADROOM <= link).unwrap_or(Mtu::M256))
     }
@@ -140,13 +141,6 @@ fn has_capability(cap: u32) -> bool {
     eff.and_then(|h| u64::from_str_radix(h, 16).ok()).is_some_and(|bits| bits >> cap & 1 == 1)
 }
 
-fn read_sys(iface: &str, what: &str) -> io::Result<String> {
-    if iface.is_empty() || iface.contains('/') || iface.starts_with('.') {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not an interface name"));
-    }
-    std::fs::read_to_string(format!("/sys/class/net/{iface}/{what}")).map(|s| s.trim().to_string())
-}
-
 /// What both halves share.
 struct RawShared {
     socket: OwnedFd,
@@ -168,10 +162,7 @@ pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> io::Result<(RawTx, R
             ),
         ));
     }
-    let ifindex: u32 = read_sys(&cfg.iface, "ifindex")
-        .map_err(|e| open_error(cfg, "no such interface", e))?
-        .parse()
-        .map_err(|_| open_error(cfg, "ifindex", io::ErrorKind::InvalidData.into()))?;
+    let (ifindex, _) = sys::interface_info(&cfg.iface).map_err(|e| open_error(cfg, "interface", e))?;
     let socket = sys::open_packet_socket(ifindex).map_err(|e| open_error(cfg, "packet socket", e))?;
     sys::set_buffers(socket.as_raw_fd(), 32 << 20);
     let stats = Arc::new(LinkStats::default());
@@ -339,7 +330,6 @@ impl RawRx {
                 DropReason::NotOurs => &s.stats.rx_not_ours,
                 DropReason::Fragment => &s.stats.rx_fragments,
                 DropReason::Malformed => &s.stats.rx_runt,
-                DropReason::UdpChecksum => &s.stats.rx_udp_checksum_bad,
                 DropReason::Icrc => &s.stats.rx_icrc_bad,
             }),
         }

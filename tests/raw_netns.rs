@@ -1,0 +1,234 @@
+//! RoCEv2 on raw Ethernet (AF_PACKET) between network namespaces joined by a veth pair:
+//! raw to raw over IPv4 and IPv6, raw to a kernel-UDP-socket device, ARP and echo, a
+//! wrong ICRC dropped and an ECN-CE mark answered with a CNP. Needs root; each test makes
+//! and removes its own namespaces.
+
+mod netns;
+
+use netns::{pair_or_skip, VethPair};
+use softrdma::transport::raw::frame::{self, Local, RoceFields};
+use softrdma::transport::raw::FrameSocket;
+use softrdma::verbs::*;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Side {
+    ctx: Context,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    qp: QueuePair,
+    _pd: ProtectionDomain,
+}
+
+fn side(ctx: Context, len: usize) -> Side {
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4096);
+    let mr = ctx.reg_mr(&pd, len, Access::ALL).unwrap();
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, QpCaps::default(), None).unwrap();
+    Side { ctx, cq, mr, qp, _pd: pd }
+}
+
+fn open_in(pair: &VethPair, i: usize, cfg: OpenConfig) -> Context {
+    pair.run_in(i, move || Context::open(cfg).expect("open a device"))
+}
+
+fn raw_cfg(pair: &VethPair, i: usize, cidr: &str) -> OpenConfig {
+    let (ip, len) = RawConfig::parse_cidr(cidr).unwrap();
+    let mut cfg = OpenConfig::raw(&pair.ifaces[i], ip, len);
+    cfg.seed = Some(i as u64 + 1);
+    cfg
+}
+
+fn connect(a: &Side, b: &Side) {
+    let (ga, gb) = (a.ctx.gid(0).unwrap(), b.ctx.gid(0).unwrap());
+    a.qp.connect_rc(gb, b.qp.qp_num(), 0x200, 0x100, Mtu::M1024).unwrap();
+    b.qp.connect_rc(ga, a.qp.qp_num(), 0x100, 0x200, Mtu::M1024).unwrap();
+}
+
+fn wait_ok(cq: &CompletionQueue, wr_id: u64) -> Wc {
+    let wc = cq.wait(WAIT).unwrap_or_else(|| panic!("no completion for wr {wr_id}"));
+    assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success), "{wc:?}");
+    wc
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// SEND, SEND with immediate, a 1 MiB WRITE, WRITE with immediate, READ, fetch-and-add and
+/// compare-and-swap from `a` to `b`, every byte checked.
+fn every_operation(a: &Side, b: &Side) {
+    let msg = pattern(3000, 1);
+    a.mr.write(0, &msg);
+    b.qp.post_recv(RecvWr { wr_id: 10, sgl: vec![b.mr.sge(0, 4096)] }).unwrap();
+    a.qp.post_send(SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, 3000)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 10).byte_len, 3000);
+    wait_ok(&a.cq, 1);
+    let mut got = vec![0u8; 3000];
+    b.mr.read(0, &mut got);
+    assert_eq!(got, msg);
+
+    b.qp.post_recv(RecvWr { wr_id: 11, sgl: vec![b.mr.sge(8192, 64)] }).unwrap();
+    a.qp.post_send(SendWr::new(2, SendOp::SendImm(0xfeed_f00d), vec![a.mr.sge(0, 10)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 11).imm, Some(0xfeed_f00d));
+    wait_ok(&a.cq, 2);
+
+    let big = pattern(1 << 20, 7);
+    a.mr.write(1 << 20, &big);
+    let at = Remote { addr: b.mr.addr() + (2 << 20), rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(3, SendOp::Write(at), vec![a.mr.sge(1 << 20, 1 << 20)])).unwrap();
+    wait_ok(&a.cq, 3);
+    let mut got = vec![0u8; 1 << 20];
+    b.mr.read(2 << 20, &mut got);
+    assert!(got == big, "1 MiB WRITE arrived intact");
+
+    b.qp.post_recv(RecvWr { wr_id: 12, sgl: vec![] }).unwrap();
+    let at = Remote { addr: b.mr.addr() + 100, rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(4, SendOp::WriteImm(at, 42), vec![a.mr.sge(0, 200)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 12).imm, Some(42));
+    wait_ok(&a.cq, 4);
+
+    let from = Remote { addr: b.mr.addr() + (2 << 20), rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(5, SendOp::Read(from), vec![a.mr.sge(3 << 20, 100_000)])).unwrap();
+    wait_ok(&a.cq, 5);
+    let mut got = vec![0u8; 100_000];
+    a.mr.read(3 << 20, &mut got);
+    assert_eq!(got, big[..100_000]);
+
+    b.mr.write(64, &5u64.to_ne_bytes());
+    let word = Remote { addr: b.mr.addr() + 64, rkey: b.mr.rkey() };
+    a.qp.post_send(SendWr::new(6, SendOp::FetchAdd(word, 10), vec![a.mr.sge(0, 8)])).unwrap();
+    wait_ok(&a.cq, 6);
+    a.qp.post_send(SendWr::new(7, SendOp::CompareSwap(word, 15, 99), vec![a.mr.sge(8, 8)])).unwrap();
+    wait_ok(&a.cq, 7);
+    let (mut w0, mut w1, mut wb) = ([0u8; 8], [0u8; 8], [0u8; 8]);
+    a.mr.read(0, &mut w0);
+    a.mr.read(8, &mut w1);
+    b.mr.read(64, &mut wb);
+    assert_eq!((u64::from_ne_bytes(w0), u64::from_ne_bytes(w1), u64::from_ne_bytes(wb)), (5, 15, 99));
+}
+
+#[test]
+fn raw_devices_run_every_operation_over_ipv4_with_data_checked() {
+    let Some(pair) = pair_or_skip("raw ipv4") else { return };
+    let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "10.9.0.1/24")), 4 << 20);
+    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24")), 4 << 20);
+    connect(&a, &b);
+    every_operation(&a, &b);
+    every_operation(&b, &a);
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    // A spoke first: it asked for B's MAC, B answered and learned A's from the request.
+    assert!(sa.neighbour_requests >= 1 && sb.neighbour_replies >= 1, "{sa:?} {sb:?}");
+    for s in [&sa, &sb] {
+        assert_eq!((s.rx_icrc_bad, s.tx_errors, s.tx_unresolved), (0, 0, 0), "{s:?}");
+    }
+    assert!(sb.rx_datagrams >= 1024, "a 1 MiB WRITE is 1024 frames at MTU 1024");
+}
+
+#[test]
+fn raw_devices_run_over_ipv6_with_neighbour_discovery() {
+    let Some(pair) = pair_or_skip("raw ipv6") else { return };
+    let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "fd00:9::1/64")), 4 << 20);
+    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "fd00:9::2/64")), 4 << 20);
+    connect(&a, &b);
+    every_operation(&a, &b);
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    assert!(sa.neighbour_requests >= 1 && sb.neighbour_replies >= 1, "{sa:?} {sb:?}");
+    assert_eq!((sa.rx_icrc_bad, sb.rx_icrc_bad), (0, 0));
+}
+
+#[test]
+fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and_pings_it() {
+    let Some(pair) = pair_or_skip("raw to udp") else { return };
+    pair.kernel_addr(0, "10.9.0.1/24");
+    let mut udp_cfg = OpenConfig::new("10.9.0.1".parse().unwrap());
+    udp_cfg.seed = Some(9);
+    let a = side(open_in(&pair, 0, udp_cfg), 4 << 20);
+    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24")), 4 << 20);
+    connect(&a, &b);
+    every_operation(&a, &b);
+    every_operation(&b, &a);
+    // The kernel beside the UDP-socket device resolves the raw device's address and gets
+    // an answer to its ping.
+    let ping = std::process::Command::new("ip")
+        .args(["netns", "exec", &pair.ns[0], "ping", "-c", "2", "-W", "2", "10.9.0.2"])
+        .output()
+        .expect("ping");
+    assert!(ping.status.success(), "{}", String::from_utf8_lossy(&ping.stdout));
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    assert!(sb.echo_replies >= 2 && sb.neighbour_replies >= 1, "{sb:?}");
+    // The UDP socket solved the raw device's own Identification from the ICRC.
+    assert!(sa.rx_ipv4_ident_nonzero > 0, "{sa:?}");
+    assert_eq!((sa.rx_icrc_bad, sb.rx_icrc_bad), (0, 0), "{sa:?} {sb:?}");
+}
+
+/// A SEND Only with AckReq and an 8-byte payload to `qpn` at `psn`, room for the ICRC.
+fn send_only(qpn: u32, psn: u32) -> Vec<u8> {
+    let q = qpn.to_be_bytes();
+    let p = psn.to_be_bytes();
+    let mut b = vec![0x04, 0, 0xff, 0xff, 0, q[1], q[2], q[3], 0x80, p[1], p[2], p[3]];
+    b.extend_from_slice(b"forged!!");
+    b.extend_from_slice(&[0; 4]);
+    b
+}
+
+/// The BTH opcodes and destination QPs of the RoCEv2 frames `sock` receives for `wait`.
+fn roce_seen(sock: &mut FrameSocket, wait: Duration) -> Vec<(u8, u32)> {
+    let deadline = Instant::now() + wait;
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Ok(Some(f)) = sock.recv(left) else { break };
+        // Ethernet, IPv4 without options, UDP to 4791, then the BTH.
+        if f.len() > 54 && f[12..14] == [8, 0] && f[23] == 17 && f[36..38] == 4791u16.to_be_bytes() {
+            seen.push((f[42], u32::from_be_bytes([0, f[47], f[48], f[49]])));
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_wrong_icrc_is_dropped_and_an_ecn_ce_mark_brings_a_cnp() {
+    let Some(pair) = pair_or_skip("icrc and ce") else { return };
+    let mut cfg = raw_cfg(&pair, 1, "10.9.0.2/24");
+    cfg.cc.enabled = true;
+    let b = side(open_in(&pair, 1, cfg), 4096);
+    let iface = pair.ifaces[0].clone();
+    let mut sock = pair.run_in(0, move || FrameSocket::open(&iface).expect("packet socket"));
+    // The forger is 10.9.0.1 at a MAC of its own, QP 0x123, sending from PSN 0x100.
+    let forger = Local { mac: [2, 0, 0, 0, 1, 1], ip: "10.9.0.1".parse().unwrap() };
+    let gid = softrdma::transport::udp::ip_to_gid(forger.ip);
+    b.qp.connect_rc(gid, 0x123, 0x100, 0x500, Mtu::M1024).unwrap();
+    b.qp.post_recv(RecvWr { wr_id: 1, sgl: vec![b.mr.sge(0, 64)] }).unwrap();
+    let (IpAddr::V4(f4), IpAddr::V4(b4)) = (forger.ip, b.ctx.ip()) else { unreachable!() };
+    // Make B learn the forger's MAC the way a peer would: it asks for B's.
+    sock.send(&frame::arp_request(&forger, f4, b4)).unwrap();
+    let b_mac = RawConfig::new("", b.ctx.ip(), 24).mac();
+    let forged = |tos: u8, corrupt: bool| {
+        let fields = RoceFields { sport: 0xc0de, ident: 1, tos };
+        let mut f = frame::roce_frame(&forger, b.ctx.ip(), fields, &send_only(b.qp.qp_num(), 0x100)).unwrap();
+        frame::set_dst_mac(&mut f, b_mac);
+        if corrupt {
+            let n = 14 + 20 + 8 + 12 + 8 + 3;
+            f[n] ^= 0x01; // the ICRC's last byte
+        }
+        f
+    };
+    sock.send(&forged(0b10, true)).unwrap();
+    assert!(b.cq.wait(Duration::from_millis(300)).is_none(), "a wrong ICRC completes nothing");
+    assert_eq!(b.ctx.stats().rx_icrc_bad, 1);
+    sock.send(&forged(0b11, false)).unwrap();
+    let wc = wait_ok(&b.cq, 1);
+    assert_eq!(wc.byte_len, 8);
+    let mut got = [0u8; 8];
+    b.mr.read(0, &mut got);
+    assert_eq!(&got, b"forged!!");
+    let seen = roce_seen(&mut sock, Duration::from_millis(500));
+    const CNP: u8 = 0x81;
+    const ACK: u8 = 0x11;
+    assert!(seen.contains(&(CNP, 0x123)), "a CNP to the marked packet's sender: {seen:x?}");
+    assert!(seen.contains(&(ACK, 0x123)), "the SEND acknowledged: {seen:x?}");
+    let s = b.ctx.stats();
+    assert_eq!((s.engine.rx_ecn_ce, s.rx_icrc_bad), (1, 1), "{s:?}");
+}
