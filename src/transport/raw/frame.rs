@@ -305,7 +305,7 @@ fn on_arp<'a>(local: &Local, ip: Ipv4Addr, bytes: &[u8]) -> Inbound<'a> {
 
 fn on_ip<'a>(local: &Local, src: IpAddr, ip: &'a [u8], tos: u8, p: &SlicedPacket<'a>, src_mac: [u8; 6]) -> Inbound<'a> {
     match &p.transport {
-        Some(TransportSlice::Udp(udp)) if udp.destination_port() == ROCE_PORT => on_roce(local, src, ip, tos, udp),
+        Some(TransportSlice::Udp(udp)) if udp.destination_port() == ROCE_PORT => on_roce(src, ip, tos, udp),
         Some(TransportSlice::Icmpv4(icmp)) => match icmp.icmp_type() {
             Icmpv4Type::EchoRequest(echo) if icmp.icmp_type().calc_checksum(icmp.payload()) == icmp.checksum() => {
                 let IpAddr::V4(s) = src else { return Inbound::Dropped(DropReason::NotOurs) };
@@ -330,7 +330,7 @@ fn local_v4(local: &Local) -> Ipv4Addr {
     }
 }
 
-fn on_roce<'a>(local: &Local, src: IpAddr, ip: &'a [u8], tos: u8, udp: &etherparse::UdpSlice<'a>) -> Inbound<'a> {
+fn on_roce<'a>(src: IpAddr, ip: &'a [u8], tos: u8, udp: &etherparse::UdpSlice<'a>) -> Inbound<'a> {
     let udp_bytes = udp.slice();
     let Some(udp_header) = udp_bytes.get(..8) else { return Inbound::Dropped(DropReason::Malformed) };
     let packet = udp.payload();
