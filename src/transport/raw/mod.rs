@@ -14,6 +14,7 @@
 //! dies. The address must not be one the kernel holds.
 
 pub mod frame;
+pub mod io;
 pub mod neighbour;
 pub mod socket;
 
@@ -21,24 +22,20 @@ pub use socket::FrameSocket;
 
 use super::link::{LinkStats, PacketRx, PacketTx};
 use super::pcap::FrameLog;
-use super::sys::{self, RecvBatch};
+use super::sys;
 use crate::engine::verbs::Mtu;
 use crate::engine::Device;
 use crate::transport::headers::gid_to_ip;
 use crate::transport::udp::ROCE_PORT;
 use frame::{DropReason, Inbound, Local, RoceFields};
 use neighbour::{Neighbours, Resolution};
-use std::io;
+use io::{FrameRx, FrameTx};
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Frames read per `recvmmsg`.
-const RX_BATCH: usize = 32;
-/// Largest frame accepted: a 9000-byte jumbo MTU, Ethernet and one VLAN tag.
-const RX_FRAME_MAX: usize = 9000 + 18;
-/// Frames sent per `sendmmsg`.
+/// Frames sent per batch.
 const TX_BATCH: usize = 32;
 /// The IPv4 TOS an RDMA NIC sends RoCEv2 with by default: DSCP 0, ECN-capable (ECT(0)), so
 /// that a switch can mark congestion instead of dropping (DCQCN).
@@ -64,12 +61,43 @@ pub struct RawConfig {
     pub mac: Option<[u8; 6]>,
     /// DSCP and ECN bits of every RoCEv2 packet (default [`DEFAULT_TOS`]).
     pub tos: u8,
+    /// How frames move: a packet socket (default) or AF_XDP.
+    pub frame_io: FrameIo,
+}
+
+/// How a raw device moves its frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FrameIo {
+    /// A packet socket (`AF_PACKET`): works on every interface.
+    #[default]
+    PacketSocket,
+    /// AF_XDP, with an XDP program that hands the device only frames for its address.
+    Xdp,
+}
+
+impl std::str::FromStr for FrameIo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "packet" | "af_packet" => Ok(FrameIo::PacketSocket),
+            "xdp" | "af_xdp" => Ok(FrameIo::Xdp),
+            other => Err(format!("unknown frame I/O {other:?} (packet or xdp)")),
+        }
+    }
 }
 
 impl RawConfig {
     /// A device at `ip/prefix_len` on `iface`, with defaults for the rest.
     pub fn new(iface: &str, ip: IpAddr, prefix_len: u8) -> Self {
-        RawConfig { iface: iface.to_string(), ip, prefix_len, gateway: None, mac: None, tos: DEFAULT_TOS }
+        RawConfig {
+            iface: iface.to_string(),
+            ip,
+            prefix_len,
+            gateway: None,
+            mac: None,
+            tos: DEFAULT_TOS,
+            frame_io: FrameIo::PacketSocket,
+        }
     }
 
     /// Parses `ADDR/LEN` (e.g. `10.9.0.2/24`); a bare address is a host route (/32, /128).
@@ -98,7 +126,7 @@ impl RawConfig {
     /// The largest IB path MTU that fits the interface's MTU with every header of a
     /// RoCEv2 packet around it (as rxe sizes its port's active MTU: the netdev MTU less
     /// [`HEADROOM`]).
-    pub fn active_mtu(&self) -> io::Result<Mtu> {
+    pub fn active_mtu(&self) -> std::io::Result<Mtu> {
         let link = sys::interface_info(&self.iface)?.1 as usize;
         let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
         Ok(fits.into_iter().find(|m| m.bytes() + HEADROOM <= link).unwrap_or(Mtu::M256))
@@ -130,8 +158,8 @@ fn prefix_eq(a: &[u8], b: &[u8], len: u8) -> bool {
 }
 
 /// Why a raw device could not open, said so that the user knows what to do.
-fn open_error(cfg: &RawConfig, what: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("raw device on {}: {what}: {e}", cfg.iface))
+fn open_error(cfg: &RawConfig, what: &str, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("raw device on {}: {what}: {e}", cfg.iface))
 }
 
 /// True if this process holds capability `cap` (from /proc/self/status `CapEff`).
@@ -143,7 +171,7 @@ fn has_capability(cap: u32) -> bool {
 
 /// What both halves share.
 struct RawShared {
-    socket: OwnedFd,
+    frames: Arc<dyn FrameTx>,
     cfg: RawConfig,
     local: Local,
     neighbours: Mutex<Neighbours>,
@@ -152,10 +180,10 @@ struct RawShared {
 }
 
 /// Opens the raw device: checks privileges and the interface, opens the packet socket.
-pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> io::Result<(RawTx, RawRx, Arc<LinkStats>)> {
+pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> std::io::Result<(RawTx, RawRx, Arc<LinkStats>)> {
     if !has_capability(CAP_NET_RAW) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
             format!(
                 "raw device on {}: a packet socket needs CAP_NET_RAW (run as root, or `setcap cap_net_raw+ep` on the binary)",
                 cfg.iface
@@ -163,12 +191,19 @@ pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> io::Result<(RawTx, R
         ));
     }
     let (ifindex, _) = sys::interface_info(&cfg.iface).map_err(|e| open_error(cfg, "interface", e))?;
-    let socket = sys::open_packet_socket(ifindex).map_err(|e| open_error(cfg, "packet socket", e))?;
-    sys::set_buffers(socket.as_raw_fd(), 32 << 20);
+    let (frames, frames_rx): (Arc<dyn FrameTx>, Box<dyn FrameRx>) = match cfg.frame_io {
+        FrameIo::PacketSocket => {
+            let (tx, rx) = io::packet_socket(ifindex).map_err(|e| open_error(cfg, "packet socket", e))?;
+            (Arc::new(tx), Box::new(rx))
+        }
+        FrameIo::Xdp => {
+            return Err(open_error(cfg, "AF_XDP", std::io::ErrorKind::Unsupported.into()));
+        }
+    };
     let stats = Arc::new(LinkStats::default());
     let local = Local { mac: cfg.mac(), ip: cfg.ip };
     let shared = Arc::new(RawShared {
-        socket,
+        frames,
         cfg: cfg.clone(),
         local,
         neighbours: Mutex::new(Neighbours::default()),
@@ -178,31 +213,17 @@ pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> io::Result<(RawTx, R
     let mut ident = [0u8; 2];
     let _ = getrandom::fill(&mut ident);
     let tx = RawTx { shared: shared.clone(), batch: Vec::new(), ident: u16::from_be_bytes(ident) };
-    let rx = RawRx { shared, batch: RecvBatch::new(RX_BATCH, RX_FRAME_MAX) };
+    let rx = RawRx { shared, frames: frames_rx };
     Ok((tx, rx, stats))
 }
 
 impl RawShared {
     fn send(&self, frames: &[Vec<u8>]) {
-        let fd = self.socket.as_raw_fd();
-        for chunk in frames.chunks(TX_BATCH) {
-            let refs: Vec<&[u8]> = chunk.iter().map(|f| &f[..]).collect();
-            let mut sent = 0;
-            while sent < refs.len() {
-                match sys::send_frames(fd, &refs[sent..]) {
-                    Ok(n) => sent += n.max(1),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        let _ = sys::wait_writable(fd);
-                    }
-                    Err(_) => {
-                        // Lost, as on a wire (too big for the link, link down): the engine retransmits.
-                        self.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
-                        sent += 1;
-                    }
-                }
-            }
-            self.stats.tx_datagrams.fetch_add(refs.len() as u64, Ordering::Relaxed);
-        }
+        let refused = self.frames.send(frames);
+        // A refused frame is lost, as on a wire (too big for the link, link down): the
+        // engine retransmits.
+        self.stats.tx_errors.fetch_add(refused as u64, Ordering::Relaxed);
+        self.stats.tx_datagrams.fetch_add((frames.len() - refused) as u64, Ordering::Relaxed);
     }
 
     /// The request (ARP or Neighbour Solicitation) that resolves `hop`.
@@ -295,7 +316,7 @@ impl PacketTx for RawTx {
 /// The receiving half of a raw device.
 pub struct RawRx {
     shared: Arc<RawShared>,
-    batch: RecvBatch,
+    frames: Box<dyn FrameRx>,
 }
 
 impl RawRx {
@@ -338,20 +359,21 @@ impl RawRx {
 
 impl PacketRx for RawRx {
     fn fd(&self) -> RawFd {
-        self.shared.socket.as_raw_fd()
+        self.frames.fd()
     }
 
-    fn recv(&mut self) -> io::Result<usize> {
-        let n = self.batch.recv(self.shared.socket.as_raw_fd())?;
+    fn recv(&mut self) -> std::io::Result<usize> {
+        let n = self.frames.recv()?;
         self.shared.stats.rx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 
     fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
         let mut replies = Vec::new();
-        for i in 0..self.batch.len() {
-            let Some((data, _, _)) = self.batch.get(i) else { break };
+        let mut i = 0;
+        while let Some(data) = self.frames.frame(i) {
             self.on_frame(dev, now_ns, data, &mut replies);
+            i += 1;
         }
         if !replies.is_empty() {
             self.shared.send(&replies);

@@ -1,0 +1,91 @@
+//! The ways a raw device moves whole Ethernet frames, behind two small traits, so that
+//! the device's logic (headers, ICRC, neighbours, ARP) is written once: a packet socket
+//! (`AF_PACKET`) here, AF_XDP in [`super::xdp`].
+
+use crate::transport::sys::{self, RecvBatch};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+/// Sends batches of frames. Shared: the device's sending half and its receiving half
+/// (which answers ARP and echo requests) both send.
+pub trait FrameTx: Send + Sync {
+    /// Sends every frame, waiting for room if the link is busy; returns how many the
+    /// kernel refused (each is lost, as on a wire).
+    fn send(&self, frames: &[Vec<u8>]) -> usize;
+}
+
+/// Receives batches of frames.
+pub trait FrameRx: Send {
+    /// The descriptor that becomes readable when frames may be waiting.
+    fn fd(&self) -> RawFd;
+    /// Reads what is waiting (up to one batch) without blocking; returns the count. The
+    /// frames of the previous batch are given back first.
+    fn recv(&mut self) -> io::Result<usize>;
+    /// Frame `i` of the last batch.
+    fn frame(&self, i: usize) -> Option<&[u8]>;
+}
+
+/// Frames read per `recvmmsg`.
+const RX_BATCH: usize = 32;
+/// Largest frame accepted: a 9000-byte jumbo MTU, Ethernet and one VLAN tag.
+const RX_FRAME_MAX: usize = 9000 + 18;
+/// Frames sent per `sendmmsg`.
+const TX_BATCH: usize = 32;
+
+/// A packet socket's sending side.
+pub struct PacketSocketTx {
+    socket: Arc<OwnedFd>,
+}
+
+/// A packet socket's receiving side.
+pub struct PacketSocketRx {
+    socket: Arc<OwnedFd>,
+    batch: RecvBatch,
+}
+
+/// Opens a packet socket on interface `ifindex` (promiscuous while open) and splits it.
+pub fn packet_socket(ifindex: u32) -> io::Result<(PacketSocketTx, PacketSocketRx)> {
+    let socket = Arc::new(sys::open_packet_socket(ifindex)?);
+    sys::set_buffers(socket.as_raw_fd(), 32 << 20);
+    let rx = PacketSocketRx { socket: socket.clone(), batch: RecvBatch::new(RX_BATCH, RX_FRAME_MAX) };
+    Ok((PacketSocketTx { socket }, rx))
+}
+
+impl FrameTx for PacketSocketTx {
+    fn send(&self, frames: &[Vec<u8>]) -> usize {
+        let fd = self.socket.as_raw_fd();
+        let mut refused = 0;
+        for chunk in frames.chunks(TX_BATCH) {
+            let refs: Vec<&[u8]> = chunk.iter().map(|f| &f[..]).collect();
+            let mut sent = 0;
+            while sent < refs.len() {
+                match sys::send_frames(fd, &refs[sent..]) {
+                    Ok(n) => sent += n.max(1),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        let _ = sys::wait_writable(fd);
+                    }
+                    Err(_) => {
+                        refused += 1;
+                        sent += 1;
+                    }
+                }
+            }
+        }
+        refused
+    }
+}
+
+impl FrameRx for PacketSocketRx {
+    fn fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+
+    fn recv(&mut self) -> io::Result<usize> {
+        self.batch.recv(self.socket.as_raw_fd())
+    }
+
+    fn frame(&self, i: usize) -> Option<&[u8]> {
+        self.batch.get(i).map(|(f, _, _)| f)
+    }
+}
