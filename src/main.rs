@@ -204,6 +204,9 @@ struct RawArgs {
     /// The raw device's MAC (default: 02:5e and the address's last four bytes).
     #[arg(long, requires = "iface")]
     mac: Option<String>,
+    /// How the raw device moves frames: packet (AF_PACKET) or xdp (AF_XDP).
+    #[arg(long = "frame-io", default_value = "packet", requires = "iface")]
+    frame_io: softrdma::transport::raw::FrameIo,
 }
 
 impl RawArgs {
@@ -212,6 +215,7 @@ impl RawArgs {
         let (addr, prefix) = softrdma::verbs::RawConfig::parse_cidr(ip)?;
         let mut cfg = softrdma::verbs::RawConfig::new(iface, addr, prefix);
         cfg.gateway = self.gateway;
+        cfg.frame_io = self.frame_io;
         if let Some(m) = &self.mac {
             let bytes: Vec<u8> = m.split(':').filter_map(|b| u8::from_str_radix(b, 16).ok()).collect();
             cfg.mac = Some(bytes.try_into().map_err(|_| format!("{m:?} is not a MAC address"))?);
