@@ -3,7 +3,11 @@
 //!
 //! - [`roce`]: a RoCEv2 [`crate::engine::Device`] on any [`crate::transport::PacketTx`] /
 //!   [`crate::transport::PacketRx`] pair (kernel UDP sockets, or raw Ethernet frames).
-//! - [`cq`]: the completion queues the application polls, shared by both drivers.
+//! - [`iwarp`]: what an iWARP device needs from a TCP stack ([`iwarp::IwarpPort`]) and the
+//!   connection verbs built on it; [`iwarp_tcp`]: the device on kernel TCP sockets.
+//! - [`cq`]: the completion queues the application polls, shared by every driver.
 
 pub mod cq;
+pub mod iwarp;
+pub mod iwarp_tcp;
 pub mod roce;

@@ -65,12 +65,14 @@
 //! assert_eq!(&got, b"hello over RoCEv2");
 //! ```
 
-mod iwarp;
-
+use crate::driver;
 use crate::driver::cq::CqQueue;
+use crate::driver::iwarp::IwarpPort;
+use crate::driver::iwarp_tcp::IwarpTcp;
 use crate::driver::roce::{Link, RoceDriver};
 use crate::engine::mem::{Mr, SharedMem};
 use crate::engine::{Device, DeviceConfig, Stats};
+use crate::iwarp::device::{ConnId, IwarpDevice};
 use crate::transport::pcap::FrameLog;
 use crate::transport::raw;
 use crate::transport::udp::{self, UdpConfig};
@@ -88,12 +90,12 @@ pub use crate::engine::verbs::{
     Gid, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, Remote, SendOp, SendWr, Sge, UdDest, VerbsError, Wc, WcOpcode,
     WcStatus,
 };
-pub use crate::iwarp::setup::{CrcPolicy, RtrKind};
-pub use crate::transport::raw::RawConfig;
-pub use iwarp::{
+pub use crate::iwarp::config::{
     ConnParam, ConnectError, IwarpConfig, CLOSE_LINGER_MS, MAX_EARLY_BYTES, MAX_HALF_OPEN_PER_LISTENER,
     MAX_HELD_REQUESTS_PER_LISTENER, MAX_TX_BUFFERED,
 };
+pub use crate::iwarp::setup::{CrcPolicy, RtrKind};
+pub use crate::transport::raw::RawConfig;
 
 /// The wire protocol of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -185,7 +187,7 @@ pub use crate::driver::cq::MAX_CQE;
 #[derive(Clone)]
 enum Backend {
     Roce(Arc<RoceDriver>),
-    Iwarp(Arc<iwarp::IwShared>),
+    Iwarp(Arc<dyn IwarpPort>),
 }
 
 impl Backend {
@@ -193,7 +195,7 @@ impl Backend {
     fn with_dev<T>(&self, f: impl FnOnce(&mut Device) -> T) -> T {
         match self {
             Backend::Roce(s) => s.with_core(f),
-            Backend::Iwarp(s) => f(&mut s.lock().dev),
+            Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| f(&mut d.dev)),
         }
     }
 }
@@ -282,8 +284,8 @@ impl Context {
             max_mrs: cfg.max_mrs,
             cc: CcConfig::default(),
         });
-        let (shared, thread) = iwarp::IwShared::open(cfg.addr, dev, cfg.iwarp)?;
-        Ok(Context { backend: Backend::Iwarp(shared), thread: Some(thread) })
+        let (driver, thread) = IwarpTcp::start(cfg.addr, IwarpDevice::new(dev, cfg.iwarp))?;
+        Ok(Context { backend: Backend::Iwarp(driver), thread: Some(thread) })
     }
 
     /// The device's transport.
@@ -298,7 +300,7 @@ impl Context {
     pub fn ip(&self) -> IpAddr {
         match &self.backend {
             Backend::Roce(s) => s.ip,
-            Backend::Iwarp(s) => s.ip,
+            Backend::Iwarp(s) => s.ip(),
         }
     }
 
@@ -372,8 +374,8 @@ impl Context {
         let Backend::Iwarp(s) = &self.backend else {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "listen is for iWARP devices"));
         };
-        let (token, local) = s.listen(addr)?;
-        Ok(Listener { token, local, shared: s.clone() })
+        let (id, local) = s.listen(addr)?;
+        Ok(Listener { id, local, port: s.clone() })
     }
 
     /// `ibv_create_qp`: a QP in RESET (RoCEv2), or an unconnected RC QP (iWARP) that takes
@@ -401,7 +403,7 @@ impl Context {
                 if qp_type != QpType::Rc || srq.is_some() {
                     return Err(VerbsError::InvalidAttribute("iWARP QPs are RC without an SRQ"));
                 }
-                s.create_qp(pd.pd, send_cq.id, recv_cq.id, caps)?
+                driver::iwarp::with(&**s, |d| d.create_qp(pd.pd, send_cq.id, recv_cq.id, caps))?
             }
         };
         Ok(QueuePair { qpn, backend: self.backend.clone() })
@@ -437,9 +439,8 @@ impl Context {
         let shared = match &self.backend {
             Backend::Roce(shared) => shared,
             Backend::Iwarp(s) => {
-                let core = s.lock();
-                let engine = core.dev.stats.clone();
-                return DeviceStats { engine, iwarp_connections: core.connections() as u64, ..DeviceStats::default() };
+                let (engine, conns) = driver::iwarp::with(&**s, |d| (d.dev.stats.clone(), d.connections()));
+                return DeviceStats { engine, iwarp_connections: conns as u64, ..DeviceStats::default() };
             }
         };
         let engine = shared.lock().dev.stats.clone();
@@ -625,7 +626,9 @@ impl QueuePair {
     pub fn modify(&self, attr: &QpAttr) -> Result<(), VerbsError> {
         match &self.backend {
             Backend::Roce(s) => s.with_core(|d| d.modify_qp(self.qpn, attr)),
-            Backend::Iwarp(s) if attr.state == Some(QpState::Err) => s.set_error(self.qpn),
+            Backend::Iwarp(s) if attr.state == Some(QpState::Err) => {
+                driver::iwarp::with(&**s, |d| d.set_error(self.qpn))
+            }
             Backend::Iwarp(_) => Err(VerbsError::InvalidAttribute("iWARP QPs connect with connect/accept")),
         }
     }
@@ -634,7 +637,7 @@ impl QueuePair {
     pub fn state(&self) -> Option<QpState> {
         match &self.backend {
             Backend::Roce(s) => s.lock().dev.qp_state(self.qpn),
-            Backend::Iwarp(s) => s.qp_state(self.qpn),
+            Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.qp_state(self.qpn)),
         }
     }
 
@@ -658,7 +661,7 @@ impl QueuePair {
     pub fn post_send_batch(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), VerbsError> {
         match &self.backend {
             Backend::Roce(s) => s.with_core(|d| wrs.into_iter().try_for_each(|wr| d.post_send(self.qpn, wr))),
-            Backend::Iwarp(s) => s.post_send(self.qpn, wrs),
+            Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.post_send(self.qpn, wrs)),
         }
     }
 
@@ -666,7 +669,7 @@ impl QueuePair {
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         match &self.backend {
             Backend::Roce(s) => s.with_core(|d| d.post_recv(self.qpn, wr)),
-            Backend::Iwarp(s) => s.post_recv(self.qpn, wr),
+            Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.post_recv(self.qpn, wr)),
         }
     }
 
@@ -675,7 +678,7 @@ impl QueuePair {
     /// data; the QP is in RTS.
     pub fn connect(&self, to: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<Vec<u8>, ConnectError> {
         match &self.backend {
-            Backend::Iwarp(s) => s.connect(self.qpn, to, param, timeout),
+            Backend::Iwarp(s) => driver::iwarp::connect(&**s, self.qpn, to, param, timeout),
             Backend::Roce(_) => Err(ConnectError::Invalid("connect is for iWARP QPs (RoCEv2: connect_rc)")),
         }
     }
@@ -720,7 +723,7 @@ impl Drop for QueuePair {
             Backend::Roce(s) => {
                 let _ = s.lock().dev.destroy_qp(self.qpn);
             }
-            Backend::Iwarp(s) => s.destroy_qp(self.qpn),
+            Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.destroy_qp(self.qpn)),
         }
     }
 }
@@ -728,9 +731,9 @@ impl Drop for QueuePair {
 /// An iWARP listener (`rdma_listen` on a bound `rdma_cm_id`). Dropping it stops listening
 /// and rejects the requests nobody took.
 pub struct Listener {
-    token: mio::Token,
+    id: ConnId,
     local: SocketAddr,
-    shared: Arc<iwarp::IwShared>,
+    port: Arc<dyn IwarpPort>,
 }
 
 impl Listener {
@@ -742,14 +745,14 @@ impl Listener {
     /// The next connection request (`RDMA_CM_EVENT_CONNECT_REQUEST`): a peer whose MPA
     /// Request arrived, waiting for [`ConnRequest::accept`] or [`ConnRequest::reject`].
     pub fn get_request(&self, timeout: Duration) -> Option<ConnRequest> {
-        let (token, req, peer) = self.shared.get_request(self.token, timeout)?;
+        let (id, req, peer) = driver::iwarp::get_request(&*self.port, self.id, timeout)?;
         Some(ConnRequest {
-            token,
+            id,
             private_data: req.private_data,
             responder_resources: req.ord,
             initiator_depth: req.ird,
             peer,
-            shared: self.shared.clone(),
+            port: self.port.clone(),
             answered: false,
         })
     }
@@ -757,13 +760,13 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.shared.close_listener(self.token);
+        self.port.close_listener(self.id);
     }
 }
 
 /// A peer's connection request. Dropping it unanswered rejects it.
 pub struct ConnRequest {
-    token: mio::Token,
+    id: ConnId,
     /// The initiator's private data.
     pub private_data: Vec<u8>,
     /// Reads the initiator may have outstanding towards this side (its ORD), the most
@@ -774,7 +777,7 @@ pub struct ConnRequest {
     pub initiator_depth: u16,
     /// The initiator's address.
     pub peer: Option<SocketAddr>,
-    shared: Arc<iwarp::IwShared>,
+    port: Arc<dyn IwarpPort>,
     answered: bool,
 }
 
@@ -782,23 +785,26 @@ impl ConnRequest {
     /// Accepts onto `qp` (`rdma_accept`): the MPA Reply goes out and the QP is in RTS.
     pub fn accept(mut self, qp: &QueuePair, param: &ConnParam) -> Result<(), ConnectError> {
         self.answered = true;
-        if !matches!(&qp.backend, Backend::Iwarp(s) if Arc::ptr_eq(s, &self.shared)) {
+        if !matches!(&qp.backend, Backend::Iwarp(s) if std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(&self.port))) {
             return Err(ConnectError::Invalid("the QP is not on this listener's device"));
         }
-        self.shared.accept(self.token, qp.qpn, param)
+        let (id, qpn) = (self.id, qp.qpn);
+        driver::iwarp::with(&*self.port, |d| d.accept(id, qpn, param))
     }
 
     /// Rejects (`rdma_reject`): an MPA Reply with the reject bit and `private_data`.
     pub fn reject(mut self, private_data: &[u8]) {
         self.answered = true;
-        self.shared.reject(self.token, private_data);
+        let id = self.id;
+        driver::iwarp::with(&*self.port, |d| d.reject(id, private_data));
     }
 }
 
 impl Drop for ConnRequest {
     fn drop(&mut self) {
         if !self.answered {
-            self.shared.reject(self.token, b"");
+            let id = self.id;
+            driver::iwarp::with(&*self.port, |d| d.reject(id, b""));
         }
     }
 }

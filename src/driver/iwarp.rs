@@ -1,0 +1,104 @@
+//! What an iWARP device needs from a TCP stack, as one small trait, and the verbs built on
+//! it once for every stack: kernel TCP sockets ([`super::iwarp_tcp`]) or a userspace TCP
+//! over raw Ethernet ([`super::iwarp_smol`]).
+
+use super::cq::CqQueue;
+use crate::iwarp::config::{ConnParam, ConnectError};
+use crate::iwarp::device::{ConnId, IwarpDevice};
+use crate::iwarp::setup::PeerRequest;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A TCP stack running an [`IwarpDevice`]: it owns the device lock, the streams and a poll
+/// thread, feeds the device's events in and moves its bytes out.
+pub trait IwarpPort: Send + Sync {
+    /// The device's address.
+    fn ip(&self) -> IpAddr;
+    /// Runs `f` on the device under its lock, then writes what it queued, closes what it
+    /// ended, hands out completions and wakes waiters.
+    fn run(&self, f: &mut dyn FnMut(&mut IwarpDevice));
+    /// Waits (at most `timeout`) until `done` holds, checking it under the lock after every
+    /// change; true if it held.
+    fn wait(&self, done: &mut dyn FnMut(&mut IwarpDevice) -> bool, timeout: Duration) -> bool;
+    /// Completions for CQ `id` go to `queue`.
+    fn add_cq(&self, id: u32, queue: Arc<CqQueue>);
+    /// Makes the TCP connection of connection `t` to `to` and reports it to the device
+    /// (`on_tcp_connected`), now or later from the poll thread.
+    fn open_stream(&self, t: ConnId, to: SocketAddr, timeout: Duration) -> Result<(), ConnectError>;
+    /// Listens on `addr`; returns the listener's id and address.
+    fn listen(&self, addr: SocketAddr) -> io::Result<(ConnId, SocketAddr)>;
+    /// Stops listening (the device rejects what nobody took).
+    fn close_listener(&self, l: ConnId);
+    /// The peer's address on connection `t`.
+    fn peer_addr(&self, t: ConnId) -> Option<SocketAddr>;
+    /// Stops the poll thread.
+    fn stop(&self);
+}
+
+/// Runs `f` on `port`'s device and returns what it returns.
+pub fn with<T>(port: &dyn IwarpPort, f: impl FnOnce(&mut IwarpDevice) -> T) -> T {
+    let mut f = Some(f);
+    let mut out = None;
+    port.run(&mut |d| {
+        if let Some(f) = f.take() {
+            out = Some(f(d));
+        }
+    });
+    out.expect("IwarpPort::run calls its closure once")
+}
+
+/// Active side (`rdma_connect`): TCP, then the MPA Request with `param` and the Reply,
+/// waiting at most `timeout`. Returns the peer's private data; the QP is in RTS.
+pub fn connect(
+    port: &dyn IwarpPort,
+    qpn: u32,
+    to: SocketAddr,
+    param: &ConnParam,
+    timeout: Duration,
+) -> Result<Vec<u8>, ConnectError> {
+    let deadline = Instant::now() + timeout;
+    let t = with(port, |d| d.connect(qpn, param))?;
+    if let Err(e) = port.open_stream(t, to, timeout) {
+        with(port, |d| d.abandon(t));
+        return Err(e);
+    }
+    let mut result = None;
+    let left = deadline.saturating_duration_since(Instant::now());
+    port.wait(
+        &mut |d| {
+            result = d.take_result(t);
+            if result.is_none() && d.conn_state(t).is_none() {
+                result = Some(Err(ConnectError::Tcp("the connection closed during MPA setup".into())));
+            }
+            result.is_some()
+        },
+        left,
+    );
+    result.unwrap_or_else(|| {
+        with(port, |d| d.abandon(t));
+        Err(ConnectError::Timeout)
+    })
+}
+
+/// The next MPA Request on listener `l` (`RDMA_CM_EVENT_CONNECT_REQUEST`), waiting at
+/// most `timeout`.
+pub fn get_request(
+    port: &dyn IwarpPort,
+    l: ConnId,
+    timeout: Duration,
+) -> Option<(ConnId, PeerRequest, Option<SocketAddr>)> {
+    let mut got = None;
+    let mut gone = false;
+    port.wait(
+        &mut |d| {
+            got = d.take_request(l);
+            gone = !d.has_listener(l);
+            got.is_some() || gone
+        },
+        timeout,
+    );
+    let (r, req) = got?;
+    Some((r, req, port.peer_addr(r)))
+}
