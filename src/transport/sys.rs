@@ -74,7 +74,7 @@ pub struct RecvBatch {
     cmsgs: Vec<CmsgBuf>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    meta: Vec<(usize, SocketAddr, u8)>,
+    meta: Vec<(usize, SocketAddr, u8, u32)>,
 }
 
 // SAFETY: the raw pointers in `iovs` and `hdrs` are scratch space, rewritten from the owned
@@ -108,8 +108,14 @@ impl RecvBatch {
 
     /// Datagram `i` of the last call: its bytes, source and TOS byte.
     pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr, u8)> {
-        let &(len, src, tos) = self.meta.get(i)?;
+        let &(len, src, tos, _) = self.meta.get(i)?;
         Some((&self.bufs[i][..len], src, tos))
+    }
+
+    /// True if frame `i` (from a packet socket with [`set_packet_auxdata`]) came from this
+    /// host with its transport checksum still partial (offloaded, `TP_STATUS_CSUMNOTREADY`).
+    pub fn checksum_partial(&self, i: usize) -> bool {
+        self.meta.get(i).is_some_and(|m| m.3 & TP_STATUS_CSUMNOTREADY != 0)
     }
 
     /// Receives what is queued without blocking; returns the number of datagrams.
@@ -142,34 +148,58 @@ impl RecvBatch {
             let src = sockaddr_to_std(&self.addrs[i]).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
             // The kernel never reports more than the iovec's length; clamp all the same.
             let len = (h.msg_len as usize).min(self.bufs[i].len());
-            self.meta.push((len, src, tos_of(&h.msg_hdr)));
+            let (tos, status) = ancillary_of(&h.msg_hdr);
+            self.meta.push((len, src, tos, status));
         }
         Ok(got)
     }
 }
 
-fn tos_of(h: &libc::msghdr) -> u8 {
+/// `struct tpacket_auxdata` (linux/if_packet.h), which libc does not define.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TpacketAuxdata {
+    tp_status: u32,
+    tp_len: u32,
+    tp_snaplen: u32,
+    tp_mac: u16,
+    tp_net: u16,
+    tp_vlan_tci: u16,
+    tp_vlan_tpid: u16,
+}
+/// `PACKET_AUXDATA` (linux/if_packet.h).
+const PACKET_AUXDATA: libc::c_int = 8;
+/// `TP_STATUS_CSUMNOTREADY`: the checksum is partial, to be completed by hardware.
+const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
+
+/// Asks a packet socket for each frame's `tpacket_auxdata` (its checksum status).
+pub fn set_packet_auxdata(fd: RawFd) -> io::Result<()> {
+    set_int_option(fd, libc::SOL_PACKET, PACKET_AUXDATA, 1)
+}
+
+/// The TOS byte (IP sockets) and the packet status (packet sockets) in a message's
+/// ancillary data.
+fn ancillary_of(h: &libc::msghdr) -> (u8, u32) {
+    let (mut tos, mut status) = (0, 0);
     // SAFETY: the kernel filled msg_control with well-formed cmsgs of msg_controllen bytes;
-    // the CMSG macros walk them within those bounds.
+    // the CMSG macros walk them within those bounds, and each payload is read unaligned
+    // with the type its level and type say it holds.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
             let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
-            let is_tos = (level == libc::IPPROTO_IP && ty == libc::IP_TOS)
-                || (level == libc::IPPROTO_IPV6 && ty == libc::IPV6_TCLASS);
-            if is_tos {
-                let data = libc::CMSG_DATA(c);
-                // IP_TOS carries one byte; IPV6_TCLASS an int.
-                return if level == libc::IPPROTO_IP {
-                    *data
-                } else {
-                    (data.cast::<libc::c_int>().read_unaligned()) as u8
-                };
+            let data = libc::CMSG_DATA(c);
+            if level == libc::IPPROTO_IP && ty == libc::IP_TOS {
+                tos = *data;
+            } else if level == libc::IPPROTO_IPV6 && ty == libc::IPV6_TCLASS {
+                tos = (data.cast::<libc::c_int>().read_unaligned()) as u8;
+            } else if level == libc::SOL_PACKET && ty == PACKET_AUXDATA {
+                status = data.cast::<TpacketAuxdata>().read_unaligned().tp_status;
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    0
+    (tos, status)
 }
 
 fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {

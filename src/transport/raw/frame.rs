@@ -123,6 +123,45 @@ fn ipv4_checksum(header: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// Completes the TCP or UDP checksum of a frame a sender on this host left partial for
+/// offload (the field holds the pseudo-header sum; the rest is summed here, as the NIC
+/// would). Frames of other kinds are left as they are.
+pub fn complete_partial_checksum(frame: &mut [u8]) {
+    let (l4_at, proto) = match frame.get(12..14) {
+        Some([0x08, 0x00]) => match frame.get(14) {
+            Some(v) => (ETH_HEADER_LEN + usize::from(v & 0x0f) * 4, frame.get(23).copied()),
+            None => return,
+        },
+        Some([0x86, 0xdd]) => (ETH_HEADER_LEN + 40, frame.get(20).copied()),
+        _ => return,
+    };
+    let ip_len = match frame[12] {
+        0x08 => frame.get(16..18).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))),
+        _ => frame.get(18..20).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])) + 40),
+    };
+    let end = ip_len.map_or(0, |l| (ETH_HEADER_LEN + l).min(frame.len()));
+    let field = match proto {
+        Some(6) => 16,
+        Some(17) => 6,
+        _ => return,
+    };
+    if end < l4_at + field + 2 {
+        return;
+    }
+    let mut sum: u64 = 0;
+    for c in frame[l4_at..end].chunks(2) {
+        sum += u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let mut csum = !(sum as u16);
+    if csum == 0 && proto == Some(17) {
+        csum = 0xffff;
+    }
+    frame[l4_at + field..l4_at + field + 2].copy_from_slice(&csum.to_be_bytes());
+}
+
 /// The UDP checksum over IPv6 (RFC 8200 §8.1) of `udp` (header with checksum 0, payload).
 fn udp6_checksum(src: Ipv6Addr, dst: Ipv6Addr, udp: &[u8]) -> u16 {
     let mut sum: u64 = 0;
@@ -457,6 +496,29 @@ mod tests {
         let mut frame = frame_a_to_b(0b10);
         frame[24] ^= 1;
         assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::Malformed));
+    }
+
+    #[test]
+    fn a_partial_checksum_is_completed_as_a_nic_would() {
+        let (IpAddr::V4(a), IpAddr::V4(b)) = (A.ip, B.ip) else { unreachable!() };
+        let tcp = PacketBuilder::ethernet2(A.mac, B.mac).ipv4(a.octets(), b.octets(), 64).tcp(1000, 2000, 7, 4096);
+        let mut frame = Vec::new();
+        tcp.write(&mut frame, b"iwarp bytes").unwrap();
+        let good = frame.clone();
+        // What the kernel hands a packet socket for offload: the pseudo-header sum only.
+        let mut pseudo: u32 = 0;
+        for c in [&a.octets()[..], &b.octets()[..], &[0, 6], &((frame.len() - 34) as u16).to_be_bytes()] {
+            for w in c.chunks(2) {
+                pseudo += u32::from(u16::from_be_bytes([w[0], w[1]]));
+            }
+        }
+        while pseudo > 0xffff {
+            pseudo = (pseudo & 0xffff) + (pseudo >> 16);
+        }
+        frame[50..52].copy_from_slice(&(pseudo as u16).to_be_bytes());
+        assert_ne!(frame, good);
+        complete_partial_checksum(&mut frame);
+        assert_eq!(frame, good);
     }
 
     #[test]

@@ -24,6 +24,11 @@ pub trait FrameRx: Send {
     fn recv(&mut self) -> io::Result<usize>;
     /// Frame `i` of the last batch.
     fn frame(&self, i: usize) -> Option<&[u8]>;
+    /// True if frame `i` came from a sender on this host with its TCP or UDP checksum
+    /// left partial for offload (only a packet socket can tell).
+    fn checksum_partial(&self, _i: usize) -> bool {
+        false
+    }
 }
 
 /// Frames read per `recvmmsg`.
@@ -48,6 +53,7 @@ pub struct PacketSocketRx {
 pub fn packet_socket(ifindex: u32) -> io::Result<(PacketSocketTx, PacketSocketRx)> {
     let socket = Arc::new(sys::open_packet_socket(ifindex)?);
     sys::set_buffers(socket.as_raw_fd(), 32 << 20);
+    sys::set_packet_auxdata(socket.as_raw_fd())?;
     let rx = PacketSocketRx { socket: socket.clone(), batch: RecvBatch::new(RX_BATCH, RX_FRAME_MAX) };
     Ok((PacketSocketTx { socket }, rx))
 }
@@ -87,5 +93,9 @@ impl FrameRx for PacketSocketRx {
 
     fn frame(&self, i: usize) -> Option<&[u8]> {
         self.batch.get(i).map(|(f, _, _)| f)
+    }
+
+    fn checksum_partial(&self, i: usize) -> bool {
+        self.batch.checksum_partial(i)
     }
 }
