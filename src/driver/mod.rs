@@ -4,10 +4,12 @@
 //! - [`roce`]: a RoCEv2 [`crate::engine::Device`] on any [`crate::transport::PacketTx`] /
 //!   [`crate::transport::PacketRx`] pair (kernel UDP sockets, or raw Ethernet frames).
 //! - [`iwarp`]: what an iWARP device needs from a TCP stack ([`iwarp::IwarpPort`]) and the
-//!   connection verbs built on it; [`iwarp_tcp`]: the device on kernel TCP sockets.
+//!   connection verbs built on it; [`iwarp_tcp`]: the device on kernel TCP sockets;
+//!   [`iwarp_smol`]: on smoltcp's TCP over raw Ethernet.
 //! - [`cq`]: the completion queues the application polls, shared by every driver.
 
 pub mod cq;
 pub mod iwarp;
+pub mod iwarp_smol;
 pub mod iwarp_tcp;
 pub mod roce;

@@ -68,6 +68,7 @@
 use crate::driver;
 use crate::driver::cq::CqQueue;
 use crate::driver::iwarp::IwarpPort;
+use crate::driver::iwarp_smol::{IwarpSmol, SmolLink};
 use crate::driver::iwarp_tcp::IwarpTcp;
 use crate::driver::roce::{Link, RoceDriver};
 use crate::engine::mem::{Mr, SharedMem};
@@ -275,7 +276,8 @@ impl Context {
         Ok(Context { backend: Backend::Roce(driver), thread: Some(thread) })
     }
 
-    /// An iWARP device: no socket until a QP connects or the application listens.
+    /// An iWARP device: on kernel TCP (no socket until a QP connects or the application
+    /// listens), or with `cfg.raw` on smoltcp's TCP over raw Ethernet.
     fn open_iwarp(cfg: OpenConfig) -> io::Result<Context> {
         let dev = Device::new(DeviceConfig {
             gid: udp::ip_to_gid(cfg.addr),
@@ -284,7 +286,23 @@ impl Context {
             max_mrs: cfg.max_mrs,
             cc: CcConfig::default(),
         });
-        let (driver, thread) = IwarpTcp::start(cfg.addr, IwarpDevice::new(dev, cfg.iwarp))?;
+        let device = IwarpDevice::new(dev, cfg.iwarp);
+        let Some(raw_cfg) = &cfg.raw else {
+            let (driver, thread) = IwarpTcp::start(cfg.addr, device)?;
+            return Ok(Context { backend: Backend::Iwarp(driver), thread: Some(thread) });
+        };
+        if raw_cfg.ip != cfg.addr {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "OpenConfig::addr differs from raw.ip"));
+        }
+        let raw::io::Frames { tx, rx, mtu } = raw::open_frames(raw_cfg)?;
+        let link = SmolLink {
+            ip: raw_cfg.ip,
+            prefix_len: raw_cfg.prefix_len,
+            gateway: raw_cfg.gateway,
+            mac: raw_cfg.mac(),
+            mtu,
+        };
+        let (driver, thread) = IwarpSmol::start(device, link, rx, tx)?;
         Ok(Context { backend: Backend::Iwarp(driver), thread: Some(thread) })
     }
 

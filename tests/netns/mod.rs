@@ -79,6 +79,21 @@ impl VethPair {
     }
 }
 
+impl VethPair {
+    /// As [`VethPair::run_in`] for a closure that borrows (the thread is scoped).
+    pub fn scoped_in<T: Send>(&self, i: usize, f: impl FnOnce() -> T + Send) -> T {
+        let path = self.path(i);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                softrdma::transport::enter_netns(&path).expect("setns");
+                f()
+            })
+            .join()
+            .expect("the thread in the namespace panicked")
+        })
+    }
+}
+
 impl Drop for VethPair {
     fn drop(&mut self) {
         // Deleting a namespace deletes the veth end inside it, and with it its peer.

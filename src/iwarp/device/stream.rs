@@ -66,6 +66,13 @@ impl IwarpDevice {
         self.refill(t);
     }
 
+    /// Connection `t` still has bytes its stream did not take: offer them again.
+    pub fn mark_writable(&mut self, t: ConnId) {
+        if self.conns.contains_key(&t) {
+            self.writable.insert(t);
+        }
+    }
+
     /// Connections with bytes to write since the last call.
     pub fn take_writable(&mut self) -> Vec<ConnId> {
         std::mem::take(&mut self.writable).into_iter().filter(|t| self.conns.contains_key(t)).collect()

@@ -31,6 +31,16 @@ pub trait FrameRx: Send {
     }
 }
 
+/// A link, opened: both ways of moving frames and the interface's MTU (IP bytes).
+pub struct Frames {
+    /// Sending.
+    pub tx: Arc<dyn FrameTx>,
+    /// Receiving.
+    pub rx: Box<dyn FrameRx>,
+    /// The interface's MTU.
+    pub mtu: usize,
+}
+
 /// Frames read per `recvmmsg`.
 const RX_BATCH: usize = 32;
 /// Largest frame accepted: a 9000-byte jumbo MTU, Ethernet and one VLAN tag.

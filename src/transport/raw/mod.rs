@@ -28,7 +28,7 @@ use crate::engine::Device;
 use crate::transport::headers::gid_to_ip;
 use crate::transport::udp::ROCE_PORT;
 use frame::{DropReason, Inbound, Local, RoceFields};
-use io::{FrameRx, FrameTx};
+use io::{FrameRx, FrameTx, Frames};
 use neighbour::{Neighbours, Resolution};
 use std::net::IpAddr;
 use std::os::fd::RawFd;
@@ -179,8 +179,9 @@ struct RawShared {
     log: Option<Arc<FrameLog>>,
 }
 
-/// Opens the raw device: checks privileges and the interface, opens the packet socket.
-pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> std::io::Result<(RawTx, RawRx, Arc<LinkStats>)> {
+/// Checks privileges and the interface, and opens the way frames move (`cfg.frame_io`);
+/// returns both halves and the interface's MTU.
+pub fn open_frames(cfg: &RawConfig) -> std::io::Result<Frames> {
     if !has_capability(CAP_NET_RAW) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -190,16 +191,19 @@ pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> std::io::Result<(Raw
             ),
         ));
     }
-    let (ifindex, _) = sys::interface_info(&cfg.iface).map_err(|e| open_error(cfg, "interface", e))?;
-    let (frames, frames_rx): (Arc<dyn FrameTx>, Box<dyn FrameRx>) = match cfg.frame_io {
+    let (ifindex, mtu) = sys::interface_info(&cfg.iface).map_err(|e| open_error(cfg, "interface", e))?;
+    match cfg.frame_io {
         FrameIo::PacketSocket => {
             let (tx, rx) = io::packet_socket(ifindex).map_err(|e| open_error(cfg, "packet socket", e))?;
-            (Arc::new(tx), Box::new(rx))
+            Ok(Frames { tx: Arc::new(tx), rx: Box::new(rx), mtu: mtu as usize })
         }
-        FrameIo::Xdp => {
-            return Err(open_error(cfg, "AF_XDP", std::io::ErrorKind::Unsupported.into()));
-        }
-    };
+        FrameIo::Xdp => Err(open_error(cfg, "AF_XDP", std::io::ErrorKind::Unsupported.into())),
+    }
+}
+
+/// Opens the raw RoCEv2 device's two halves.
+pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> std::io::Result<(RawTx, RawRx, Arc<LinkStats>)> {
+    let Frames { tx: frames, rx: frames_rx, .. } = open_frames(cfg)?;
     let stats = Arc::new(LinkStats::default());
     let local = Local { mac: cfg.mac(), ip: cfg.ip };
     let shared = Arc::new(RawShared {
