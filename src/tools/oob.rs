@@ -255,20 +255,20 @@ pub struct CmChannel {
     rcq: CompletionQueue,
     mr: MemoryRegion,
     _pd: ProtectionDomain,
-    _ctx: Context,
+    ctx: std::sync::Arc<Context>,
 }
 
 const CM_RECV_AT: usize = 64;
 
 impl CmChannel {
     fn new(cfg: &OpenConfig) -> Result<CmChannel, OobError> {
-        let ctx = Context::open(cfg.clone())?;
+        let ctx = std::sync::Arc::new(Context::open(cfg.clone())?);
         let pd = ctx.alloc_pd();
         let (scq, rcq) = (ctx.create_cq(4), ctx.create_cq(4));
         let mr = ctx.reg_mr(&pd, 2 * CM_RECV_AT, Access::ALL).map_err(verbs_err)?;
         let caps = QpCaps { max_send_wr: 2, max_recv_wr: 2, max_sge: 1 };
         let qp = ctx.create_qp(&pd, &scq, &rcq, QpType::Rc, caps, None).map_err(verbs_err)?;
-        let c = CmChannel { qp, scq, rcq, mr, _pd: pd, _ctx: ctx };
+        let c = CmChannel { qp, scq, rcq, mr, _pd: pd, ctx };
         c.post_recv()?;
         Ok(c)
     }
@@ -340,7 +340,7 @@ impl Oob {
     /// on a device opened with `cfg` (an iWARP one), then stops listening.
     pub fn accept_cm(cfg: &OpenConfig, port: u16) -> Result<Oob, OobError> {
         let chan = CmChannel::new(cfg)?;
-        let listener = chan._ctx.listen(std::net::SocketAddr::new(cfg.addr, port))?;
+        let listener = chan.ctx.listen(std::net::SocketAddr::new(cfg.addr, port))?;
         let req =
             listener.get_request(Duration::from_secs(24 * 3600)).ok_or(OobError::Io(io::ErrorKind::TimedOut.into()))?;
         req.accept(&chan.qp, &ConnParam::default()).map_err(|e| OobError::Protocol(e.to_string()))?;
@@ -357,6 +357,16 @@ impl Oob {
         // MPA Reply (perftest's client sleeps a second here too).
         std::thread::sleep(Duration::from_millis(200));
         Ok(Oob { chan: Channel::Cm(Box::new(chan)), client: true, peer_version: 0.0 })
+    }
+
+    /// The device an rdma_cm exchange runs on: the tests run on it too, as perftest's do
+    /// (one device per address: a second raw device on the same address would answer for
+    /// the first one's connections).
+    pub fn device(&self) -> Option<std::sync::Arc<Context>> {
+        match &self.chan {
+            Channel::Cm(c) => Some(c.ctx.clone()),
+            Channel::Tcp(_) => None,
+        }
     }
 
     /// The local address of the TCP connection: the one to run RDMA from.

@@ -68,7 +68,10 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
     }
     let mtu = oob.preamble(mtu).map_err(|e| e.to_string())?;
     let local = cfg.addr;
-    let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
+    let ctx = match oob.device() {
+        Some(ctx) => ctx,
+        None => std::sync::Arc::new(Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?),
+    };
     let mut p = a.params.clone();
     p.mtu = mtu;
     p.max_size = sizes(a).into_iter().max().unwrap_or(p.size);
@@ -101,21 +104,20 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
 fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
     let e = |e: super::oob::OobError| e.to_string();
     if a.transport == Transport::Iwarp {
-        if a.raw.is_some() {
-            return Err("--iface runs RoCEv2 on raw Ethernet; iWARP runs on kernel TCP".into());
-        }
         if a.params.test == Test::AtomicBw {
             return Err("atomics over iWARP are RFC 7306, which softrdma does not speak yet".into());
         }
         if a.pcap.is_some() {
             return Err("--pcap captures RoCEv2 frames; capture iWARP's TCP with tcpdump".into());
         }
-        let local = match (a.bind, &a.server) {
-            (Some(ip), _) => ip,
-            (None, Some(s)) => route_source(s, a.port).map_err(|e| format!("no route to {s}: {e}"))?,
-            (None, None) => IpAddr::from([0, 0, 0, 0]),
+        let local = match (&a.raw, a.bind, &a.server) {
+            (Some(raw), _, _) => raw.ip,
+            (None, Some(ip), _) => ip,
+            (None, None, Some(s)) => route_source(s, a.port).map_err(|e| format!("no route to {s}: {e}"))?,
+            (None, None, None) => IpAddr::from([0, 0, 0, 0]),
         };
         let mut cfg = OpenConfig::new(local);
+        cfg.raw = a.raw.clone();
         cfg.transport = Transport::Iwarp;
         cfg.iwarp = a.iwarp.clone();
         let oob = match &a.server {
