@@ -47,6 +47,10 @@ enum Command {
         /// Print one JSON document instead of the table.
         #[arg(long)]
         json: bool,
+        /// Instead: RoCEv2 across a veth pair between two namespaces the demo makes and
+        /// removes (root), over kernel UDP sockets, AF_PACKET and AF_XDP, next to plain UDP.
+        #[arg(long)]
+        veth: bool,
     },
     /// ibv_rc_pingpong's test, compatible with it on the wire and out of band.
     RcPingpong {
@@ -248,8 +252,13 @@ fn main() -> ExitCode {
         Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
         Command::Sim { seed: Some(seed), .. } => sim_one(seed),
         Command::Sim { seed: None, seeds, from } => sim_many(from, seeds),
-        Command::Demo { qps, seconds, json } => {
-            match softrdma::tools::demo::run(&softrdma::tools::demo::DemoArgs { qps, seconds, json }) {
+        Command::Demo { qps, seconds, json, veth } => {
+            let out = if veth {
+                softrdma::tools::demo_veth::run(seconds, json)
+            } else {
+                softrdma::tools::demo::run(&softrdma::tools::demo::DemoArgs { qps, seconds, json })
+            };
+            match out {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("softrdma demo: {e}");

@@ -95,7 +95,7 @@ fn every_operation(a: &Side, b: &Side) {
 #[test]
 fn smoltcp_iwarp_connects_to_kernel_tcp_iwarp_and_runs_every_operation() {
     let Some(pair) = pair_or_skip("iwarp smoltcp to kernel") else { return };
-    pair.kernel_addr(0, "10.9.0.1/24");
+    pair.kernel_addr(0, "10.9.0.1/24").unwrap();
     let k = kernel(&pair, 0, "10.9.0.1");
     let r = raw(&pair, 1, "10.9.0.2/24");
     connect(&pair, (&k, 0), (&r, 1), "10.9.0.1:0".parse().unwrap());
@@ -106,7 +106,7 @@ fn smoltcp_iwarp_connects_to_kernel_tcp_iwarp_and_runs_every_operation() {
 #[test]
 fn kernel_tcp_iwarp_connects_to_smoltcp_iwarp_and_runs_every_operation() {
     let Some(pair) = pair_or_skip("iwarp kernel to smoltcp") else { return };
-    pair.kernel_addr(0, "10.9.0.1/24");
+    pair.kernel_addr(0, "10.9.0.1/24").unwrap();
     let k = kernel(&pair, 0, "10.9.0.1");
     let r = raw(&pair, 1, "10.9.0.2/24");
     connect(&pair, (&r, 1), (&k, 0), "0.0.0.0:0".parse().unwrap());

@@ -45,8 +45,11 @@ fn open_pair() -> std::io::Result<(Context, Context)> {
 /// Plain UDP on the same path: one thread sends `size`-byte datagrams in batches, another
 /// receives; bytes per second at the receiver.
 pub fn udp_bandwidth(size: usize, secs: f64) -> std::io::Result<f64> {
-    let rx = UdpSocket::bind((B, 0))?;
-    let tx = UdpSocket::bind((A, 0))?;
+    udp_bandwidth_on(UdpSocket::bind((A, 0))?, UdpSocket::bind((B, 0))?, size, secs)
+}
+
+/// As [`udp_bandwidth`], from socket `tx` to socket `rx` (made wherever the path is).
+pub fn udp_bandwidth_on(tx: UdpSocket, rx: UdpSocket, size: usize, secs: f64) -> std::io::Result<f64> {
     let to = rx.local_addr()?;
     rx.set_read_timeout(Some(Duration::from_millis(200)))?;
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -107,8 +110,11 @@ fn recv_one(s: &UdpSocket, buf: &mut [u8], spin: bool) -> std::io::Result<usize>
 /// Plain UDP ping-pong of `size` bytes between two threads, blocking in `recv` or spinning
 /// (`spin`): one-way time (half the round trip), µs, as perftest reports latency.
 pub fn udp_latency(size: usize, iters: usize, spin: bool) -> std::io::Result<LatResult> {
-    let a = UdpSocket::bind((A, 0))?;
-    let b = UdpSocket::bind((B, 0))?;
+    udp_latency_on(UdpSocket::bind((A, 0))?, UdpSocket::bind((B, 0))?, size, iters, spin)
+}
+
+/// As [`udp_latency`], between sockets `a` and `b` (made wherever the path is).
+pub fn udp_latency_on(a: UdpSocket, b: UdpSocket, size: usize, iters: usize, spin: bool) -> std::io::Result<LatResult> {
     let (to_a, to_b) = (a.local_addr()?, b.local_addr()?);
     for s in [&a, &b] {
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -153,7 +159,21 @@ fn iters_for(size: usize, secs: f64, guess_bytes_per_s: f64) -> u64 {
 
 /// One bandwidth row between the two devices.
 fn rdma_bw(a: &Context, b: &Context, test: Test, size: usize, qps: usize, secs: f64) -> Result<BwResult, String> {
+    rdma_bw_mtu(a, b, test, size, qps, secs, Mtu::M4096)
+}
+
+/// One bandwidth row between the two devices at path MTU `mtu`.
+pub fn rdma_bw_mtu(
+    a: &Context,
+    b: &Context,
+    test: Test,
+    size: usize,
+    qps: usize,
+    secs: f64,
+    mtu: Mtu,
+) -> Result<BwResult, String> {
     let mut p = Params::defaults(test);
+    p.mtu = mtu;
     p.size = size;
     p.qps = qps;
     p.iters = iters_for(size, secs / qps as f64, 3e8);
@@ -179,7 +199,20 @@ fn bw_between(x: &Endpoint<'_>, y: &Endpoint<'_>, p: &Params) -> Result<BwResult
 
 /// One latency row between the two devices.
 fn rdma_lat(a: &Context, b: &Context, test: Test, size: usize, iters: u64) -> Result<LatResult, String> {
+    rdma_lat_mtu(a, b, test, size, iters, Mtu::M4096)
+}
+
+/// One latency row between the two devices at path MTU `mtu`.
+pub fn rdma_lat_mtu(
+    a: &Context,
+    b: &Context,
+    test: Test,
+    size: usize,
+    iters: u64,
+    mtu: Mtu,
+) -> Result<LatResult, String> {
     let mut p = Params::defaults(test);
+    p.mtu = mtu;
     p.size = size;
     p.iters = iters;
     let (x, y) =

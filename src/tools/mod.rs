@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod demo;
+pub mod demo_veth;
+pub mod netns;
 pub mod oob;
 pub mod perf;
 pub mod pingpong;

@@ -1,0 +1,172 @@
+//! `softrdma demo --veth`: RoCEv2 across a veth pair between two network namespaces that
+//! the demo makes and removes (root), over every way softrdma moves packets: kernel UDP
+//! sockets, raw frames through a packet socket (AF_PACKET) and through AF_XDP; next to
+//! plain UDP on the same veth in the same run, so every figure is also a ratio.
+
+use super::bench::{LatResult, Test};
+use super::demo::{rdma_bw_mtu, rdma_lat_mtu, udp_bandwidth_on, udp_latency_on};
+use super::netns::VethPair;
+use crate::transport::raw::FrameIo;
+use crate::verbs::{Context, Mtu, OpenConfig};
+use serde_json::json;
+use std::net::UdpSocket;
+
+/// The kernel's addresses on the two veth ends (plain UDP and the UDP-socket devices).
+const KERNEL: [&str; 2] = ["10.99.0.1", "10.99.0.2"];
+/// The raw devices' own addresses, which the kernel does not hold.
+const RAW: [&str; 2] = ["10.99.0.11", "10.99.0.12"];
+/// veth's MTU is 1500: path MTU 1024, as rxe would choose.
+const MTU: Mtu = Mtu::M1024;
+/// A middle WRITE packet at that MTU: BTH, payload, ICRC (the baseline's datagram size).
+const DATAGRAM: usize = 12 + 1024 + 4;
+
+/// The ways to move packets the demo compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    UdpSocket,
+    Packet,
+    Xdp,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::UdpSocket => "udp-socket",
+            Path::Packet => "af_packet",
+            Path::Xdp => "af_xdp",
+        }
+    }
+}
+
+/// One path's figures: bandwidth (bytes/s) of 64 KiB WRITE, READ, SEND; latency (µs) of
+/// 8-byte WRITE, READ, SEND.
+struct PathRow {
+    path: Path,
+    bw: [f64; 3],
+    lat: [f64; 3],
+}
+
+fn open_on(pair: &VethPair, path: Path, i: usize) -> Result<Context, String> {
+    let cfg = match path {
+        Path::UdpSocket => OpenConfig::new(KERNEL[i].parse().map_err(|_| "address")?),
+        Path::Packet | Path::Xdp => {
+            let mut cfg = OpenConfig::raw(&pair.ifaces[i], RAW[i].parse().map_err(|_| "address")?, 24);
+            if let Some(raw) = cfg.raw.as_mut() {
+                raw.frame_io = if path == Path::Xdp { FrameIo::Xdp } else { FrameIo::PacketSocket };
+            }
+            cfg
+        }
+    };
+    pair.run_in(i, move || Context::open(cfg)).map_err(|e| format!("{}: {e}", path.name()))
+}
+
+fn measure(pair: &VethPair, path: Path, secs: f64) -> Result<PathRow, String> {
+    let (a, b) = (open_on(pair, path, 0)?, open_on(pair, path, 1)?);
+    let mut bw = [0.0; 3];
+    for (slot, test) in bw.iter_mut().zip([Test::WriteBw, Test::ReadBw, Test::SendBw]) {
+        *slot = rdma_bw_mtu(&a, &b, test, 65536, 1, secs, MTU)?.avg_bytes_per_s;
+    }
+    let mut lat = [0.0; 3];
+    for (slot, test) in lat.iter_mut().zip([Test::WriteLat, Test::ReadLat, Test::SendLat]) {
+        *slot = rdma_lat_mtu(&a, &b, test, 8, 5000, MTU)?.typical();
+    }
+    Ok(PathRow { path, bw, lat })
+}
+
+/// Plain UDP across the veth: datagrams one way, and a spinning 8-byte ping-pong.
+fn baseline(pair: &VethPair, secs: f64) -> Result<(f64, LatResult), String> {
+    let socket = |i: usize| {
+        let ip = KERNEL[i].to_string();
+        pair.run_in(i, move || UdpSocket::bind((ip.as_str(), 0))).map_err(|e| format!("UDP baseline: {e}"))
+    };
+    let bw = udp_bandwidth_on(socket(0)?, socket(1)?, DATAGRAM, secs).map_err(|e| e.to_string())?;
+    let lat = udp_latency_on(socket(0)?, socket(1)?, 8, 20_000, true).map_err(|e| e.to_string())?;
+    Ok((bw, lat))
+}
+
+/// Makes the namespaces, measures every path, prints the table (or JSON), and removes them.
+pub fn run(secs: f64, json_out: bool) -> Result<(), String> {
+    let pair = VethPair::named("srdemo").map_err(|e| format!("demo --veth: {e}"))?;
+    for (i, ip) in KERNEL.iter().enumerate() {
+        pair.kernel_addr(i, &format!("{ip}/24"))?;
+    }
+    let (udp_bw, udp_lat) = baseline(&pair, secs)?;
+    let mut rows = Vec::new();
+    let mut missing = Vec::new();
+    for path in [Path::UdpSocket, Path::Packet, Path::Xdp] {
+        match measure(&pair, path, secs) {
+            Ok(r) => rows.push(r),
+            Err(e) => missing.push((path, e)),
+        }
+    }
+    if json_out {
+        print_json(udp_bw, &udp_lat, &rows, &missing);
+    } else {
+        print_table(udp_bw, &udp_lat, &rows, &missing);
+    }
+    Ok(())
+}
+
+fn print_json(udp_bw: f64, udp_lat: &LatResult, rows: &[PathRow], missing: &[(Path, String)]) {
+    let paths: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            json!({"path": r.path.name(), "write_bw_65536_bytes_per_s": r.bw[0], "read_bw_65536_bytes_per_s": r.bw[1],
+            "send_bw_65536_bytes_per_s": r.bw[2], "write_lat_8_us": r.lat[0], "read_lat_8_us": r.lat[1],
+            "send_lat_8_us": r.lat[2]})
+        })
+        .collect();
+    let missing: Vec<_> = missing.iter().map(|(p, e)| json!({"path": p.name(), "error": e})).collect();
+    let doc = json!({"link": "veth, MTU 1500, path MTU 1024", "udp_bytes_per_s": udp_bw,
+        "udp_datagram_bytes": DATAGRAM, "udp_t_typical_us": udp_lat.typical(), "paths": paths, "unavailable": missing});
+    println!("{doc}");
+}
+
+fn print_table(udp_bw: f64, udp_lat: &LatResult, rows: &[PathRow], missing: &[(Path, String)]) {
+    let mb = |x: f64| x / f64::from(1 << 20);
+    let line = "-".repeat(100);
+    println!("{line}");
+    println!(" softrdma demo --veth: RoCEv2 across a veth pair between two namespaces, MTU 1500, path MTU 1024");
+    println!(
+        " baseline, plain UDP on the same veth, this run: {DATAGRAM}-byte datagrams, one stream: {:.2} MB/sec;",
+        mb(udp_bw)
+    );
+    println!("   8-byte ping-pong, spinning: {:.2} usec one-way (typical)", udp_lat.typical());
+    println!("{line}");
+    println!(
+        " {:<11} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>10}",
+        "path", "write_bw 64K", "read_bw 64K", "send_bw 64K", "of UDP", "write_lat", "read_lat", "send_lat"
+    );
+    println!(
+        " {:<11} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>10}",
+        "", "MB/sec", "MB/sec", "MB/sec", "(write)", "usec", "usec", "usec"
+    );
+    for r in rows {
+        println!(
+            " {:<11} {:>14.2} {:>14.2} {:>14.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+            r.path.name(),
+            mb(r.bw[0]),
+            mb(r.bw[1]),
+            mb(r.bw[2]),
+            r.bw[0] / udp_bw,
+            r.lat[0],
+            r.lat[1],
+            r.lat[2]
+        );
+    }
+    let udp_path = rows.iter().find(|r| r.path == Path::UdpSocket);
+    for r in rows.iter().filter(|r| r.path != Path::UdpSocket) {
+        if let Some(u) = udp_path {
+            println!(
+                " {} against the UDP-socket path: 64 KiB WRITE {:.2}x, 8-byte WRITE latency {:.2}x",
+                r.path.name(),
+                r.bw[0] / u.bw[0],
+                r.lat[0] / u.lat[0]
+            );
+        }
+    }
+    for (p, e) in missing {
+        println!(" {}: not measured: {e}", p.name());
+    }
+    println!("{line}");
+}
