@@ -1,6 +1,7 @@
-//! The live captures of softrdma against Linux rxe (`pcaps/interop/`, made by
-//! `tests/interop/rxe.sh`): every RoCEv2 frame, from either side, carries a good ICRC and
-//! parses; both directions of every pairing are there.
+//! The live captures of softrdma against Linux rxe and siw (`pcaps/interop/`, made by
+//! `tests/interop/rxe.sh` and `siw.sh`, also with softrdma as a raw device: `raw-*`): every
+//! RoCEv2 frame, from either side, carries a good ICRC and parses; every FPDU parses; both
+//! directions of every pairing are there.
 
 use softrdma::capture::check_bytes;
 
@@ -14,12 +15,12 @@ fn every_interop_capture_checks_clean_in_both_directions() {
         .collect();
     names.sort();
     let tests = ["rc_pingpong", "write_bw", "read_bw", "send_bw", "atomic_bw", "write_lat", "read_lat", "send_lat"];
-    for dir_name in ["rxe-serves", "softrdma-serves"] {
+    for dir_name in ["rxe-serves", "softrdma-serves", "raw-rxe-serves", "raw-softrdma-serves"] {
         for t in tests {
             assert!(names.contains(&format!("{dir_name}-{t}.pcap")), "{dir_name}-{t}.pcap is missing");
         }
     }
-    for n in names.iter().filter(|n| !n.starts_with("siw-")) {
+    for n in names.iter().filter(|n| !n.starts_with("siw-") && !n.starts_with("raw-siw-")) {
         let bytes = std::fs::read(format!("{dir}/{n}")).unwrap();
         let rep = check_bytes(n, &bytes);
         let t = &rep.tally;
@@ -43,17 +44,50 @@ fn every_interop_capture_checks_clean_in_both_directions() {
     }
 }
 
+/// softrdma as a raw device (10.77.0.11) against rxe: its frames carry what an RDMA NIC
+/// sends (IPv4 DF, its own changing Identification, ECT(0), a UDP source port from the
+/// top quarter, UDP checksum 0), as Wireshark reads them.
+#[test]
+fn raw_device_frames_carry_what_a_nic_sends() {
+    let dir = format!("{}/pcaps/interop", env!("CARGO_MANIFEST_DIR"));
+    for n in
+        ["raw-rxe-serves-write_bw.pcap", "raw-softrdma-serves-read_bw.pcap", "raw-softrdma-serves-rc_pingpong.pcap"]
+    {
+        let out = std::process::Command::new("tshark")
+            .args(["-r", &format!("{dir}/{n}"), "-Y", "udp.dstport == 4791 && ip.src == 10.77.0.11"])
+            .args(["-T", "fields", "-E", "separator=,", "-e", "ip.flags.df", "-e", "ip.dsfield.ecn", "-e", "ip.id"])
+            .args(["-e", "udp.srcport", "-e", "udp.checksum"])
+            .output()
+            .expect("tshark is needed for this test: apt-get install tshark (see README)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
+        assert!(rows.len() >= 50, "{n}: {} frames from the raw device", rows.len());
+        let ids: std::collections::HashSet<&str> = rows.iter().map(|r| r[2]).collect();
+        assert!(ids.len() > rows.len() / 2, "{n}: the Identification counts ({} distinct)", ids.len());
+        for r in &rows {
+            let sport = u16::from_str_radix(r[3], 10).unwrap_or(0);
+            assert_eq!((r[0], r[1], r[4]), ("1", "2", "0x0000"), "{n}: {r:?}");
+            assert!(sport >= 0xc000, "{n}: source port {sport}");
+        }
+    }
+}
+
 /// softrdma against Linux siw (`tests/interop/siw.sh`): rping and ib_write_bw / ib_read_bw /
-/// ib_send_bw -R, both ways, MPA CRC off and on. Every pairing is there; every FPDU from
+/// ib_send_bw -R, both ways, MPA CRC off and on, on kernel TCP and (`raw-`) on smoltcp. Every pairing is there; every FPDU from
 /// either side parses and, with CRC, carries a good CRC32c; Wireshark decodes every iWARP
 /// frame without a malformed or error mark.
 #[test]
 fn siw_captures_check_clean_with_and_without_crc() {
     let dir = format!("{}/pcaps/interop", env!("CARGO_MANIFEST_DIR"));
-    for crc in ["off", "on"] {
+    // `raw-`: softrdma's iWARP on smoltcp over raw Ethernet (no rping: it runs on kernel TCP).
+    let runs = ["", "raw-"].into_iter().flat_map(|p| ["off", "on"].map(move |c| (p, c)));
+    for (prefix, crc) in runs {
         for serves in ["siw-serves", "softrdma-serves"] {
             for tool in ["", "-write_bw", "-read_bw", "-send_bw"] {
-                let n = format!("siw-{crc}-{serves}{tool}.pcap");
+                if prefix == "raw-" && tool.is_empty() {
+                    continue;
+                }
+                let n = format!("{prefix}siw-{crc}-{serves}{tool}.pcap");
                 let path = format!("{dir}/{n}");
                 let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{n}: {e}"));
                 let rep = check_bytes(&n, &bytes);

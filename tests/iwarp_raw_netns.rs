@@ -123,3 +123,17 @@ fn smoltcp_iwarp_to_smoltcp_iwarp() {
     every_operation(&b, &a);
     every_operation(&a, &b);
 }
+
+#[test]
+fn a_refused_connection_leaves_the_qp_free_to_connect_again() {
+    let Some(pair) = pair_or_skip("iwarp refused then connected") else { return };
+    pair.kernel_addr(0, "10.9.0.1/24").unwrap();
+    let k = kernel(&pair, 0, "10.9.0.1");
+    let r = raw(&pair, 1, "10.9.0.2/24");
+    // Nobody listens yet: the kernel answers the SYN with a RST.
+    let refused = r.qp.connect("10.9.0.1:4999".parse().unwrap(), &param(b"early"), T);
+    assert!(matches!(refused, Err(ConnectError::Tcp(_))), "{refused:?}");
+    assert_eq!(r.qp.state(), Some(QpState::Init), "the QP never had a stream");
+    connect(&pair, (&k, 0), (&r, 1), "10.9.0.1:4999".parse().unwrap());
+    every_operation(&r, &k);
+}

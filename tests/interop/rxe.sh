@@ -6,6 +6,9 @@
 # tools serve and softrdma connects, then softrdma serves and the Linux tools connect.
 # Every pairing is captured on the bridge to $OUT/<direction>-<test>.pcap and checked with
 # `softrdma pcap check`. Prints one line per pairing: ok or FAILED.
+# RAW=1: softrdma runs as a raw device instead (its own address 10.77.0.11 and MAC, on a
+# veth joined to the bridge, frames through AF_PACKET or, with FRAME_IO=xdp, AF_XDP); the
+# out-of-band exchange still uses the host's TCP on 10.77.0.1. Captures: raw-<...>.pcap.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -18,6 +21,12 @@ cp "$HERE/rxe-guest.sh" /tmp/softrdma-interop/
 "$VM/net.sh" up 1 >/dev/null
 # Leave no namespace, bridge or tap behind, even on failure (set KEEP_NET=1 to keep them).
 trap '[ -n "${KEEP_NET:-}" ] || "$VM/net.sh" down >/dev/null 2>&1' EXIT
+EXTRA=() PREFIX=""
+if [ -n "${RAW:-}" ]; then
+    $NS ip link add srraw0 type veth peer name srraw1 2>/dev/null
+    $NS ip link set srraw1 master srbr0 up && $NS ip link set srraw0 up
+    EXTRA=(--iface srraw0 --ip 10.77.0.11/24 --frame-io "${FRAME_IO:-packet}") PREFIX=raw-
+fi
 
 # name  softrdma-args  (ports as in rxe-guest.sh: base+0..7)
 TESTS=(
@@ -36,21 +45,21 @@ pair() { # direction base
     for t in "${TESTS[@]}"; do
         set -- $t; local name=$1; shift
         local port=$((base + i)); i=$((i + 1))
-        local pcap="$OUT/$dir-$name.pcap"
+        local pcap="$OUT/$PREFIX$dir-$name.pcap"
         rm -f "$pcap"
-        $NS tcpdump -i srbr0 -U -w "$pcap" "udp port 4791 or tcp port $port" 2>/dev/null & local dump=$!
+        $NS tcpdump --immediate-mode -i srbr0 -U -w "$pcap" "udp port 4791 or tcp port $port" 2>/dev/null & local dump=$!
         for _ in $(seq 50); do [ -s "$pcap" ] && break; sleep 0.1; done
         sleep 1
         local rc log=/tmp/softrdma-interop/$dir-$name.txt
         if [ "$dir" = rxe-serves ]; then
             for _ in $(seq 60); do
-                timeout 90 $NS "$BIN" "$@" 10.77.0.2 -p $port >"$log" 2>&1; rc=$?
+                timeout 90 $NS "$BIN" "$@" 10.77.0.2 -p $port "${EXTRA[@]}" >"$log" 2>&1; rc=$?
                 [ $rc = 0 ] && break; sleep 1
             done
         else
-            timeout 120 $NS "$BIN" "$@" -p $port >"$log" 2>&1; rc=$?
+            timeout 120 $NS "$BIN" "$@" -p $port "${EXTRA[@]}" >"$log" 2>&1; rc=$?
         fi
-        sleep 0.5; kill $dump 2>/dev/null; wait $dump 2>/dev/null
+        sleep 1; kill $dump 2>/dev/null; wait $dump 2>/dev/null
         local check; check=$("$BIN" pcap check -q "$pcap" | tail -1)
         local roce; roce=$("$BIN" pcap check --json "$pcap" | grep -o '"roce_packets": *[0-9]*' | tail -1 | grep -o '[0-9]*$')
         if [ $rc = 0 ] && [ "${roce:-0}" -gt 0 ] && "$BIN" pcap check -q "$pcap" >/dev/null; then

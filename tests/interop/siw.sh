@@ -9,6 +9,8 @@
 # connection to siw's listener (the siw 6.1 listener bug): it speaks MPA as soon as it is
 # connected. Each boot is captured on the bridge; each pairing's traffic (by port) goes
 # to $OUT/siw-<crc>-<who serves>[-<tool>].pcap and is checked with `softrdma pcap check`.
+# RAW=1: softrdma runs iWARP on its own TCP (smoltcp) over raw Ethernet, at 10.77.0.11 on a
+# veth joined to the bridge; rping (kernel TCP only) is left out. Captures: raw-siw-....
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -22,11 +24,18 @@ cp "$HERE/siw-guest.sh" $WORK/
 "$VM/net.sh" up 1 >/dev/null
 # Leave no namespace, bridge or tap behind, even on failure (set KEEP_NET=1 to keep them).
 trap '[ -n "${KEEP_NET:-}" ] || "$VM/net.sh" down >/dev/null 2>&1' EXIT
+EXTRA=() PREFIX="" HOSTIP=10.77.0.1 TOOLS="rping:7174 write_bw:18515 read_bw:18516 send_bw:18517"
+if [ -n "${RAW:-}" ]; then
+    $NS ip link add srraw0 type veth peer name srraw1 2>/dev/null
+    $NS ip link set srraw1 master srbr0 up && $NS ip link set srraw0 up
+    EXTRA=(--iface srraw0 --ip 10.77.0.11/24) PREFIX=raw- HOSTIP=10.77.0.11
+    TOOLS="write_bw:18515 read_bw:18516 send_bw:18517"
+fi
 
 # The host half of one pairing; retries while the VM side is not listening yet.
 host_side() { # role tool port crc log
     local role=$1 tool=$2 port=$3 crc=$4 log=$5 cmd rc=1
-    local perf=(-n 50 -s 8192 --transport iwarp --mpa-crc "$crc" -p "$port")
+    local perf=(-n 50 -s 8192 --transport iwarp --mpa-crc "$crc" -p "$port" "${EXTRA[@]}")
     case "$tool" in
         rping) if [ "$role" = server ]; then cmd=(rping -c -a 10.77.0.2 -p "$port" -C 5 -v -V --crc "$crc")
                else cmd=(rping -s -a 10.77.0.1 -p "$port" -v --crc "$crc"); fi ;;
@@ -46,19 +55,20 @@ boot() { # crc-name siw-opts role(of the VM)
     # With CRC "on", both sides ask for it: siw's mpa_crc_required governs what siw asks.
     [ "$name" = on ] && ours=required
     if [ "$role" = server ]; then dir=siw-serves; else dir=softrdma-serves; fi
-    local all=$WORK/siw-$name-$dir-all.pcap vmlog=$WORK/vm-siw-$name-$dir.log
-    local args=(--links siw --offload off --share $WORK --run "bash /mnt/host/siw-guest.sh $role")
+    local all=$WORK/${PREFIX}siw-$name-$dir-all.pcap vmlog=$WORK/vm-siw-$name-$dir.log
+    local rping=yes; [ -n "${RAW:-}" ] && rping=no
+    local args=(--links siw --offload off --share $WORK --run "bash /mnt/host/siw-guest.sh $role $HOSTIP $rping")
     [ -n "$opts" ] && args+=(--siw-opts "$opts")
     "$VM/boot.sh" "${args[@]}" >"$vmlog" 2>&1 & local vm=$!
     # Capture once the VM's tap is on the bridge (attaching it disturbs a running capture).
     sleep 6
     rm -f "$all"
-    $NS tcpdump -i srbr0 -U -w "$all" tcp 2>/dev/null & local dump=$!
+    $NS tcpdump --immediate-mode -i srbr0 -U -w "$all" tcp 2>/dev/null & local dump=$!
     for _ in $(seq 50); do [ -s "$all" ] && break; sleep 0.1; done
     sleep 1
-    local rping_port=7174; [ "$role" = client ] && rping_port=7175
     local results=()
-    for pair in rping:$rping_port write_bw:18515 read_bw:18516 send_bw:18517; do
+    for pair in $TOOLS; do
+        [ "$role" = client ] && pair=${pair/7174/7175}
         local tool=${pair%%:*} port=${pair##*:}
         host_side "$role" "$tool" "$port" "$ours" "$WORK/siw-$name-$dir-$tool.txt"
         results+=("$tool:$port:$?")
@@ -67,8 +77,8 @@ boot() { # crc-name siw-opts role(of the VM)
     sleep 0.5; kill $dump 2>/dev/null; wait $dump 2>/dev/null
     for r in "${results[@]}"; do
         IFS=: read -r tool port rc <<<"$r"
-        local pcap="$OUT/siw-$name-$dir-$tool.pcap"
-        [ "$tool" = rping ] && pcap="$OUT/siw-$name-$dir.pcap"
+        local pcap="$OUT/${PREFIX}siw-$name-$dir-$tool.pcap"
+        [ "$tool" = rping ] && pcap="$OUT/${PREFIX}siw-$name-$dir.pcap"
         tcpdump -r "$all" -w "$pcap" "tcp port $port" 2>/dev/null
         local vmrc; vmrc=$(grep -o "=== $tool ([a-z]*): rc=[0-9]*" "$vmlog" | tail -1)
         local check; check=$("$BIN" pcap check -q "$pcap" | tail -1)

@@ -31,8 +31,18 @@ impl IwarpDevice {
 
     /// The peer closed connection `t`, or its stream failed.
     pub fn on_tcp_closed(&mut self, t: ConnId, why: &str) {
-        let Some(c) = self.conns.get(&t) else { return };
-        if c.setup.is_some() || c.tcp_connecting {
+        let Some(c) = self.conns.get_mut(&t) else { return };
+        if c.tcp_connecting {
+            // The TCP connection never came up (refused, unreachable): `connect` fails and
+            // the QP, which never had a stream, may connect again (rdma_cm's application
+            // retries on RDMA_CM_EVENT_UNREACHABLE or REJECTED).
+            if let Some(s) = c.qpn.take().and_then(|q| self.qps.get_mut(&q)) {
+                s.conn = None;
+            }
+            self.results.insert(t, Err(ConnectError::Tcp(why.to_string())));
+            return self.close(t);
+        }
+        if c.setup.is_some() {
             self.fail(t, ConnectError::Tcp(why.to_string()));
         }
         self.close(t);

@@ -43,8 +43,10 @@ pub struct Frames {
 
 /// Frames read per `recvmmsg`.
 const RX_BATCH: usize = 32;
-/// Largest frame accepted: a 9000-byte jumbo MTU, Ethernet and one VLAN tag.
-const RX_FRAME_MAX: usize = 9000 + 18;
+/// Largest frame accepted: an IP packet of 64 KiB, Ethernet and one VLAN tag. Links are
+/// 1500 or 9000 bytes, but a sender on this host (a veth peer) hands over unsegmented
+/// GSO packets of up to 64 KiB, which a shorter buffer would cut.
+const RX_FRAME_MAX: usize = 65535 + 18;
 /// Frames sent per `sendmmsg`.
 const TX_BATCH: usize = 32;
 
