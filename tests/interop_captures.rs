@@ -65,7 +65,7 @@ fn raw_device_frames_carry_what_a_nic_sends() {
         let ids: std::collections::HashSet<&str> = rows.iter().map(|r| r[2]).collect();
         assert!(ids.len() > rows.len() / 2, "{n}: the Identification counts ({} distinct)", ids.len());
         for r in &rows {
-            let sport = u16::from_str_radix(r[3], 10).unwrap_or(0);
+            let sport = r[3].parse::<u16>().unwrap_or(0);
             assert_eq!((r[0], r[1], r[4]), ("1", "2", "0x0000"), "{n}: {r:?}");
             assert!(sport >= 0xc000, "{n}: source port {sport}");
         }
