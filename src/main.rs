@@ -83,7 +83,8 @@ enum Command {
         #[command(flatten)]
         raw: RawArgs,
     },
-    /// rping over iWARP (MPA on TCP), compatible with rdma-core's rping on siw.
+    /// rping over iWARP (MPA on TCP, or with --iface on softrdma's own TCP over raw
+    /// Ethernet), compatible with rdma-core's rping on siw.
     Rping {
         /// Server: listen.
         #[arg(short = 's', conflicts_with = "client")]
@@ -115,6 +116,8 @@ enum Command {
         /// Ask for MPA markers in the stream this side receives.
         #[arg(long)]
         markers: bool,
+        #[command(flatten)]
+        raw: RawArgs,
     },
     /// RDMA WRITE bandwidth (like ib_write_bw).
     WriteBw(PerfArgs),
@@ -295,8 +298,15 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Rping { server, client, addr, port, count, size, verbose, validate, crc, markers } => {
-            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers)
+        Command::Rping { server, client, addr, port, count, size, verbose, validate, crc, markers, raw } => {
+            let raw = match raw.config() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("softrdma rping: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers, raw)
         }
         Command::WriteBw(a) => perf(Test::WriteBw, a),
         Command::ReadBw(a) => perf(Test::ReadBw, a),
@@ -320,6 +330,7 @@ fn rping(
     validate: bool,
     crc: &str,
     markers: bool,
+    raw: Option<softrdma::verbs::RawConfig>,
 ) -> ExitCode {
     let Some(crc) = crc_policy(crc) else { return ExitCode::FAILURE };
     if server == client {
@@ -336,6 +347,7 @@ fn rping(
         validate,
         crc,
         markers,
+        raw,
     };
     match softrdma::tools::rping::run(&a) {
         Ok(()) => ExitCode::SUCCESS,

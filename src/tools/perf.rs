@@ -148,7 +148,7 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
 
 /// The local address the kernel routes to `host` from (a connected UDP socket sends
 /// nothing).
-fn route_source(host: &str, port: u16) -> std::io::Result<IpAddr> {
+pub(crate) fn route_source(host: &str, port: u16) -> std::io::Result<IpAddr> {
     let to = super::oob::resolve(host, port)?;
     let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
     let s = std::net::UdpSocket::bind(any)?;

@@ -1,22 +1,22 @@
-//! `softrdma rping`: rdma-core's rping over iWARP (MPA on kernel TCP, port 7174), so that
-//! it pairs with `rping` on siw or on an iWARP NIC. Each ping: the client advertises its
+//! `softrdma rping`: rdma-core's rping over iWARP (rdma_cm's MPA, port 7174) through the
+//! verbs API, on kernel TCP or (`--iface`) on smoltcp over raw Ethernet, so that it pairs
+//! with `rping` on siw or on an iWARP NIC. Each ping: the client advertises its
 //! start buffer (a 16-byte `buf:rkey:size` Send, big-endian), the server RDMA-Reads it,
 //! says go ahead, the client advertises its sink buffer, the server RDMA-Writes the ping
 //! back and says go ahead again; the client checks the echo.
 
-use crate::engine::mem::{Access, Mr, MrTable, Pd};
-use crate::engine::rng::Rng;
-use crate::engine::verbs::{RecvWr, Remote, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
-use crate::iwarp::qp::IwarpQp;
-use crate::iwarp::setup::{CrcPolicy, Outcome, Policy, Setup};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use crate::verbs::{
+    Access, CompletionQueue, ConnParam, Context, CrcPolicy, IwarpConfig, MemoryRegion, OpenConfig, ProtectionDomain,
+    QpCaps, QpType, QueuePair, RawConfig, RecvWr, Remote, SendOp, SendWr, Sge, Transport, WcOpcode, WcStatus,
+};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 /// rping's default port.
 pub const DEFAULT_PORT: u16 = 7174;
 const INFO_LEN: usize = 16;
-const PD: Pd = Pd(1);
+/// How long any one step may take.
+const STEP: Duration = Duration::from_secs(30);
 
 /// rping's options.
 #[derive(Debug, Clone)]
@@ -39,55 +39,32 @@ pub struct RpingArgs {
     pub crc: CrcPolicy,
     /// Ask for markers in what this side receives.
     pub markers: bool,
+    /// iWARP on smoltcp over raw Ethernet, with an address of its own (`None`: kernel TCP).
+    pub raw: Option<RawConfig>,
 }
 
-/// One side's connection: the stream, the QP and its memory.
+/// One side's connection: the device, the QP and its memory.
 struct Conn {
-    stream: TcpStream,
-    qp: IwarpQp,
-    mrs: MrTable,
-    recv: Mr,
-    send: Mr,
-    start: Mr,
-    rdma: Mr,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    recv: MemoryRegion,
+    send: MemoryRegion,
+    start: MemoryRegion,
+    rdma: MemoryRegion,
     recvs: u64,
     pending_recvs: u32,
-}
-
-fn io(e: std::io::Error) -> String {
-    format!("connection: {e}")
+    _pd: ProtectionDomain,
+    _ctx: Context,
 }
 
 impl Conn {
-    /// Sends what the QP produced, then returns its next completion, reading the stream
-    /// until one comes (at most 30 s).
-    fn next_wc(&mut self) -> Result<Wc, String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let out = self.qp.take_output();
-            if !out.is_empty() {
-                self.stream.write_all(&out).map_err(io)?;
-            }
-            self.qp.on_transmitted(self.qp.output_offset());
-            if let Some(wc) = self.qp.poll_completion() {
-                if wc.status != WcStatus::Success {
-                    let why = self.qp.terminated().map_or(String::new(), |t| format!(": {}", t.reason));
-                    return Err(format!("{:?} completed with {:?}{why}", wc.opcode, wc.status));
-                }
-                return Ok(wc);
-            }
-            if Instant::now() > deadline {
-                return Err("no completion for 30 s".into());
-            }
-            let mut buf = [0u8; 65536];
-            let n = match self.stream.read(&mut buf) {
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
-                other => other.map_err(io)?,
-            };
-            if n == 0 {
-                return Err("the peer closed the connection".into());
-            }
-            self.qp.on_stream(&buf[..n], &mut self.mrs);
+    /// The QP's next completion (at most 30 s); a flushed one means the peer left.
+    fn next_wc(&mut self) -> Result<crate::verbs::Wc, String> {
+        let wc = self.cq.wait(STEP).ok_or("no completion for 30 s")?;
+        match wc.status {
+            WcStatus::Success => Ok(wc),
+            WcStatus::WrFlushErr => Err("the peer closed the connection".into()),
+            other => Err(format!("{:?} completed with {other:?}", wc.opcode)),
         }
     }
 
@@ -117,30 +94,34 @@ impl Conn {
     }
 
     fn post_recv(&mut self) -> Result<(), String> {
-        let sge = Sge { addr: self.recv.addr, length: INFO_LEN as u32, lkey: self.recv.lkey };
-        self.qp.post_recv(RecvWr { wr_id: 1, sgl: vec![sge] }).map_err(|e| format!("{e:?}"))
+        self.qp
+            .post_recv(RecvWr { wr_id: 1, sgl: vec![self.recv.sge(0, INFO_LEN as u32)] })
+            .map_err(|e| format!("{e:?}"))
     }
 
     fn post(&mut self, op: SendOp, sge: Sge) -> Result<(), String> {
-        let wr = SendWr { wr_id: 2, op, sgl: vec![sge], signaled: true, solicited: false, ud: None };
-        self.qp.post_send(wr, &self.mrs).map_err(|e| format!("{e:?}"))
+        self.qp.post_send(SendWr::new(2, op, vec![sge])).map_err(|e| format!("{e:?}"))
     }
 
     /// Sends `buf:rkey:size` of region `which` (big-endian, as rping's struct).
-    fn advertise(&mut self, which: &Mr, size: usize) -> Result<(), String> {
+    fn advertise(&mut self, which: Which, size: usize) -> Result<(), String> {
+        let mr = match which {
+            Which::Start => &self.start,
+            Which::Rdma => &self.rdma,
+        };
         let mut info = [0u8; INFO_LEN];
-        info[..8].copy_from_slice(&which.addr.to_be_bytes());
-        info[8..12].copy_from_slice(&which.rkey.to_be_bytes());
+        info[..8].copy_from_slice(&mr.addr().to_be_bytes());
+        info[8..12].copy_from_slice(&mr.rkey().to_be_bytes());
         info[12..].copy_from_slice(&(size as u32).to_be_bytes());
-        self.send.mem.write(0, &info);
-        let sge = Sge { addr: self.send.addr, length: INFO_LEN as u32, lkey: self.send.lkey };
+        self.send.write(0, &info);
+        let sge = self.send.sge(0, INFO_LEN as u32);
         self.post(SendOp::Send, sge)
     }
 
     /// The peer's last advertisement.
     fn advertised(&self) -> (Remote, usize) {
         let mut info = [0u8; INFO_LEN];
-        self.recv.mem.read(0, &mut info);
+        self.recv.read(0, &mut info);
         let addr = u64::from_be_bytes(info[..8].try_into().unwrap_or_default());
         let rkey = u32::from_be_bytes(info[8..12].try_into().unwrap_or_default());
         let size = u32::from_be_bytes(info[12..].try_into().unwrap_or_default());
@@ -148,46 +129,49 @@ impl Conn {
     }
 }
 
-/// Connects (client) or accepts (server) and sets up MPA and the QP.
+/// The client's two regions it advertises.
+#[derive(Clone, Copy)]
+enum Which {
+    Start,
+    Rdma,
+}
+
+/// The device to open: iWARP, as rping's rdma_cm sets it up (no peer-to-peer RTR), on
+/// kernel TCP from `local` or on a raw device.
+fn open_config(a: &RpingArgs, local: IpAddr) -> OpenConfig {
+    let mut cfg = OpenConfig::new(a.raw.as_ref().map_or(local, |r| r.ip));
+    cfg.raw = a.raw.clone();
+    cfg.transport = Transport::Iwarp;
+    cfg.iwarp = IwarpConfig { crc: a.crc, markers: a.markers, rtr: Vec::new(), ..IwarpConfig::default() };
+    cfg
+}
+
+/// Connects (client) or accepts (server): rdma_cm over MPA, one Read outstanding each way.
 fn connect(a: &RpingArgs) -> Result<Conn, String> {
-    let mut stream = if a.client {
-        super::oob::connect_retrying(&a.addr, a.port)
-            .map_err(|e| format!("cannot connect to {}:{}: {e}", a.addr, a.port))?
+    let to = super::oob::resolve(&a.addr, a.port).map_err(|e| format!("{}: {e}", a.addr))?;
+    let local = if a.client {
+        super::perf::route_source(&a.addr, a.port).map_err(|e| format!("no route to {}: {e}", a.addr))?
     } else {
-        TcpListener::bind((a.addr.as_str(), a.port)).and_then(|l| l.accept()).map(|(s, _)| s).map_err(io)?
+        to.ip()
     };
-    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(io)?;
-    stream.set_nodelay(true).map_err(io)?;
-    // rping's rdma_cm asks for one outstanding Read each way, as siw's capture shows.
-    let policy = Policy { crc: a.crc, markers: a.markers, ird: 1, ord: 1, rtr: Vec::new(), ..Policy::default() };
-    let mut setup = if a.client { Setup::initiator(policy, 0) } else { Setup::responder(policy, 0) };
-    let mut leftover = Vec::new();
-    while setup.outcome().is_none() {
-        stream.write_all(&setup.take_output()).map_err(io)?;
-        let mut buf = [0u8; 4096];
-        let n = stream.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            return Err("the peer closed the connection during MPA setup".into());
-        }
-        let used = setup.on_bytes(&buf[..n]);
-        leftover.extend_from_slice(&buf[used..n]);
-    }
-    stream.write_all(&setup.take_output()).map_err(io)?;
-    let neg = match setup.outcome() {
-        Some(Outcome::Established(n)) => n.clone(),
-        Some(other) => return Err(format!("MPA setup: {other:?}")),
-        None => return Err("MPA setup did not finish".into()),
-    };
-    let mss = 1460;
-    let qp = IwarpQp::new(1, PD, &neg, a.client, mss);
-    let mut mrs = MrTable::new(8);
-    let mut rng = Rng::os();
-    let mut reg = |len| mrs.register(PD, len, Access::ALL, &mut rng).ok_or("cannot register memory".to_string());
+    let ctx = Context::open(open_config(a, local)).map_err(|e| format!("cannot open a device: {e}"))?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16);
+    let reg = |len: usize| ctx.reg_mr(&pd, len.max(1), Access::ALL).map_err(|e| format!("{e:?}"));
     let (recv, send, start, rdma) = (reg(INFO_LEN)?, reg(INFO_LEN)?, reg(a.size)?, reg(a.size)?);
-    let mut c = Conn { stream, qp, mrs, recv, send, start, rdma, recvs: 0, pending_recvs: 0 };
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_sge: 1 };
+    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, caps, None).map_err(|e| format!("{e:?}"))?;
+    let mut c = Conn { cq, qp, recv, send, start, rdma, recvs: 0, pending_recvs: 0, _pd: pd, _ctx: ctx };
     c.post_recv()?;
-    if !leftover.is_empty() {
-        c.qp.on_stream(&leftover, &mut c.mrs);
+    let param = ConnParam { private_data: Vec::new(), responder_resources: 1, initiator_depth: 1 };
+    if a.client {
+        super::oob::connect_qp_retrying(&c.qp, to, &param).map_err(|e| e.to_string())?;
+    } else {
+        let at = SocketAddr::new(c._ctx.ip(), a.port);
+        let at = if a.raw.is_some() { at } else { to };
+        let listener = c._ctx.listen(at).map_err(|e| format!("cannot listen on {at}: {e}"))?;
+        let req = listener.get_request(Duration::from_secs(24 * 3600)).ok_or("no connection request")?;
+        req.accept(&c.qp, &param).map_err(|e| e.to_string())?;
     }
     Ok(c)
 }
@@ -227,17 +211,15 @@ fn client(a: &RpingArgs, c: &mut Conn) -> Result<(), String> {
     while a.count == 0 || ping < a.count {
         let text = ping_text(ping, a.size, start);
         start = if start >= 122 { 65 } else { start + 1 };
-        c.start.mem.write(0, &text);
-        let start_mr = c.start.clone();
-        c.advertise(&start_mr, a.size)?;
+        c.start.write(0, &text);
+        c.advertise(Which::Start, a.size)?;
         c.wait_for(WcOpcode::Send)?;
         c.wait_for(WcOpcode::Recv)?; // go ahead
-        let rdma_mr = c.rdma.clone();
-        c.advertise(&rdma_mr, a.size)?;
+        c.advertise(Which::Rdma, a.size)?;
         c.wait_for(WcOpcode::Send)?;
         c.wait_for(WcOpcode::Recv)?; // write complete
         let mut echo = vec![0u8; a.size];
-        c.rdma.mem.read(0, &mut echo);
+        c.rdma.read(0, &mut echo);
         if a.validate && echo != text {
             return Err("data mismatch!".into());
         }
@@ -261,23 +243,25 @@ fn server(a: &RpingArgs, c: &mut Conn) -> Result<(), String> {
             Err(e) => return Err(e),
         }
         let (remote, len) = c.advertised();
-        let sink = Sge { addr: c.rdma.addr, length: len.min(a.size) as u32, lkey: c.rdma.lkey };
+        let sink = c.rdma.sge(0, len.min(a.size) as u32);
         c.post(SendOp::Read(remote), sink)?;
         c.wait_for(WcOpcode::RdmaRead)?;
         let mut data = vec![0u8; a.size];
-        c.rdma.mem.read(0, &mut data);
+        c.rdma.read(0, &mut data);
         let text_len = data.iter().position(|&b| b == 0).unwrap_or(data.len());
         if a.verbose {
             println!("server ping data: {}", String::from_utf8_lossy(&data[..text_len]));
         }
-        c.post(SendOp::Send, Sge { addr: c.send.addr, length: INFO_LEN as u32, lkey: c.send.lkey })?;
+        let go_ahead = c.send.sge(0, INFO_LEN as u32);
+        c.post(SendOp::Send, go_ahead)?;
         c.wait_for(WcOpcode::Send)?;
         c.wait_for(WcOpcode::Recv)?;
         let (remote, _) = c.advertised();
-        let echo = Sge { addr: c.rdma.addr, length: (text_len + 1).min(a.size) as u32, lkey: c.rdma.lkey };
+        let echo = c.rdma.sge(0, (text_len + 1).min(a.size) as u32);
         c.post(SendOp::Write(remote), echo)?;
         c.wait_for(WcOpcode::RdmaWrite)?;
-        c.post(SendOp::Send, Sge { addr: c.send.addr, length: INFO_LEN as u32, lkey: c.send.lkey })?;
+        let done = c.send.sge(0, INFO_LEN as u32);
+        c.post(SendOp::Send, done)?;
         c.wait_for(WcOpcode::Send)?;
     }
 }
