@@ -28,8 +28,8 @@ use crate::engine::Device;
 use crate::transport::headers::gid_to_ip;
 use crate::transport::udp::ROCE_PORT;
 use frame::{DropReason, Inbound, Local, RoceFields};
-use neighbour::{Neighbours, Resolution};
 use io::{FrameRx, FrameTx};
+use neighbour::{Neighbours, Resolution};
 use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -310,6 +310,10 @@ impl PacketTx for RawTx {
 
     fn port(&self) -> u16 {
         ROCE_PORT
+    }
+
+    fn describe(&self) -> String {
+        format!("raw Ethernet on {}, {}", self.shared.cfg.iface, self.shared.frames.describe())
     }
 }
 
