@@ -1,6 +1,6 @@
 //! RoCEv2 on raw Ethernet: a device that owns an IP address (and a MAC) the kernel does
 //! not hold, on a network interface, moving whole frames through a packet socket
-//! (`AF_PACKET`). It answers ARP, Neighbour Discovery and echo requests for its address,
+//! (`AF_PACKET`) or an AF_XDP socket ([`xdp`]). It answers ARP, Neighbour Discovery and echo requests for its address,
 //! builds every header as an RDMA NIC does ([`frame::roce_frame`]), verifies the ICRC
 //! over the real headers (all 32 bits), takes ECN-CE from the IP header and drops
 //! fragments.
@@ -17,6 +17,7 @@ pub mod frame;
 pub mod io;
 pub mod neighbour;
 pub mod socket;
+pub mod xdp;
 
 pub use socket::FrameSocket;
 
@@ -45,6 +46,9 @@ pub const DEFAULT_TOS: u8 = 0b10;
 pub const HEADROOM: usize = 96;
 /// Linux's capability numbers (linux/capability.h).
 const CAP_NET_RAW: u32 = 13;
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
 
 /// How a raw device sits on its link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,11 +129,17 @@ impl RawConfig {
 
     /// The largest IB path MTU that fits the interface's MTU with every header of a
     /// RoCEv2 packet around it (as rxe sizes its port's active MTU: the netdev MTU less
-    /// [`HEADROOM`]).
+    /// [`HEADROOM`]). Over AF_XDP a frame must also fit one UMEM chunk after the headroom
+    /// the kernel leaves in it ([`xdp::FRAME_MAX`], 3840 bytes): a 4096-byte payload does
+    /// not, whatever the link's MTU, so the path MTU is at most 2048 there.
     pub fn active_mtu(&self) -> std::io::Result<Mtu> {
         let link = sys::interface_info(&self.iface)?.1 as usize;
+        let room = match self.frame_io {
+            FrameIo::Xdp => link.min(xdp::FRAME_MAX - frame::ETH_HEADER_LEN),
+            FrameIo::PacketSocket => link,
+        };
         let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
-        Ok(fits.into_iter().find(|m| m.bytes() + HEADROOM <= link).unwrap_or(Mtu::M256))
+        Ok(fits.into_iter().find(|m| m.bytes() + HEADROOM <= room).unwrap_or(Mtu::M256))
     }
 
     /// The next hop for `dst`: itself on the link, else the gateway.
@@ -179,13 +189,24 @@ struct RawShared {
     log: Option<Arc<FrameLog>>,
 }
 
-/// Opens the raw device: checks privileges and the interface, opens the packet socket.
+/// Opens the raw device: checks privileges and the interface, opens the packet socket or
+/// the AF_XDP path.
 pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> std::io::Result<(RawTx, RawRx, Arc<LinkStats>)> {
     if !has_capability(CAP_NET_RAW) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
                 "raw device on {}: a packet socket needs CAP_NET_RAW (run as root, or `setcap cap_net_raw+ep` on the binary)",
+                cfg.iface
+            ),
+        ));
+    }
+    let may_bpf = has_capability(CAP_BPF) || has_capability(CAP_SYS_ADMIN);
+    if cfg.frame_io == FrameIo::Xdp && !(may_bpf && has_capability(CAP_NET_ADMIN)) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "raw device on {}: AF_XDP loads and attaches an XDP program, which needs CAP_BPF and CAP_NET_ADMIN as well as CAP_NET_RAW (run as root)",
                 cfg.iface
             ),
         ));
@@ -197,7 +218,8 @@ pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> std::io::Result<(Raw
             (Arc::new(tx), Box::new(rx))
         }
         FrameIo::Xdp => {
-            return Err(open_error(cfg, "AF_XDP", std::io::ErrorKind::Unsupported.into()));
+            let (tx, rx) = xdp::open(ifindex, cfg.ip).map_err(|e| open_error(cfg, "AF_XDP", e))?;
+            (Arc::new(tx), Box::new(rx))
         }
     };
     let stats = Arc::new(LinkStats::default());
