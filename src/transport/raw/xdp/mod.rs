@@ -1,12 +1,14 @@
 //! AF_XDP frame I/O for the raw device (Documentation/networking/af_xdp.rst): an XDP
-//! program on the interface hands the device's frames (and only those, see [`program`])
+//! program on the interface hands the device's frames (and only those, see `program.rs`)
 //! to an AF_XDP socket bound to queue 0; frames leave through the same socket's TX ring.
 //!
 //! One UMEM of [`CHUNKS`] chunks of [`CHUNK_SIZE`] bytes: half live on the fill ring for
 //! the kernel to receive into, half are for sending. Received frames are read in place (a
 //! batch at a time, their chunks going back to the fill ring at the next read); frames to
 //! send are copied into a free chunk, posted on the TX ring, and their chunks come back
-//! through the completion ring.
+//! through the completion ring. In copy mode, where the kernel sends inside `sendto`,
+//! batches of more than a couple of frames are sent by a TX thread of the device's own
+//! (`TxThread`), so that the kernel's work runs beside the engine's rather than after it.
 //!
 //! Everything the kernel holds for the device is owned by a descriptor: the socket, the
 //! XSKMAP, the program and the BPF link that attaches it. Nothing is pinned, so when the
@@ -21,9 +23,11 @@ use std::fmt;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use sys::{Chunk, CompletionRing, FillRing, RxFrame, RxRing, TxRing, Umem};
+use sys::{Chunk, CompletionRing, FillRing, RxFrame, RxRing, TxRing, TxWatch, Umem};
 
 pub use sys::CHUNK_SIZE;
 
@@ -49,6 +53,9 @@ const SEND_BUFFER_BYTES: usize = 32 << 20;
 /// The longest a send waits without progress (no chunk coming back, the device not
 /// taking frames) before it refuses what is left, so that a stuck link never hangs it.
 const TX_STALL: Duration = Duration::from_millis(10);
+/// Copy mode: a send that leaves at most this many frames queued sends them itself (a
+/// request, a reply: no hand-over on the latency path); more go to the TX thread.
+const INLINE_SEND_MAX: u32 = 2;
 
 /// How the AF_XDP path runs on the interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,10 +90,22 @@ struct Shared {
 
 /// The sending half: the TX and completion rings and the free send chunks, behind a
 /// lock, since the device sends from its poll thread (replies) and from the
-/// application's (requests).
+/// application's (requests). In copy mode, a TX thread of its own.
 pub struct XdpTx {
     shared: Arc<Shared>,
     side: Mutex<TxSide>,
+    tx_thread: Option<TxThread>,
+}
+
+/// Copy mode's TX thread. There the kernel sends inside `sendto` on the caller's CPU, and
+/// on a veth it also runs the peer's receive path there (XDP, the copy into the peer's
+/// UMEM, its wakeup): the device's poll thread would spend most of its time in the
+/// kernel. Handing large batches to this thread lets the engine go on building frames
+/// on one CPU while the kernel sends on another, as a NIC's TX queue runs beside its
+/// driver.
+struct TxThread {
+    handle: JoinHandle<()>,
+    stop: Arc<AtomicBool>,
 }
 
 struct TxSide {
@@ -138,9 +157,10 @@ pub fn open(ifindex: u32, ip: IpAddr) -> io::Result<(XdpTx, XdpRx)> {
         umem,
         mode,
     });
+    let tx_thread = if zero_copy { None } else { Some(TxThread::start(shared.clone(), tx.watch())?) };
     let side = Mutex::new(TxSide { tx, completion, free: send_chunks });
     let rx = XdpRx { shared: shared.clone(), fill, rx, batch: Vec::with_capacity(RX_BATCH), spare: Vec::new() };
-    Ok((XdpTx { shared, side }, rx))
+    Ok((XdpTx { shared, side, tx_thread }, rx))
 }
 
 /// Binds to queue 0 with `XDP_USE_NEED_WAKEUP`, zero-copy if the driver can, else in copy
@@ -178,6 +198,56 @@ fn attach(prog: &OwnedFd, ifindex: u32) -> io::Result<(OwnedFd, bool)> {
     }
 }
 
+impl TxThread {
+    fn start(shared: Arc<Shared>, watch: TxWatch) -> io::Result<TxThread> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let halt = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("softrdma-xdp-tx".into())
+            .spawn(move || copy_mode_sender(&shared, &watch, &halt))?;
+        Ok(TxThread { handle, stop })
+    }
+
+    /// Wakes the thread: there is something to send.
+    fn wake(&self) {
+        self.handle.thread().unpark();
+    }
+}
+
+/// The TX thread: `sendto` while the TX ring holds frames (the kernel sends at most 32 a
+/// call), sleeping when it is empty until a sender wakes it. A sender publishes its frames
+/// before waking it, and a wake that comes between the check and the sleep is kept by
+/// `park`, so nothing queued is left unsent.
+fn copy_mode_sender(shared: &Shared, watch: &TxWatch, stop: &AtomicBool) {
+    let fd = shared.socket.as_raw_fd();
+    while !stop.load(Ordering::Acquire) {
+        let left = watch.unconsumed();
+        if left == 0 {
+            std::thread::park();
+            continue;
+        }
+        match sys::kick_tx(fd) {
+            // EAGAIN: more wait, or the device is busy; EBUSY: it dropped a frame.
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
+                // The link is down or the socket broken: try again later, not in a loop.
+                std::thread::park_timeout(TX_STALL);
+            }
+            _ if watch.unconsumed() >= left => std::thread::sleep(Duration::from_micros(20)),
+            _ => {}
+        }
+    }
+}
+
+impl Drop for XdpTx {
+    fn drop(&mut self) {
+        if let Some(t) = self.tx_thread.take() {
+            t.stop.store(true, Ordering::Release);
+            t.wake();
+            let _ = t.handle.join();
+        }
+    }
+}
+
 impl XdpTx {
     /// How the path runs.
     pub fn mode(&self) -> XdpMode {
@@ -203,6 +273,15 @@ impl XdpTx {
             side.tx.submit();
             self.kick(side);
             std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Has what was submitted sent: by the TX thread if there is one and more than a few
+    /// frames wait, else here.
+    fn send_queued(&self, side: &TxSide) {
+        match &self.tx_thread {
+            Some(t) if side.tx.unconsumed() > INLINE_SEND_MAX => t.wake(),
+            _ => self.kick(side),
         }
     }
 
@@ -261,13 +340,13 @@ impl FrameTx for XdpTx {
             posted += 1;
             if posted == TX_BATCH {
                 side.tx.submit();
-                self.kick(&side);
+                self.send_queued(&side);
                 posted = 0;
             }
         }
         if posted > 0 {
             side.tx.submit();
-            self.kick(&side);
+            self.send_queued(&side);
         }
         refused
     }

@@ -18,6 +18,7 @@ use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// Bytes of one UMEM chunk.
 pub const CHUNK_SIZE: usize = 4096;
@@ -66,6 +67,14 @@ impl Mapping {
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(Mapping { ptr, len })
+    }
+
+    /// The ring index word at `at`, one of the offsets the kernel gave for the ring.
+    fn word(&self, at: usize) -> &AtomicU32 {
+        assert!(at + 4 <= self.len && at.is_multiple_of(4), "a ring index outside its mapping");
+        // SAFETY: aligned and inside the mapping (asserted); the word is shared with the
+        // kernel, so it is only ever accessed atomically, through this reference.
+        unsafe { &*self.ptr.as_ptr().add(at).cast::<AtomicU32>() }
     }
 }
 
@@ -151,7 +160,7 @@ impl Umem {
 /// One mmap'd ring: the producer and consumer indices, the flags word and `size`
 /// entries of `T`.
 struct Ring<T> {
-    map: Mapping,
+    map: Arc<Mapping>,
     producer: usize,
     consumer: usize,
     flags: usize,
@@ -172,7 +181,8 @@ impl<T: Copy> Ring<T> {
         }
         let len = off.desc as usize + size as usize * size_of::<T>();
         let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
-        let map = Mapping::new(len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, page_offset as libc::off_t)?;
+        let map =
+            Arc::new(Mapping::new(len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, page_offset as libc::off_t)?);
         let [producer, consumer, flags] = fields.map(|o| o as usize);
         Ok(Ring {
             map,
@@ -188,10 +198,7 @@ impl<T: Copy> Ring<T> {
     }
 
     fn index(&self, at: usize) -> &AtomicU32 {
-        // SAFETY: `at` is one of the offsets the kernel gave for this ring, checked to be
-        // 4-byte aligned and inside the mapping; the word is shared with the kernel, so it
-        // is only ever accessed atomically, through this reference.
-        unsafe { &*self.map.ptr.as_ptr().add(at).cast::<AtomicU32>() }
+        self.map.word(at)
     }
 
     /// Whether the kernel asked to be woken for this ring (`XDP_RING_NEED_WAKEUP`).
@@ -346,6 +353,27 @@ impl TxRing {
     /// Whether the kernel waits for a `sendto` to send.
     pub fn needs_wakeup(&self) -> bool {
         self.0.needs_wakeup()
+    }
+
+    /// A view of the ring's two indices for another thread, which can see how much is
+    /// queued without holding the ring.
+    pub fn watch(&self) -> TxWatch {
+        TxWatch { map: self.0.map.clone(), producer: self.0.producer, consumer: self.0.consumer }
+    }
+}
+
+/// The TX ring's indices, read only.
+pub struct TxWatch {
+    map: Arc<Mapping>,
+    producer: usize,
+    consumer: usize,
+}
+
+impl TxWatch {
+    /// Descriptors published that the kernel has not taken yet.
+    pub fn unconsumed(&self) -> u32 {
+        let produced = self.map.word(self.producer).load(Ordering::Acquire);
+        produced.wrapping_sub(self.map.word(self.consumer).load(Ordering::Acquire))
     }
 }
 
