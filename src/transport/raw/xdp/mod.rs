@@ -102,10 +102,21 @@ pub struct XdpTx {
 /// UMEM, its wakeup): the device's poll thread would spend most of its time in the
 /// kernel. Handing large batches to this thread lets the engine go on building frames
 /// on one CPU while the kernel sends on another, as a NIC's TX queue runs beside its
-/// driver.
+/// driver. (The poll thread still sends some: in copy mode a `poll` of the socket sends
+/// what the TX ring holds, net/xdp/xsk.c xsk_poll. Measured on a veth pair, that help is
+/// worth more than the lock it shares with this thread: a second socket for sending
+/// alone, sharing the UMEM, was slower.)
 struct TxThread {
     handle: JoinHandle<()>,
-    stop: Arc<AtomicBool>,
+    state: Arc<TxThreadState>,
+}
+
+#[derive(Default)]
+struct TxThreadState {
+    stop: AtomicBool,
+    /// Awake and sending: frames queued now go out without a wakeup, and a sender calling
+    /// `sendto` itself would only wait for the socket's lock, which the thread holds.
+    busy: AtomicBool,
 }
 
 struct TxSide {
@@ -200,12 +211,16 @@ fn attach(prog: &OwnedFd, ifindex: u32) -> io::Result<(OwnedFd, bool)> {
 
 impl TxThread {
     fn start(shared: Arc<Shared>, watch: TxWatch) -> io::Result<TxThread> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let halt = stop.clone();
+        let state = Arc::new(TxThreadState::default());
+        let theirs = state.clone();
         let handle = std::thread::Builder::new()
             .name("softrdma-xdp-tx".into())
-            .spawn(move || copy_mode_sender(&shared, &watch, &halt))?;
-        Ok(TxThread { handle, stop })
+            .spawn(move || copy_mode_sender(&shared, &watch, &theirs))?;
+        Ok(TxThread { handle, state })
+    }
+
+    fn is_busy(&self) -> bool {
+        self.state.busy.load(Ordering::Acquire)
     }
 
     /// Wakes the thread: there is something to send.
@@ -218,12 +233,14 @@ impl TxThread {
 /// call), sleeping when it is empty until a sender wakes it. A sender publishes its frames
 /// before waking it, and a wake that comes between the check and the sleep is kept by
 /// `park`, so nothing queued is left unsent.
-fn copy_mode_sender(shared: &Shared, watch: &TxWatch, stop: &AtomicBool) {
+fn copy_mode_sender(shared: &Shared, watch: &TxWatch, state: &TxThreadState) {
     let fd = shared.socket.as_raw_fd();
-    while !stop.load(Ordering::Acquire) {
+    while !state.stop.load(Ordering::Acquire) {
         let left = watch.unconsumed();
         if left == 0 {
+            state.busy.store(false, Ordering::Release);
             std::thread::park();
+            state.busy.store(true, Ordering::Release);
             continue;
         }
         match sys::kick_tx(fd) {
@@ -241,7 +258,7 @@ fn copy_mode_sender(shared: &Shared, watch: &TxWatch, stop: &AtomicBool) {
 impl Drop for XdpTx {
     fn drop(&mut self) {
         if let Some(t) = self.tx_thread.take() {
-            t.stop.store(true, Ordering::Release);
+            t.state.stop.store(true, Ordering::Release);
             t.wake();
             let _ = t.handle.join();
         }
@@ -271,16 +288,19 @@ impl XdpTx {
                 return None;
             }
             side.tx.submit();
-            self.kick(side);
+            match &self.tx_thread {
+                Some(t) => t.wake(),
+                None => self.kick(side),
+            }
             std::thread::sleep(Duration::from_micros(20));
         }
     }
 
-    /// Has what was submitted sent: by the TX thread if there is one and more than a few
-    /// frames wait, else here.
+    /// Has what was submitted sent: by the TX thread if there is one and it is sending
+    /// already or more than a few frames wait, else here.
     fn send_queued(&self, side: &TxSide) {
         match &self.tx_thread {
-            Some(t) if side.tx.unconsumed() > INLINE_SEND_MAX => t.wake(),
+            Some(t) if t.is_busy() || side.tx.unconsumed() > INLINE_SEND_MAX => t.wake(),
             _ => self.kick(side),
         }
     }
