@@ -3,7 +3,8 @@
 //! This crate holds the engine, its transports and the `softrdma` command-line tools. The
 //! wire formats live in the [`softrdma_proto`] crate, re-exported here as [`proto`].
 
-// Every `unsafe` block lives in `transport::sys`, the one module allowed it.
+// Every `unsafe` block lives in `transport::sys` or `transport::raw::xdp::sys` (AF_XDP's
+// shared memory and bpf(2)), the two modules allowed it.
 #![deny(unsafe_code)]
 
 pub use softrdma_proto as proto;

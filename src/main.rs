@@ -199,7 +199,8 @@ struct PerfArgs {
 /// CAP_NET_RAW; the kernel must not hold the address).
 #[derive(clap::Args, Clone)]
 struct RawArgs {
-    /// Run RoCEv2 on this network interface with raw Ethernet frames (AF_PACKET).
+    /// Run RoCEv2 on this network interface with raw Ethernet frames (AF_PACKET, or AF_XDP
+    /// with --frame-io xdp).
     #[arg(long, requires = "ip")]
     iface: Option<String>,
     /// The raw device's own address and on-link prefix, e.g. 10.9.0.2/24.

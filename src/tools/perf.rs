@@ -85,7 +85,7 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
     let mine = ep.dests(a.gid_index);
     let theirs = connect(&mut oob, &ep, &mine, &p).map_err(|e| e.to_string())?;
     if !a.json {
-        print_header(&p, &mine, &theirs, client, ctx.transport());
+        print_header(&p, &mine, &theirs, client, &ctx);
     }
     let out = match p.test {
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => rdma_bw(a, &p, &mut oob, &ep, &mine, &theirs),
@@ -209,9 +209,10 @@ fn connect(
     Ok(theirs)
 }
 
-fn print_header(p: &Params, mine: &[Dest], theirs: &[Dest], client: bool, t: Transport) {
+fn print_header(p: &Params, mine: &[Dest], theirs: &[Dest], client: bool, ctx: &Context) {
     let line = "-".repeat(87);
-    let (kind, link) = if t == Transport::Iwarp { ("IW", "TCP, rdma_cm") } else { ("IB", "UDP") };
+    let (kind, link) =
+        if ctx.transport() == Transport::Iwarp { ("IW", "TCP, rdma_cm".into()) } else { ("IB", ctx.link()) };
     println!("{line}\n                    {} Test", p.test.name());
     println!(" Number of qps   : {}\t\tTransport type : {kind}", p.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");

@@ -18,6 +18,8 @@ pub trait PacketTx: Send {
     fn flush(&mut self, dev: &mut Device, now_ns: u64);
     /// The UDP port the device receives on.
     fn port(&self) -> u16;
+    /// How packets move, for people (e.g. "kernel UDP sockets").
+    fn describe(&self) -> String;
     /// Sends to `peer` on `port` rather than the device's own port (several devices on
     /// one address, in tests). Transports with a fixed port ignore it.
     fn set_peer_port(&mut self, _peer: IpAddr, _port: u16) {}

@@ -340,6 +340,9 @@ impl PacketTx for UdpTx {
     fn set_peer_port(&mut self, peer: IpAddr, port: u16) {
         UdpTx::set_peer_port(self, peer, port)
     }
+    fn describe(&self) -> String {
+        "kernel UDP sockets".into()
+    }
 }
 
 impl PacketRx for UdpRx {

@@ -452,6 +452,15 @@ impl Context {
         BusyPoll { shared }
     }
 
+    /// How the device's packets move, for reports: e.g. "kernel UDP sockets", or "raw
+    /// Ethernet on veth0, AF_XDP, copy mode, native XDP".
+    pub fn link(&self) -> String {
+        match &self.backend {
+            Backend::Roce(s) => s.lock().tx.describe(),
+            Backend::Iwarp(_) => "kernel TCP".into(),
+        }
+    }
+
     /// The device's counters.
     pub fn stats(&self) -> DeviceStats {
         let shared = match &self.backend {

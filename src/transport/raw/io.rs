@@ -13,6 +13,8 @@ pub trait FrameTx: Send + Sync {
     /// Sends every frame, waiting for room if the link is busy; returns how many the
     /// kernel refused (each is lost, as on a wire).
     fn send(&self, frames: &[Vec<u8>]) -> usize;
+    /// How frames move, for people (e.g. "AF_PACKET").
+    fn describe(&self) -> String;
 }
 
 /// Receives batches of frames.
@@ -91,6 +93,10 @@ impl FrameTx for PacketSocketTx {
             }
         }
         refused
+    }
+
+    fn describe(&self) -> String {
+        "AF_PACKET".into()
     }
 }
 

@@ -1,6 +1,6 @@
 //! RoCEv2 on raw Ethernet: a device that owns an IP address (and a MAC) the kernel does
 //! not hold, on a network interface, moving whole frames through a packet socket
-//! (`AF_PACKET`). It answers ARP, Neighbour Discovery and echo requests for its address,
+//! (`AF_PACKET`) or an AF_XDP socket ([`xdp`]). It answers ARP, Neighbour Discovery and echo requests for its address,
 //! builds every header as an RDMA NIC does ([`frame::roce_frame`]), verifies the ICRC
 //! over the real headers (all 32 bits), takes ECN-CE from the IP header and drops
 //! fragments.
@@ -17,6 +17,7 @@ pub mod frame;
 pub mod io;
 pub mod neighbour;
 pub mod socket;
+pub mod xdp;
 
 pub use socket::FrameSocket;
 
@@ -45,6 +46,9 @@ pub const DEFAULT_TOS: u8 = 0b10;
 pub const HEADROOM: usize = 96;
 /// Linux's capability numbers (linux/capability.h).
 const CAP_NET_RAW: u32 = 13;
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
 
 /// How a raw device sits on its link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,11 +129,17 @@ impl RawConfig {
 
     /// The largest IB path MTU that fits the interface's MTU with every header of a
     /// RoCEv2 packet around it (as rxe sizes its port's active MTU: the netdev MTU less
-    /// [`HEADROOM`]).
+    /// [`HEADROOM`]). Over AF_XDP a frame must also fit one UMEM chunk after the headroom
+    /// the kernel leaves in it ([`xdp::FRAME_MAX`], 3840 bytes): a 4096-byte payload does
+    /// not, whatever the link's MTU, so the path MTU is at most 2048 there.
     pub fn active_mtu(&self) -> std::io::Result<Mtu> {
         let link = sys::interface_info(&self.iface)?.1 as usize;
+        let room = match self.frame_io {
+            FrameIo::Xdp => link.min(xdp::FRAME_MAX - frame::ETH_HEADER_LEN),
+            FrameIo::PacketSocket => link,
+        };
         let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
-        Ok(fits.into_iter().find(|m| m.bytes() + HEADROOM <= link).unwrap_or(Mtu::M256))
+        Ok(fits.into_iter().find(|m| m.bytes() + HEADROOM <= room).unwrap_or(Mtu::M256))
     }
 
     /// The next hop for `dst`: itself on the link, else the gateway.
@@ -191,13 +201,26 @@ pub fn open_frames(cfg: &RawConfig) -> std::io::Result<Frames> {
             ),
         ));
     }
+    let may_bpf = has_capability(CAP_BPF) || has_capability(CAP_SYS_ADMIN);
+    if cfg.frame_io == FrameIo::Xdp && !(may_bpf && has_capability(CAP_NET_ADMIN)) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "raw device on {}: AF_XDP loads and attaches an XDP program, which needs CAP_BPF and CAP_NET_ADMIN as well as CAP_NET_RAW (run as root)",
+                cfg.iface
+            ),
+        ));
+    }
     let (ifindex, mtu) = sys::interface_info(&cfg.iface).map_err(|e| open_error(cfg, "interface", e))?;
     match cfg.frame_io {
         FrameIo::PacketSocket => {
             let (tx, rx) = io::packet_socket(ifindex).map_err(|e| open_error(cfg, "packet socket", e))?;
             Ok(Frames { tx: Arc::new(tx), rx: Box::new(rx), mtu: mtu as usize })
         }
-        FrameIo::Xdp => Err(open_error(cfg, "AF_XDP", std::io::ErrorKind::Unsupported.into())),
+        FrameIo::Xdp => {
+            let (tx, rx) = xdp::open(ifindex, cfg.ip).map_err(|e| open_error(cfg, "AF_XDP", e))?;
+            Ok(Frames { tx: Arc::new(tx), rx: Box::new(rx), mtu: mtu as usize })
+        }
     }
 }
 
@@ -314,6 +337,10 @@ impl PacketTx for RawTx {
 
     fn port(&self) -> u16 {
         ROCE_PORT
+    }
+
+    fn describe(&self) -> String {
+        format!("raw Ethernet on {}, {}", self.shared.cfg.iface, self.shared.frames.describe())
     }
 }
 
