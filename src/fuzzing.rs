@@ -6,9 +6,11 @@
 //! peer may write.
 
 mod iwarp;
+mod raw;
 mod roce;
 
 pub use iwarp::{iwarp_qp, mpa_setup};
+pub use raw::raw_frame;
 pub use roce::roce_device;
 
 use crate::iwarp::deframer::Deframer;

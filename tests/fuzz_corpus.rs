@@ -58,3 +58,8 @@ fn iwarp_qp_corpus() {
 fn mpa_setup_corpus() {
     assert!(replay("mpa_setup", softrdma::fuzzing::mpa_setup) >= 8);
 }
+
+#[test]
+fn raw_frame_corpus() {
+    assert!(replay("raw_frame", softrdma::fuzzing::raw_frame) >= 8);
+}

@@ -232,3 +232,18 @@ fn a_wrong_icrc_is_dropped_and_an_ecn_ce_mark_brings_a_cnp() {
     let s = b.ctx.stats();
     assert_eq!((s.engine.rx_ecn_ce, s.rx_icrc_bad), (1, 1), "{s:?}");
 }
+
+#[test]
+fn the_active_mtu_follows_the_link_on_both_paths() {
+    let Some(pair) = pair_or_skip("active mtu") else { return };
+    pair.kernel_addr(0, "10.9.0.1/24").unwrap();
+    let udp = OpenConfig::new("10.9.0.1".parse().unwrap());
+    let raw = raw_cfg(&pair, 0, "10.9.0.11/24");
+    let (u, r) = (udp.clone(), raw.clone());
+    assert_eq!(pair.run_in(0, move || (u.active_mtu(), r.active_mtu())), (Some(Mtu::M1024), Some(Mtu::M1024)));
+    pair.mtu(9000).unwrap();
+    assert_eq!(pair.run_in(0, move || (udp.active_mtu(), raw.active_mtu())), (Some(Mtu::M4096), Some(Mtu::M4096)));
+    // An address no interface holds has no known link.
+    let nowhere = OpenConfig::new("10.9.0.99".parse().unwrap());
+    assert_eq!(pair.run_in(0, move || nowhere.active_mtu()), None);
+}

@@ -59,12 +59,10 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
     let (mut oob, cfg) = open_oob(a)?;
+    // As perftest on a NIC, never more than the port's active MTU (the link's).
     let mut mtu = a.params.mtu;
-    if let Some(raw) = &a.raw {
-        let link = raw.active_mtu().map_err(|e| format!("the MTU of {}: {e}", raw.iface))?;
-        if link.bytes() < mtu.bytes() {
-            mtu = link;
-        }
+    if let Some(link) = cfg.active_mtu().filter(|l| l.bytes() < mtu.bytes()) {
+        mtu = link;
     }
     let mtu = oob.preamble(mtu).map_err(|e| e.to_string())?;
     let local = cfg.addr;

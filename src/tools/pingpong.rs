@@ -105,6 +105,7 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
     cfg.raw = a.raw.clone();
     cfg.pcap = a.pcap.clone();
     let local = cfg.addr;
+    let link_mtu = cfg.active_mtu();
     let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(a.rx_depth + 1);
@@ -126,7 +127,6 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
         mine.psn,
         gid_text(&gid)
     );
-    let link_mtu = a.raw.as_ref().and_then(|r| r.active_mtu().ok());
     let mtu = link_mtu.filter(|l| l.bytes() < a.mtu.bytes()).unwrap_or(a.mtu);
     let connect = |rem: &PpDest| connect_qp(&qp, rem, mine.psn, mtu, a.gid_index);
     let mut msg = [0u8; MSG_LEN];

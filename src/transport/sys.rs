@@ -426,6 +426,55 @@ pub fn interface_info(name: &str) -> io::Result<(u32, u32)> {
     Ok((index.max(0) as u32, mtu.max(0) as u32))
 }
 
+/// The name of the interface that holds address `ip`, from `getifaddrs` (in the calling
+/// thread's network namespace).
+pub fn interface_of_address(ip: std::net::IpAddr) -> io::Result<String> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    check(unsafe { libc::getifaddrs(&mut list) })?;
+    let mut found = None;
+    let mut cur = list;
+    while !cur.is_null() && found.is_none() {
+        // SAFETY: `cur` is a node of the list the kernel's answer built, alive until freed.
+        let node = unsafe { &*cur };
+        if !node.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr of at least the size its family says;
+            // sockaddr_storage is read only as far as that family's struct.
+            let family = unsafe { (*node.ifa_addr).sa_family } as libc::c_int;
+            let addr = match family {
+                libc::AF_INET | libc::AF_INET6 => {
+                    // SAFETY: as above; copy out only the bytes of the family's struct.
+                    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+                    let len = if family == libc::AF_INET {
+                        size_of::<libc::sockaddr_in>()
+                    } else {
+                        size_of::<libc::sockaddr_in6>()
+                    };
+                    // SAFETY: both pointers are valid for `len` bytes and do not overlap.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            node.ifa_addr.cast::<u8>(),
+                            (&mut ss as *mut libc::sockaddr_storage).cast::<u8>(),
+                            len,
+                        )
+                    };
+                    sockaddr_to_std(&ss).map(|a| a.ip())
+                }
+                _ => None,
+            };
+            if addr == Some(ip) {
+                // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+                let name = unsafe { std::ffi::CStr::from_ptr(node.ifa_name) };
+                found = Some(name.to_string_lossy().into_owned());
+            }
+        }
+        cur = node.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface holds {ip}")))
+}
+
 /// Moves the calling thread into the network namespace whose handle is `path` (e.g.
 /// `/var/run/netns/NAME`); sockets it opens afterwards live there.
 pub fn enter_netns(path: &std::path::Path) -> io::Result<()> {

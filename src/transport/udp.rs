@@ -37,6 +37,17 @@ const RX_DATAGRAM_MAX: usize = 9216;
 /// Socket buffer size asked for: room for a full loss window of 4 KiB packets on many QPs.
 const SOCKET_BUFFER_BYTES: usize = 32 << 20;
 
+/// The largest IB path MTU that fits the MTU of the interface holding `addr`, with every
+/// header of a RoCEv2 packet around it (the netdev MTU less the raw device's headroom,
+/// as rxe sizes its port's active MTU); `None` if no interface holds it.
+pub fn active_mtu(addr: IpAddr) -> Option<crate::engine::verbs::Mtu> {
+    use crate::engine::verbs::Mtu;
+    let iface = sys::interface_of_address(addr).ok()?;
+    let link = sys::interface_info(&iface).ok()?.1 as usize;
+    let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
+    Some(fits.into_iter().find(|m| m.bytes() + super::raw::HEADROOM <= link).unwrap_or(Mtu::M256))
+}
+
 /// How an endpoint's UDP sockets are set up.
 #[derive(Debug, Clone)]
 pub struct UdpConfig {

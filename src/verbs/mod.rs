@@ -173,6 +173,16 @@ impl OpenConfig {
         }
     }
 
+    /// The port's active MTU (`ibv_port_attr.active_mtu`): the largest path MTU that fits
+    /// the link the device would use, or `None` if that link is not known (an address no
+    /// interface holds).
+    pub fn active_mtu(&self) -> Option<Mtu> {
+        match &self.raw {
+            Some(r) => r.active_mtu().ok(),
+            None => udp::active_mtu(self.addr),
+        }
+    }
+
     /// A RoCEv2 device on raw Ethernet: address `ip/prefix_len` (which the kernel must not
     /// hold) on interface `iface`. Needs CAP_NET_RAW.
     pub fn raw(iface: &str, ip: IpAddr, prefix_len: u8) -> Self {
