@@ -79,14 +79,11 @@ fn raw_device_frames_carry_what_a_nic_sends() {
 #[test]
 fn siw_captures_check_clean_with_and_without_crc() {
     let dir = format!("{}/pcaps/interop", env!("CARGO_MANIFEST_DIR"));
-    // `raw-`: softrdma's iWARP on smoltcp over raw Ethernet (no rping: it runs on kernel TCP).
+    // `raw-`: softrdma's iWARP on smoltcp over raw Ethernet.
     let runs = ["", "raw-"].into_iter().flat_map(|p| ["off", "on"].map(move |c| (p, c)));
     for (prefix, crc) in runs {
         for serves in ["siw-serves", "softrdma-serves"] {
             for tool in ["", "-write_bw", "-read_bw", "-send_bw"] {
-                if prefix == "raw-" && tool.is_empty() {
-                    continue;
-                }
                 let n = format!("{prefix}siw-{crc}-{serves}{tool}.pcap");
                 let path = format!("{dir}/{n}");
                 let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{n}: {e}"));

@@ -1,9 +1,9 @@
 #!/bin/bash
-# siw-guest.sh ROLE [HOST [RPING]] - the VM half of tests/interop/siw.sh (runs in the VM).
+# siw-guest.sh ROLE [HOST] - the VM half of tests/interop/siw.sh (runs inside the VM).
 #   ROLE = server: siw's rping and perftest -R serve on 10.77.0.2, softrdma connects
 #   ROLE = client: softrdma serves on HOST (10.77.0.1), siw's tools connect (retrying until
-#   it listens). RPING = no skips rping.
-role=$1 host=${2:-10.77.0.1} rping=${3:-yes} me=10.77.0.2 T=90
+#   it listens)
+role=$1 host=${2:-10.77.0.1} me=10.77.0.2 T=90
 run() { # name port command...
     local name=$1 port=$2; shift 2
     echo "=== $name ($role)"
@@ -19,9 +19,7 @@ run() { # name port command...
     fi
     echo "=== $name ($role): rc=$rc"
 }
-if [ "$rping" = no ]; then
-    :
-elif [ "$role" = server ]; then
+if [ "$role" = server ]; then
     run rping 7174 rping -s -v -C 5 -a $me -p 7174
 else
     run rping 7175 rping -c -v -C 5 -p 7175 -a

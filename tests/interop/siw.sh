@@ -10,7 +10,7 @@
 # connected. Each boot is captured on the bridge; each pairing's traffic (by port) goes
 # to $OUT/siw-<crc>-<who serves>[-<tool>].pcap and is checked with `softrdma pcap check`.
 # RAW=1: softrdma runs iWARP on its own TCP (smoltcp) over raw Ethernet, at 10.77.0.11 on a
-# veth joined to the bridge; rping (kernel TCP only) is left out. Captures: raw-siw-....
+# veth joined to the bridge. Captures: raw-siw-....
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -29,7 +29,6 @@ if [ -n "${RAW:-}" ]; then
     $NS ip link add srraw0 type veth peer name srraw1 2>/dev/null
     $NS ip link set srraw1 master srbr0 up && $NS ip link set srraw0 up
     EXTRA=(--iface srraw0 --ip 10.77.0.11/24) PREFIX=raw- HOSTIP=10.77.0.11
-    TOOLS="write_bw:18515 read_bw:18516 send_bw:18517"
 fi
 
 # The host half of one pairing; retries while the VM side is not listening yet.
@@ -37,8 +36,8 @@ host_side() { # role tool port crc log
     local role=$1 tool=$2 port=$3 crc=$4 log=$5 cmd rc=1
     local perf=(-n 50 -s 8192 --transport iwarp --mpa-crc "$crc" -p "$port" "${EXTRA[@]}")
     case "$tool" in
-        rping) if [ "$role" = server ]; then cmd=(rping -c -a 10.77.0.2 -p "$port" -C 5 -v -V --crc "$crc")
-               else cmd=(rping -s -a 10.77.0.1 -p "$port" -v --crc "$crc"); fi ;;
+        rping) if [ "$role" = server ]; then cmd=(rping -c -a 10.77.0.2 -p "$port" -C 5 -v -V --crc "$crc" "${EXTRA[@]}")
+               else cmd=(rping -s -a "$HOSTIP" -p "$port" -v --crc "$crc" "${EXTRA[@]}"); fi ;;
         *)     cmd=("${tool/_/-}" "${perf[@]}"); [ "$role" = server ] && cmd+=(10.77.0.2) ;;
     esac
     local t0=$SECONDS
@@ -56,8 +55,7 @@ boot() { # crc-name siw-opts role(of the VM)
     [ "$name" = on ] && ours=required
     if [ "$role" = server ]; then dir=siw-serves; else dir=softrdma-serves; fi
     local all=$WORK/${PREFIX}siw-$name-$dir-all.pcap vmlog=$WORK/vm-siw-$name-$dir.log
-    local rping=yes; [ -n "${RAW:-}" ] && rping=no
-    local args=(--links siw --offload off --share $WORK --run "bash /mnt/host/siw-guest.sh $role $HOSTIP $rping")
+    local args=(--links siw --offload off --share $WORK --run "bash /mnt/host/siw-guest.sh $role $HOSTIP")
     [ -n "$opts" ] && args+=(--siw-opts "$opts")
     "$VM/boot.sh" "${args[@]}" >"$vmlog" 2>&1 & local vm=$!
     # Capture once the VM's tap is on the bridge (attaching it disturbs a running capture).
