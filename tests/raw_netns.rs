@@ -4,117 +4,22 @@
 //! and removes its own namespaces.
 
 mod netns;
+mod rc_pair;
 
-use netns::{pair_or_skip, VethPair};
+use netns::pair_or_skip;
+use rc_pair::*;
 use softrdma::transport::raw::frame::{self, Local, RoceFields};
+use softrdma::transport::raw::FrameIo;
 use softrdma::transport::raw::FrameSocket;
 use softrdma::verbs::*;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Side {
-    ctx: Context,
-    cq: CompletionQueue,
-    mr: MemoryRegion,
-    qp: QueuePair,
-    _pd: ProtectionDomain,
-}
-
-fn side(ctx: Context, len: usize) -> Side {
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(4096);
-    let mr = ctx.reg_mr(&pd, len, Access::ALL).unwrap();
-    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, QpCaps::default(), None).unwrap();
-    Side { ctx, cq, mr, qp, _pd: pd }
-}
-
-fn open_in(pair: &VethPair, i: usize, cfg: OpenConfig) -> Context {
-    pair.run_in(i, move || Context::open(cfg).expect("open a device"))
-}
-
-fn raw_cfg(pair: &VethPair, i: usize, cidr: &str) -> OpenConfig {
-    let (ip, len) = RawConfig::parse_cidr(cidr).unwrap();
-    let mut cfg = OpenConfig::raw(&pair.ifaces[i], ip, len);
-    cfg.seed = Some(i as u64 + 1);
-    cfg
-}
-
-fn connect(a: &Side, b: &Side) {
-    let (ga, gb) = (a.ctx.gid(0).unwrap(), b.ctx.gid(0).unwrap());
-    a.qp.connect_rc(gb, b.qp.qp_num(), 0x200, 0x100, Mtu::M1024).unwrap();
-    b.qp.connect_rc(ga, a.qp.qp_num(), 0x100, 0x200, Mtu::M1024).unwrap();
-}
-
-fn wait_ok(cq: &CompletionQueue, wr_id: u64) -> Wc {
-    let wc = cq.wait(WAIT).unwrap_or_else(|| panic!("no completion for wr {wr_id}"));
-    assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success), "{wc:?}");
-    wc
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
-
-/// SEND, SEND with immediate, a 1 MiB WRITE, WRITE with immediate, READ, fetch-and-add and
-/// compare-and-swap from `a` to `b`, every byte checked.
-fn every_operation(a: &Side, b: &Side) {
-    let msg = pattern(3000, 1);
-    a.mr.write(0, &msg);
-    b.qp.post_recv(RecvWr { wr_id: 10, sgl: vec![b.mr.sge(0, 4096)] }).unwrap();
-    a.qp.post_send(SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, 3000)])).unwrap();
-    assert_eq!(wait_ok(&b.cq, 10).byte_len, 3000);
-    wait_ok(&a.cq, 1);
-    let mut got = vec![0u8; 3000];
-    b.mr.read(0, &mut got);
-    assert_eq!(got, msg);
-
-    b.qp.post_recv(RecvWr { wr_id: 11, sgl: vec![b.mr.sge(8192, 64)] }).unwrap();
-    a.qp.post_send(SendWr::new(2, SendOp::SendImm(0xfeed_f00d), vec![a.mr.sge(0, 10)])).unwrap();
-    assert_eq!(wait_ok(&b.cq, 11).imm, Some(0xfeed_f00d));
-    wait_ok(&a.cq, 2);
-
-    let big = pattern(1 << 20, 7);
-    a.mr.write(1 << 20, &big);
-    let at = Remote { addr: b.mr.addr() + (2 << 20), rkey: b.mr.rkey() };
-    a.qp.post_send(SendWr::new(3, SendOp::Write(at), vec![a.mr.sge(1 << 20, 1 << 20)])).unwrap();
-    wait_ok(&a.cq, 3);
-    let mut got = vec![0u8; 1 << 20];
-    b.mr.read(2 << 20, &mut got);
-    assert!(got == big, "1 MiB WRITE arrived intact");
-
-    b.qp.post_recv(RecvWr { wr_id: 12, sgl: vec![] }).unwrap();
-    let at = Remote { addr: b.mr.addr() + 100, rkey: b.mr.rkey() };
-    a.qp.post_send(SendWr::new(4, SendOp::WriteImm(at, 42), vec![a.mr.sge(0, 200)])).unwrap();
-    assert_eq!(wait_ok(&b.cq, 12).imm, Some(42));
-    wait_ok(&a.cq, 4);
-
-    let from = Remote { addr: b.mr.addr() + (2 << 20), rkey: b.mr.rkey() };
-    a.qp.post_send(SendWr::new(5, SendOp::Read(from), vec![a.mr.sge(3 << 20, 100_000)])).unwrap();
-    wait_ok(&a.cq, 5);
-    let mut got = vec![0u8; 100_000];
-    a.mr.read(3 << 20, &mut got);
-    assert_eq!(got, big[..100_000]);
-
-    b.mr.write(64, &5u64.to_ne_bytes());
-    let word = Remote { addr: b.mr.addr() + 64, rkey: b.mr.rkey() };
-    a.qp.post_send(SendWr::new(6, SendOp::FetchAdd(word, 10), vec![a.mr.sge(0, 8)])).unwrap();
-    wait_ok(&a.cq, 6);
-    a.qp.post_send(SendWr::new(7, SendOp::CompareSwap(word, 15, 99), vec![a.mr.sge(8, 8)])).unwrap();
-    wait_ok(&a.cq, 7);
-    let (mut w0, mut w1, mut wb) = ([0u8; 8], [0u8; 8], [0u8; 8]);
-    a.mr.read(0, &mut w0);
-    a.mr.read(8, &mut w1);
-    b.mr.read(64, &mut wb);
-    assert_eq!((u64::from_ne_bytes(w0), u64::from_ne_bytes(w1), u64::from_ne_bytes(wb)), (5, 15, 99));
-}
-
 #[test]
 fn raw_devices_run_every_operation_over_ipv4_with_data_checked() {
     let Some(pair) = pair_or_skip("raw ipv4") else { return };
-    let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "10.9.0.1/24")), 4 << 20);
-    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24")), 4 << 20);
+    let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "10.9.0.1/24", FrameIo::PacketSocket)), 4 << 20);
+    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
     every_operation(&a, &b);
     every_operation(&b, &a);
@@ -130,8 +35,8 @@ fn raw_devices_run_every_operation_over_ipv4_with_data_checked() {
 #[test]
 fn raw_devices_run_over_ipv6_with_neighbour_discovery() {
     let Some(pair) = pair_or_skip("raw ipv6") else { return };
-    let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "fd00:9::1/64")), 4 << 20);
-    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "fd00:9::2/64")), 4 << 20);
+    let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "fd00:9::1/64", FrameIo::PacketSocket)), 4 << 20);
+    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "fd00:9::2/64", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
     every_operation(&a, &b);
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
@@ -146,7 +51,7 @@ fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and
     let mut udp_cfg = OpenConfig::new("10.9.0.1".parse().unwrap());
     udp_cfg.seed = Some(9);
     let a = side(open_in(&pair, 0, udp_cfg), 4 << 20);
-    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24")), 4 << 20);
+    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
     every_operation(&a, &b);
     every_operation(&b, &a);
@@ -191,7 +96,7 @@ fn roce_seen(sock: &mut FrameSocket, wait: Duration) -> Vec<(u8, u32)> {
 #[test]
 fn a_wrong_icrc_is_dropped_and_an_ecn_ce_mark_brings_a_cnp() {
     let Some(pair) = pair_or_skip("icrc and ce") else { return };
-    let mut cfg = raw_cfg(&pair, 1, "10.9.0.2/24");
+    let mut cfg = raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket);
     cfg.cc.enabled = true;
     let b = side(open_in(&pair, 1, cfg), 4096);
     let iface = pair.ifaces[0].clone();
@@ -238,7 +143,7 @@ fn the_active_mtu_follows_the_link_on_both_paths() {
     let Some(pair) = pair_or_skip("active mtu") else { return };
     pair.kernel_addr(0, "10.9.0.1/24").unwrap();
     let udp = OpenConfig::new("10.9.0.1".parse().unwrap());
-    let raw = raw_cfg(&pair, 0, "10.9.0.11/24");
+    let raw = raw_cfg(&pair, 0, "10.9.0.11/24", FrameIo::PacketSocket);
     let (u, r) = (udp.clone(), raw.clone());
     assert_eq!(pair.run_in(0, move || (u.active_mtu(), r.active_mtu())), (Some(Mtu::M1024), Some(Mtu::M1024)));
     pair.mtu(9000).unwrap();

@@ -8,7 +8,7 @@ use crate::iwarp::device::{ConnId, IwarpDevice};
 use crate::iwarp::setup::PeerRequest;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A TCP stack running an [`IwarpDevice`]: it owns the device lock, the streams and a poll
@@ -101,4 +101,24 @@ pub fn get_request(
     );
     let (r, req) = got?;
     Some((r, req, port.peer_addr(r)))
+}
+
+/// A driver's `IwarpPort::wait`: checks `done` on the device in `guard`'s core after every
+/// change signalled on `changed` (and at least every `tick`), until it holds or `timeout`.
+pub(super) fn wait_until<C>(
+    mut guard: MutexGuard<'_, C>,
+    changed: &Condvar,
+    dev: impl Fn(&mut C) -> &mut IwarpDevice,
+    done: &mut dyn FnMut(&mut IwarpDevice) -> bool,
+    timeout: Duration,
+    tick: Duration,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done(dev(&mut guard)) {
+            return true;
+        }
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else { return false };
+        guard = changed.wait_timeout(guard, left.min(tick)).unwrap_or_else(|e| e.into_inner()).0;
+    }
 }

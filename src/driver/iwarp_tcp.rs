@@ -252,15 +252,7 @@ impl IwarpPort for IwarpTcp {
     }
 
     fn wait(&self, done: &mut dyn FnMut(&mut IwarpDevice) -> bool, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut c = self.lock();
-        loop {
-            if done(&mut c.dev) {
-                return true;
-            }
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else { return false };
-            c = self.changed.wait_timeout(c, left).unwrap_or_else(|e| e.into_inner()).0;
-        }
+        super::iwarp::wait_until(self.lock(), &self.changed, |c| &mut c.dev, done, timeout, TICK)
     }
 
     fn add_cq(&self, id: u32, queue: Arc<CqQueue>) {
