@@ -47,12 +47,7 @@ fn raw_devices_run_over_ipv6_with_neighbour_discovery() {
 #[test]
 fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and_pings_it() {
     let Some(pair) = pair_or_skip("raw to udp") else { return };
-    pair.kernel_addr(0, "10.9.0.1/24").unwrap();
-    let mut udp_cfg = OpenConfig::new("10.9.0.1".parse().unwrap());
-    udp_cfg.seed = Some(9);
-    let a = side(open_in(&pair, 0, udp_cfg), 4 << 20);
-    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket)), 4 << 20);
-    connect(&a, &b);
+    let (a, b) = udp_and_raw(&pair, FrameIo::PacketSocket);
     every_operation(&a, &b);
     every_operation(&b, &a);
     // The kernel beside the UDP-socket device resolves the raw device's address and gets

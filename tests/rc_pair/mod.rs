@@ -109,3 +109,15 @@ pub fn every_operation(a: &Side, b: &Side) {
     b.mr.read(64, &mut wb);
     assert_eq!((u64::from_ne_bytes(w0), u64::from_ne_bytes(w1), u64::from_ne_bytes(wb)), (5, 15, 99));
 }
+
+/// A kernel-UDP-socket device on 10.9.0.1 (which the kernel in namespace 0 then holds) and
+/// a raw device on 10.9.0.2 in namespace 1 moving frames by `io`, their QPs connected.
+pub fn udp_and_raw(pair: &VethPair, io: FrameIo) -> (Side, Side) {
+    pair.kernel_addr(0, "10.9.0.1/24").unwrap();
+    let mut udp_cfg = OpenConfig::new("10.9.0.1".parse().unwrap());
+    udp_cfg.seed = Some(9);
+    let a = side(open_in(pair, 0, udp_cfg), 4 << 20);
+    let b = side(open_in(pair, 1, raw_cfg(pair, 1, "10.9.0.2/24", io)), 4 << 20);
+    connect(&a, &b);
+    (a, b)
+}
