@@ -72,8 +72,8 @@ fn raw_device_frames_carry_what_a_nic_sends() {
     }
 }
 
-/// softrdma against Linux siw (`tests/interop/siw.sh`): rping and ib_write_bw / ib_read_bw /
-/// ib_send_bw -R, both ways, MPA CRC off and on, on kernel TCP and (`raw-`) on smoltcp. Every pairing is there; every FPDU from
+/// softrdma against Linux siw (`tests/interop/siw.sh`): rping and ib_{write,read,send}_bw
+/// and ib_{write,read,send}_lat -R, both ways, MPA CRC off and on, on kernel TCP and (`raw-`) on smoltcp. Every pairing is there; every FPDU from
 /// either side parses and, with CRC, carries a good CRC32c; Wireshark decodes every iWARP
 /// frame without a malformed or error mark.
 #[test]
@@ -83,7 +83,7 @@ fn siw_captures_check_clean_with_and_without_crc() {
     let runs = ["", "raw-"].into_iter().flat_map(|p| ["off", "on"].map(move |c| (p, c)));
     for (prefix, crc) in runs {
         for serves in ["siw-serves", "softrdma-serves"] {
-            for tool in ["", "-write_bw", "-read_bw", "-send_bw"] {
+            for tool in ["", "-write_bw", "-read_bw", "-send_bw", "-write_lat", "-read_lat", "-send_lat"] {
                 let n = format!("{prefix}siw-{crc}-{serves}{tool}.pcap");
                 let path = format!("{dir}/{n}");
                 let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{n}: {e}"));

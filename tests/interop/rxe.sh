@@ -47,7 +47,7 @@ pair() { # direction base
         local port=$((base + i)); i=$((i + 1))
         local pcap="$OUT/$PREFIX$dir-$name.pcap"
         rm -f "$pcap"
-        $NS tcpdump --immediate-mode -i srbr0 -U -w "$pcap" "udp port 4791 or tcp port $port" 2>/dev/null & local dump=$!
+        $NS tcpdump --immediate-mode -B 32768 -i srbr0 -U -w "$pcap" "udp port 4791 or tcp port $port" 2>/dev/null & local dump=$!
         for _ in $(seq 50); do [ -s "$pcap" ] && break; sleep 0.1; done
         sleep 1
         local rc log=/tmp/softrdma-interop/$dir-$name.txt

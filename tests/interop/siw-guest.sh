@@ -27,4 +27,7 @@ fi
 run write_bw 18515 ib_write_bw -R -d siw0 -p 18515 -n 50 -s 8192 -F
 run read_bw 18516 ib_read_bw -R -d siw0 -p 18516 -n 50 -s 8192 -F
 run send_bw 18517 ib_send_bw -R -d siw0 -p 18517 -n 50 -s 8192 -F
+run write_lat 18518 ib_write_lat -R -d siw0 -p 18518 -n 100 -s 64 -F
+run read_lat 18519 ib_read_lat -R -d siw0 -p 18519 -n 100 -s 64 -F
+run send_lat 18520 ib_send_lat -R -d siw0 -p 18520 -n 100 -s 64 -F
 echo "=== guest done"

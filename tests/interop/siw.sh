@@ -1,6 +1,7 @@
 #!/bin/bash
 # siw.sh - softrdma against Linux siw, live: rping, and ib_write_bw / ib_read_bw /
-# ib_send_bw with -R (rdma_cm), both ways, MPA CRC off and on.
+# ib_send_bw / ib_write_lat / ib_read_lat / ib_send_lat with -R (rdma_cm), both ways, MPA
+# CRC off and on.
 #
 # Needs root and ../shared/softrdma-vm (built with its build-image.sh). Boots the VM with
 # siw only (rdma_cm would pick rxe otherwise), first with siw's defaults (no CRC), then
@@ -24,7 +25,8 @@ cp "$HERE/siw-guest.sh" $WORK/
 "$VM/net.sh" up 1 >/dev/null
 # Leave no namespace, bridge or tap behind, even on failure (set KEEP_NET=1 to keep them).
 trap '[ -n "${KEEP_NET:-}" ] || "$VM/net.sh" down >/dev/null 2>&1' EXIT
-EXTRA=() PREFIX="" HOSTIP=10.77.0.1 TOOLS="rping:7174 write_bw:18515 read_bw:18516 send_bw:18517"
+EXTRA=() PREFIX="" HOSTIP=10.77.0.1
+TOOLS="rping:7174 write_bw:18515 read_bw:18516 send_bw:18517 write_lat:18518 read_lat:18519 send_lat:18520"
 if [ -n "${RAW:-}" ]; then
     $NS ip link add srraw0 type veth peer name srraw1 2>/dev/null
     $NS ip link set srraw1 master srbr0 up && $NS ip link set srraw0 up
@@ -34,7 +36,8 @@ fi
 # The host half of one pairing; retries while the VM side is not listening yet.
 host_side() { # role tool port crc log
     local role=$1 tool=$2 port=$3 crc=$4 log=$5 cmd rc=1
-    local perf=(-n 50 -s 8192 --transport iwarp --mpa-crc "$crc" -p "$port" "${EXTRA[@]}")
+    local size=(-n 50 -s 8192); [[ "$tool" = *_lat ]] && size=(-n 100 -s 64)
+    local perf=("${size[@]}" --transport iwarp --mpa-crc "$crc" -p "$port" "${EXTRA[@]}")
     case "$tool" in
         rping) if [ "$role" = server ]; then cmd=(rping -c -a 10.77.0.2 -p "$port" -C 5 -v -V --crc "$crc" "${EXTRA[@]}")
                else cmd=(rping -s -a "$HOSTIP" -p "$port" -v --crc "$crc" "${EXTRA[@]}"); fi ;;
@@ -61,7 +64,7 @@ boot() { # crc-name siw-opts role(of the VM)
     # Capture once the VM's tap is on the bridge (attaching it disturbs a running capture).
     sleep 6
     rm -f "$all"
-    $NS tcpdump --immediate-mode -i srbr0 -U -w "$all" tcp 2>/dev/null & local dump=$!
+    $NS tcpdump --immediate-mode -B 32768 -i srbr0 -U -w "$all" tcp 2>/dev/null & local dump=$!
     for _ in $(seq 50); do [ -s "$all" ] && break; sleep 0.1; done
     sleep 1
     local results=()
