@@ -34,6 +34,9 @@ enum Command {
         /// First seed of a `--seeds` run.
         #[arg(long, default_value_t = 0)]
         from: u64,
+        /// Run the iWARP swarm instead (two iWARP devices over a simulated TCP stream).
+        #[arg(long)]
+        iwarp: bool,
     },
     /// Two devices on this machine (127.0.0.1, 127.0.0.2) exchanging RDMA traffic: a
     /// perftest-style table next to plain UDP measured on the same path.
@@ -254,8 +257,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
+        Command::Sim { iwarp: true, seed, seeds, from } => {
+            sim_iwarp(seed.map_or(from, |s| s), seed.map_or(seeds, |_| 1))
+        }
         Command::Sim { seed: Some(seed), .. } => sim_one(seed),
-        Command::Sim { seed: None, seeds, from } => sim_many(from, seeds),
+        Command::Sim { seed: None, seeds, from, .. } => sim_many(from, seeds),
         Command::Demo { qps, seconds, json, veth } => {
             let out = if veth {
                 softrdma::tools::demo_veth::run(seconds, json)
@@ -451,6 +457,29 @@ fn sim_one(seed: u64) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The iWARP swarm over seeds `from..from + count`; stops at the first failure.
+fn sim_iwarp(from: u64, count: u64) -> ExitCode {
+    let mut total = softrdma::sim::iwarp::IwarpReport::default();
+    for seed in from..from.saturating_add(count) {
+        match softrdma::sim::iwarp::run(seed) {
+            Ok(r) => {
+                total.completions += r.completions;
+                total.bytes += r.bytes;
+                total.turns += r.turns;
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    println!(
+        "iwarp swarm: {count} seeds from {from} passed: {} completions, {} bytes checked, {} stream turns",
+        total.completions, total.bytes, total.turns
+    );
+    ExitCode::SUCCESS
 }
 
 fn sim_many(from: u64, count: u64) -> ExitCode {

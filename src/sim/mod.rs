@@ -5,6 +5,7 @@
 //! Each packet is framed with a real IPv4/UDP header and a real ICRC on the way in, and
 //! the ICRC is checked on the way out, as a NIC would: a corrupted packet must fail it.
 
+pub mod iwarp;
 pub mod swarm;
 pub mod unreliable;
 
