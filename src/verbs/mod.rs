@@ -304,6 +304,15 @@ impl Context {
         if raw_cfg.ip != cfg.addr {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "OpenConfig::addr differs from raw.ip"));
         }
+        if raw_cfg.frame_io == raw::FrameIo::Xdp {
+            // A peer on this host hands TCP segments over with their checksum left partial
+            // for offload; a packet socket says which, AF_XDP cannot, and smoltcp would
+            // drop them as corrupt.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "iWARP on raw Ethernet moves its frames through a packet socket (--frame-io packet), not AF_XDP",
+            ));
+        }
         let raw::io::Frames { tx, rx, mtu } = raw::open_frames(raw_cfg)?;
         let link = SmolLink {
             ip: raw_cfg.ip,
