@@ -137,3 +137,46 @@ fn a_refused_connection_leaves_the_qp_free_to_connect_again() {
     connect(&pair, (&k, 0), (&r, 1), "10.9.0.1:4999".parse().unwrap());
     every_operation(&r, &k);
 }
+
+/// SYNs from sources that never finish the handshake use the smoltcp listener's backlog
+/// up for a while only: half-open sockets are dropped after a few seconds, and a real
+/// connection gets through.
+#[test]
+fn half_open_handshakes_do_not_lock_a_smoltcp_listener_out() {
+    let Some(pair) = pair_or_skip("smoltcp backlog") else { return };
+    pair.kernel_addr(0, "10.9.0.1/24").unwrap();
+    let k = kernel(&pair, 0, "10.9.0.1");
+    let r = raw(&pair, 1, "10.9.0.2/24");
+    let listener = r.ctx.listen("10.9.0.2:4100".parse().unwrap()).expect("listen");
+    let iface = pair.ifaces[0].clone();
+    let sock = pair.run_in(0, move || softrdma::transport::raw::FrameSocket::open(&iface).expect("packet socket"));
+    let raw_mac = RawConfig::new("", "10.9.0.2".parse().unwrap(), 24).mac();
+    for i in 0..32u8 {
+        let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 9, i], raw_mac)
+            .ipv4([10, 9, 0, 100 + i], [10, 9, 0, 2], 64)
+            .tcp(40000 + u16::from(i), 4100, 1000, 65535)
+            .syn();
+        let mut frame = Vec::new();
+        b.write(&mut frame, &[]).unwrap();
+        sock.send(&frame).unwrap();
+    }
+    let to: SocketAddr = "10.9.0.2:4100".parse().unwrap();
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| {
+            pair.scoped_in(0, || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                loop {
+                    match k.qp.connect(to, &param(b"late"), T) {
+                        Err(ConnectError::Tcp(_)) if std::time::Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(200))
+                        }
+                        other => return other,
+                    }
+                }
+            })
+        });
+        let req = listener.get_request(Duration::from_secs(25)).expect("the real request gets through");
+        req.accept(&r.qp, &param(b"ok")).expect("accepted");
+        assert_eq!(h.join().unwrap().expect("connected"), b"ok");
+    });
+}

@@ -9,7 +9,7 @@
 
 use super::cq::CqQueue;
 use super::iwarp::IwarpPort;
-use crate::iwarp::config::ConnectError;
+use crate::iwarp::config::{ConnectError, CLOSE_LINGER_MS};
 use crate::iwarp::device::{ConnId, ConnState, IwarpDevice};
 use crate::transport::raw::frame::complete_partial_checksum;
 use crate::transport::raw::io::{FrameRx, FrameTx};
@@ -34,6 +34,10 @@ const SOCKET_BUFFER_BYTES: usize = 1 << 20;
 const LISTEN_BACKLOG: usize = 8;
 /// The poll thread looks at the timers at least this often.
 const TICK: Duration = Duration::from_millis(100);
+/// A handshake left half-open this long is dropped (its socket listens again).
+const SYN_RECEIVED_NS: u64 = 5_000_000_000;
+/// Streams closing at once, at most; beyond, the oldest are reset.
+const MAX_CLOSING: usize = 1024;
 
 /// smoltcp's view of the link: frames in from a [`FrameRx`], frames out to a [`FrameTx`].
 struct Phy {
@@ -68,9 +72,10 @@ impl phy::Device for Phy {
     type TxToken<'a> = TxTok<'a>;
 
     fn receive(&mut self, _now: SmolInstant) -> Option<(RxTok, TxTok<'_>)> {
+        // Only the batch in hand: the driver reads the next one between polls, so that a
+        // busy link cannot keep one poll (and the lock) going, nor its replies unsent.
         if self.next >= self.got {
-            self.got = self.rx.recv().unwrap_or(0);
-            self.next = 0;
+            return None;
         }
         let mut frame = self.rx.frame(self.next)?.to_vec();
         if self.rx.checksum_partial(self.next) {
@@ -93,6 +98,15 @@ impl phy::Device for Phy {
 }
 
 impl Phy {
+    /// Reads the next batch once the one in hand is used up; true if frames are waiting.
+    fn refill(&mut self) -> bool {
+        if self.next >= self.got {
+            self.got = self.rx.recv().unwrap_or(0);
+            self.next = 0;
+        }
+        self.next < self.got
+    }
+
     fn flush(&mut self) {
         if !self.out.is_empty() {
             self.tx.send(&std::mem::take(&mut self.out));
@@ -102,7 +116,8 @@ impl Phy {
 
 struct Listening {
     port: u16,
-    sockets: Vec<SocketHandle>,
+    /// Sockets listening, and since when each has been in SYN-RECEIVED (ns).
+    sockets: Vec<(SocketHandle, Option<u64>)>,
 }
 
 /// What the device lock guards.
@@ -113,8 +128,10 @@ struct Core {
     phy: Phy,
     conns: HashMap<ConnId, SocketHandle>,
     listeners: HashMap<ConnId, Listening>,
-    /// Streams the device ended, closing gracefully until smoltcp lets them go.
-    closing: Vec<SocketHandle>,
+    /// Streams the device ended, closing gracefully until smoltcp lets them go, and since
+    /// when (ns).
+    closing: Vec<(SocketHandle, u64)>,
+    now_ns: u64,
     cqs: HashMap<u32, Arc<CqQueue>>,
     mss: usize,
 }
@@ -189,6 +206,7 @@ impl IwarpSmol {
             conns: HashMap::new(),
             listeners: HashMap::new(),
             closing: Vec::new(),
+            now_ns: 0,
             cqs: HashMap::new(),
             mss: link.mtu.saturating_sub(ip_overhead + 20).max(536),
         };
@@ -221,7 +239,9 @@ impl IwarpSmol {
     fn with_core<T>(&self, f: impl FnOnce(&mut Core) -> T) -> T {
         let mut core = self.lock();
         let out = f(&mut core);
-        core.pump(self.now().1);
+        let (now_ns, now) = self.now();
+        core.now_ns = now_ns;
+        core.pump(now);
         drop(core);
         self.changed.notify_all();
         out
@@ -249,14 +269,16 @@ impl IwarpSmol {
 }
 
 impl Core {
-    /// Polls the interface and services every socket until neither moves any more.
+    /// Polls the interface and services every socket until neither moves any more (a
+    /// bounded number of batches: what is left is read on the poll thread's next turn).
     fn pump(&mut self, now: SmolInstant) {
         for _ in 0..64 {
+            let frames = self.phy.refill();
             let changed = self.iface.poll(now, &mut self.phy, &mut self.sockets);
             self.phy.flush();
             let moved = self.service_listeners() | self.service_conns() | self.settle();
             self.phy.flush();
-            if changed == smoltcp::iface::PollResult::None && !moved && self.phy.next >= self.phy.got {
+            if changed == smoltcp::iface::PollResult::None && !moved && !frames {
                 break;
             }
         }
@@ -278,22 +300,38 @@ impl Core {
         self.sockets.add(s)
     }
 
-    /// Accepted connections become the device's; a fresh socket listens in each one's place.
+    /// Accepted connections become the device's; a fresh socket listens in each one's
+    /// place. A handshake that stays half-open past [`SYN_RECEIVED_NS`], or a socket that
+    /// left the handshake any other way (reset, closed at once), is dropped, so that
+    /// peers cannot use the backlog up.
     fn service_listeners(&mut self) -> bool {
         let mut moved = false;
+        let now = self.now_ns;
         let ids: Vec<ConnId> = self.listeners.keys().copied().collect();
         for l in ids {
             let Some(listening) = self.listeners.get_mut(&l) else { continue };
             let port = listening.port;
-            let (up, waiting): (Vec<SocketHandle>, Vec<SocketHandle>) = listening
-                .sockets
-                .drain(..)
-                .partition(|h| self.sockets.get::<tcp::Socket>(*h).state() == tcp::State::Established);
-            listening.sockets = waiting;
-            for h in up {
-                moved = true;
-                let t = self.dev.on_tcp_accepted(l, self.mss);
-                self.conns.insert(t, h);
+            let mut keep = Vec::new();
+            for (h, since) in std::mem::take(&mut listening.sockets) {
+                let s = self.sockets.get_mut::<tcp::Socket>(h);
+                match s.state() {
+                    tcp::State::Listen => keep.push((h, None)),
+                    tcp::State::SynReceived if now.saturating_sub(since.unwrap_or(now)) < SYN_RECEIVED_NS => {
+                        keep.push((h, Some(since.unwrap_or(now))))
+                    }
+                    tcp::State::Established => {
+                        moved = true;
+                        let t = self.dev.on_tcp_accepted(l, self.mss);
+                        self.conns.insert(t, h);
+                    }
+                    _ => {
+                        s.abort();
+                        self.closing.push((h, now));
+                    }
+                }
+            }
+            if let Some(listening) = self.listeners.get_mut(&l) {
+                listening.sockets = keep;
             }
             self.keep_listening(l, port);
         }
@@ -308,7 +346,7 @@ impl Core {
                 return;
             }
             if let Some(x) = self.listeners.get_mut(&l) {
-                x.sockets.push(h);
+                x.sockets.push((h, None));
             }
         }
     }
@@ -370,17 +408,28 @@ impl Core {
         for t in self.dev.take_closed() {
             if let Some(h) = self.conns.remove(&t) {
                 self.sockets.get_mut::<tcp::Socket>(h).close();
-                self.closing.push(h);
+                self.closing.push((h, self.now_ns));
                 moved = true;
             }
         }
         moved
     }
 
+    /// Lets go of closed streams; one whose peer does not finish the close within
+    /// [`CLOSE_LINGER_MS`] is reset, and beyond [`MAX_CLOSING`] the oldest are.
     fn reap_closing(&mut self) {
+        let now = self.now_ns;
+        let overflow = self.closing.len().saturating_sub(MAX_CLOSING);
         let sockets = &mut self.sockets;
-        self.closing.retain(|h| {
-            let done = matches!(sockets.get::<tcp::Socket>(*h).state(), tcp::State::Closed | tcp::State::TimeWait);
+        let mut i = 0;
+        self.closing.retain(|(h, since)| {
+            i += 1;
+            let s = sockets.get_mut::<tcp::Socket>(*h);
+            let lingered = now.saturating_sub(*since) > CLOSE_LINGER_MS * 1_000_000 || i <= overflow;
+            if lingered {
+                s.abort();
+            }
+            let done = lingered || matches!(s.state(), tcp::State::Closed | tcp::State::TimeWait);
             if done {
                 sockets.remove(*h);
             }
@@ -453,7 +502,7 @@ impl IwarpPort for IwarpSmol {
     fn close_listener(&self, l: ConnId) {
         self.with_core(|c| {
             if let Some(x) = c.listeners.remove(&l) {
-                for h in x.sockets {
+                for (h, _) in x.sockets {
                     c.sockets.remove(h);
                 }
             }

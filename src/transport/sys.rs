@@ -341,10 +341,11 @@ const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 /// drops with the socket, so a crash leaves the interface as it was) and not its own.
 pub fn open_packet_socket(ifindex: u32) -> io::Result<OwnedFd> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
+    // Protocol 0 until bound: a socket made with ETH_P_ALL hears every interface at once,
+    // and frames from another link would be queued before `bind` narrows it to ours.
     // SAFETY: socket has no pointer arguments; on success we own the returned fd.
-    let fd = check(unsafe {
-        libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, i32::from(proto))
-    })?;
+    let fd =
+        check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `fd` is a fresh descriptor nobody else owns.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.

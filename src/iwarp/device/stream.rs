@@ -288,6 +288,11 @@ impl IwarpDevice {
         let Some(c) = self.conns.remove(&t) else { return };
         self.closed.push(t);
         self.writable.remove(&t);
+        // A Request the application never took leaves its listener's queue with it, or a
+        // peer that connects, asks and resets could grow the queue without end.
+        if let Some(queue) = c.listener.and_then(|l| self.listeners.get_mut(&l)) {
+            queue.retain(|r| *r != t);
+        }
         let Some(qpn) = c.qpn else { return };
         let Some(s) = self.qps.get_mut(&qpn) else { return };
         s.conn = None;

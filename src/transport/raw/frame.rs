@@ -251,6 +251,14 @@ pub enum Inbound<'a> {
         /// The reply to send.
         reply: Option<Vec<u8>>,
     },
+    /// A Neighbour Advertisement: `ip` is at `mac`. It updates an entry the device has
+    /// (asked for, or known) and creates none (RFC 4861 §7.2.5).
+    Advertised {
+        /// The advertised address.
+        ip: IpAddr,
+        /// Its link-layer address.
+        mac: [u8; 6],
+    },
     /// An ICMP or ICMPv6 echo request for the device: the reply to send.
     Echo(Vec<u8>),
     /// Dropped, and why.
@@ -296,7 +304,13 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
             let Some(ip_bytes) = payload_at.checked_sub(header_len).map(|at| &frame[at..payload_at]) else {
                 return Inbound::Dropped(DropReason::Malformed);
             };
-            on_ip(local, IpAddr::V4(h.source_addr()), ip_bytes, ip_bytes[1], &p, src_mac)
+            let ip = IpHeaderInfo {
+                src: IpAddr::V4(h.source_addr()),
+                dst: IpAddr::V4(h.destination_addr()),
+                tos: ip_bytes[1],
+                hop_limit: h.ttl(),
+            };
+            on_ip(local, ip, ip_bytes, &p, src_mac)
         }
         (Some(NetSlice::Ipv6(v6)), IpAddr::V6(ip)) => {
             let h = v6.header();
@@ -314,7 +328,13 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
             if !(unicast_to_us || neighbour_discovery) {
                 return Inbound::Dropped(DropReason::NotOurs);
             }
-            on_ip(local, IpAddr::V6(h.source_addr()), h.slice(), h.traffic_class(), &p, src_mac)
+            let ip = IpHeaderInfo {
+                src: IpAddr::V6(h.source_addr()),
+                dst: IpAddr::V6(h.destination_addr()),
+                tos: h.traffic_class(),
+                hop_limit: h.hop_limit(),
+            };
+            on_ip(local, ip, h.slice(), &p, src_mac)
         }
         _ => Inbound::Dropped(DropReason::NotOurs),
     }
@@ -342,9 +362,20 @@ fn on_arp<'a>(local: &Local, ip: Ipv4Addr, bytes: &[u8]) -> Inbound<'a> {
     Inbound::Neighbour { learned, reply }
 }
 
-fn on_ip<'a>(local: &Local, src: IpAddr, ip: &'a [u8], tos: u8, p: &SlicedPacket<'a>, src_mac: [u8; 6]) -> Inbound<'a> {
+/// What the IP header says that the layers above need.
+struct IpHeaderInfo {
+    src: IpAddr,
+    dst: IpAddr,
+    /// The TOS byte or traffic class (ECN in its low bits).
+    tos: u8,
+    /// TTL or hop limit.
+    hop_limit: u8,
+}
+
+fn on_ip<'a>(local: &Local, h: IpHeaderInfo, ip: &'a [u8], p: &SlicedPacket<'a>, src_mac: [u8; 6]) -> Inbound<'a> {
+    let src = h.src;
     match &p.transport {
-        Some(TransportSlice::Udp(udp)) if udp.destination_port() == ROCE_PORT => on_roce(src, ip, tos, udp),
+        Some(TransportSlice::Udp(udp)) if udp.destination_port() == ROCE_PORT => on_roce(src, ip, h.tos, udp),
         Some(TransportSlice::Icmpv4(icmp)) => match icmp.icmp_type() {
             Icmpv4Type::EchoRequest(echo) if icmp.icmp_type().calc_checksum(icmp.payload()) == icmp.checksum() => {
                 let IpAddr::V4(s) = src else { return Inbound::Dropped(DropReason::NotOurs) };
@@ -357,7 +388,7 @@ fn on_ip<'a>(local: &Local, src: IpAddr, ip: &'a [u8], tos: u8, p: &SlicedPacket
             }
             _ => Inbound::Dropped(DropReason::NotOurs),
         },
-        Some(TransportSlice::Icmpv6(icmp)) => on_icmpv6(local, src, icmp, src_mac),
+        Some(TransportSlice::Icmpv6(icmp)) => on_icmpv6(local, &h, icmp, src_mac),
         _ => Inbound::Dropped(DropReason::NotOurs),
     }
 }
@@ -384,9 +415,17 @@ fn on_roce<'a>(src: IpAddr, ip: &'a [u8], tos: u8, udp: &etherparse::UdpSlice<'a
     }
 }
 
-fn on_icmpv6<'a>(local: &Local, src: IpAddr, icmp: &etherparse::Icmpv6Slice<'a>, src_mac: [u8; 6]) -> Inbound<'a> {
+fn on_icmpv6<'a>(local: &Local, h: &IpHeaderInfo, icmp: &etherparse::Icmpv6Slice<'a>, src_mac: [u8; 6]) -> Inbound<'a> {
+    let src = h.src;
     let (IpAddr::V6(s), IpAddr::V6(ours)) = (src, local.ip) else { return Inbound::Dropped(DropReason::NotOurs) };
     let body = icmp.payload();
+    let neighbour_discovery =
+        matches!(icmp.icmp_type(), Icmpv6Type::NeighborSolicitation | Icmpv6Type::NeighborAdvertisement(_));
+    let IpAddr::V6(dst) = h.dst else { return Inbound::Dropped(DropReason::NotOurs) };
+    if neighbour_discovery && (h.hop_limit != 255 || !icmp.is_checksum_valid(s.octets(), dst.octets())) {
+        // RFC 4861 §7.1.1, §7.1.2: ND from off the link (or corrupt) is silently dropped.
+        return Inbound::Dropped(DropReason::Malformed);
+    }
     match icmp.icmp_type() {
         Icmpv6Type::EchoRequest(echo) => {
             let ty = Icmpv6Type::EchoReply(echo);
@@ -412,7 +451,7 @@ fn on_icmpv6<'a>(local: &Local, src: IpAddr, icmp: &etherparse::Icmpv6Slice<'a>,
         Icmpv6Type::NeighborAdvertisement(_) if body.len() >= 16 => {
             let target = Ipv6Addr::from(<[u8; 16]>::try_from(&body[..16]).unwrap_or([0; 16]));
             let mac = nd_option(&body[16..], ND_OPT_TARGET_LL).unwrap_or(src_mac);
-            Inbound::Neighbour { learned: Some((IpAddr::V6(target), mac)), reply: None }
+            Inbound::Advertised { ip: IpAddr::V6(target), mac }
         }
         _ => Inbound::Dropped(DropReason::NotOurs),
     }
@@ -573,7 +612,11 @@ mod tests {
         let Some(TransportSlice::Icmpv6(icmp)) = p.transport else { panic!("ICMPv6") };
         let icmp: Icmpv6Slice = icmp;
         assert!(icmp.is_checksum_valid(b6.octets(), a6.octets()));
-        assert_eq!(classify(&a, &na), Inbound::Neighbour { learned: Some((b.ip, b.mac)), reply: None });
+        assert_eq!(classify(&a, &na), Inbound::Advertised { ip: b.ip, mac: b.mac });
+        // ND from off the link (hop limit below 255) is dropped (RFC 4861 §7.1.1).
+        let mut far = ns.clone();
+        far[14 + 7] = 64;
+        assert_eq!(classify(&b, &far), Inbound::Dropped(DropReason::Malformed));
     }
 
     #[test]

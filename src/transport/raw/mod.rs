@@ -374,6 +374,13 @@ impl RawRx {
                     replies.push(r);
                 }
             }
+            Inbound::Advertised { ip, mac } => {
+                let held = s.neighbours.lock().unwrap_or_else(|e| e.into_inner()).update(ip, mac, now_ns);
+                replies.extend(held.into_iter().map(|mut f| {
+                    frame::set_dst_mac(&mut f, mac);
+                    f
+                }));
+            }
             Inbound::Echo(reply) => {
                 count(&s.stats.echo_replies);
                 replies.push(reply);

@@ -113,6 +113,16 @@ impl Neighbours {
         }
     }
 
+    /// As [`Neighbours::learn`], but only for an address the table already holds (known,
+    /// or asked for): an unsolicited advertisement creates nothing (RFC 4861 §7.2.5).
+    pub fn update(&mut self, ip: IpAddr, mac: [u8; 6], now_ns: u64) -> Vec<Vec<u8>> {
+        if self.map.contains_key(&ip) {
+            self.learn(ip, mac, now_ns)
+        } else {
+            Vec::new()
+        }
+    }
+
     /// Forgets the entry heard from longest ago if the table is full and `ip` is new.
     fn make_room(&mut self, ip: IpAddr) {
         if self.map.len() < MAX_NEIGHBOURS || self.map.contains_key(&ip) {
@@ -168,6 +178,17 @@ mod tests {
         let later = 2 + RESOLVE_TIMEOUT_NS;
         assert_eq!(n.resolve(ip(1), vec![2], later).0, Resolution::Held { ask: true, dropped: 1 });
         assert_eq!(n.learn(ip(1), [3; 6], later), vec![vec![2]]);
+    }
+
+    #[test]
+    fn an_advertisement_updates_what_is_there_and_creates_nothing() {
+        let mut n = Neighbours::default();
+        assert!(n.update(ip(1), [1; 6], 1).is_empty());
+        assert!(n.is_empty(), "unsolicited: nothing created");
+        n.resolve(ip(2), vec![7], 1);
+        assert_eq!(n.update(ip(2), [2; 6], 2), vec![vec![7]], "the frames that waited leave");
+        n.update(ip(2), [3; 6], 3);
+        assert_eq!(n.mac(ip(2)), Some([3; 6]));
     }
 
     #[test]
