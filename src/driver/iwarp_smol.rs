@@ -457,6 +457,10 @@ impl IwarpPort for IwarpSmol {
 
     fn open_stream(&self, t: ConnId, to: SocketAddr, _timeout: Duration) -> Result<(), ConnectError> {
         self.with_core(|c| {
+            // The application may have destroyed the QP meanwhile: then nobody wants it.
+            if c.dev.conn_state(t).is_none() {
+                return Err(ConnectError::Invalid("the connection was abandoned"));
+            }
             let h = c.new_socket();
             let mut port = [0u8; 2];
             let _ = getrandom::fill(&mut port);

@@ -263,6 +263,10 @@ impl IwarpPort for IwarpTcp {
         let tcp = |e: io::Error| ConnectError::Tcp(e.to_string());
         let (stream, mss) = std::net::TcpStream::connect_timeout(&to, timeout).and_then(prepare).map_err(tcp)?;
         self.with_core(|c| {
+            // The application may have destroyed the QP meanwhile: then nobody wants it.
+            if c.dev.conn_state(t).is_none() {
+                return Err(ConnectError::Invalid("the connection was abandoned"));
+            }
             c.add_stream(t, stream).map_err(tcp)?;
             c.dev.on_tcp_connected(t, mss);
             Ok(())
