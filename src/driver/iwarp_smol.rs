@@ -28,8 +28,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Bytes of each TCP socket's receive and send buffers.
-const SOCKET_BUFFER_BYTES: usize = 1 << 20;
+/// Bytes of each TCP socket's receive and send buffers, allocated with the socket: a
+/// LAN's bandwidth-delay product (10 Gb/s over 100 µs is 125 KB) with room to spare, and
+/// small enough that the sockets a peer can make exist (listening, half-open, held,
+/// closing: each bounded) stay tens of MiB, not GiB.
+const SOCKET_BUFFER_BYTES: usize = 256 * 1024;
 /// Sockets kept listening per listener: SYNs arriving together each find one.
 const LISTEN_BACKLOG: usize = 8;
 /// The poll thread looks at the timers at least this often.
@@ -37,7 +40,7 @@ const TICK: Duration = Duration::from_millis(100);
 /// A handshake left half-open this long is dropped (its socket listens again).
 const SYN_RECEIVED_NS: u64 = 5_000_000_000;
 /// Streams closing at once, at most; beyond, the oldest are reset.
-const MAX_CLOSING: usize = 1024;
+const MAX_CLOSING: usize = 256;
 
 /// smoltcp's view of the link: frames in from a [`FrameRx`], frames out to a [`FrameTx`].
 struct Phy {
