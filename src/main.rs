@@ -170,6 +170,9 @@ struct PerfArgs {
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long, default_value_t = softrdma::tools::oob::DEFAULT_PORT)]
     port: u16,
+    /// atomic-bw: the atomic to post, CMP_AND_SWAP or FETCH_AND_ADD (perftest's -A).
+    #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
+    atomic_type: softrdma::tools::bench::AtomicKind,
     /// Outstanding requests per QP (bandwidth tests).
     #[arg(short = 't', long = "tx-depth")]
     tx_depth: Option<usize>,
@@ -404,6 +407,7 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
         params.rx_depth += params.rx_depth % 2;
     }
     params.progress = !a.json;
+    params.atomic = a.atomic_type;
     let Some(crc) = crc_policy(&a.mpa_crc) else { return ExitCode::FAILURE };
     let iwarp = softrdma::verbs::IwarpConfig { crc, markers: a.markers, ..Default::default() };
     let raw = match a.raw.config() {

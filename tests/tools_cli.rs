@@ -223,3 +223,31 @@ fn every_tool_runs_over_iwarp_between_two_processes() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("RFC 7306"));
 }
+
+/// `atomic-bw -A CMP_AND_SWAP` posts compare-and-swaps (RC opcode 0x13, which tshark
+/// prints as 19), as perftest's `ib_atomic_bw -A CMP_AND_SWAP`; FETCH_AND_ADD (0x14) is
+/// the default.
+#[test]
+fn atomic_bw_takes_perftests_atomic_type() {
+    for (kind, port, opcode, title) in [
+        ("CMP_AND_SWAP", 19240, "19", "Atomic CMP_AND_SWAP BW"),
+        ("FETCH_AND_ADD", 19241, "20", "Atomic FETCH_AND_ADD BW"),
+    ] {
+        let (s, c, pcap) = pair_run("atomic-bw", "127.34.0", port, &["-n", "100", "--json", "-A", kind]);
+        assert!(s.status.success(), "server: {}", String::from_utf8_lossy(&s.stderr));
+        assert_eq!(json_of(&c)["test"].as_str(), Some(title));
+        capture_checks(&pcap);
+        let out = Command::new("tshark")
+            .args(["-r"])
+            .arg(&pcap)
+            .args(["-Y", "udp.dstport == 4791 && ip.src == 127.34.0.2", "-T", "fields", "-e", "infiniband.bth.opcode"])
+            .output()
+            .expect("tshark");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let requests: Vec<&str> = text.lines().collect();
+        assert!(requests.len() >= 100, "{kind}: {} requests", requests.len());
+        assert!(requests.iter().all(|o| *o == opcode), "{kind}: {requests:?}");
+    }
+    let bad = softrdma().args(["atomic-bw", "-A", "SWAP_ALL"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("CMP_AND_SWAP"));
+}

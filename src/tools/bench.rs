@@ -46,6 +46,27 @@ impl Test {
     }
 }
 
+/// perftest's `-A`: which atomic `atomic-bw` posts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtomicKind {
+    /// `FETCH_AND_ADD` (perftest's default): add 1.
+    #[default]
+    FetchAdd,
+    /// `CMP_AND_SWAP`: compare with 0, swap in 1.
+    CmpSwap,
+}
+
+impl std::str::FromStr for AtomicKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "FETCH_AND_ADD" => Ok(AtomicKind::FetchAdd),
+            "CMP_AND_SWAP" => Ok(AtomicKind::CmpSwap),
+            other => Err(format!("atomic type {other:?}: CMP_AND_SWAP or FETCH_AND_ADD")),
+        }
+    }
+}
+
 /// What a run measures.
 #[derive(Debug, Clone)]
 pub struct Params {
@@ -71,6 +92,8 @@ pub struct Params {
     pub max_size: usize,
     /// Print a progress line on long runs.
     pub progress: bool,
+    /// The atomic `atomic-bw` posts.
+    pub atomic: AtomicKind,
 }
 
 impl Params {
@@ -93,6 +116,15 @@ impl Params {
             cq_mod: 100,
             max_size: 0,
             progress: false,
+            atomic: AtomicKind::FetchAdd,
+        }
+    }
+
+    /// The title perftest prints for the run (`Atomic CMP_AND_SWAP BW`, ...).
+    pub fn title(&self) -> &'static str {
+        match (self.test, self.atomic) {
+            (Test::AtomicBw, AtomicKind::CmpSwap) => "Atomic CMP_AND_SWAP BW",
+            (test, _) => test.name(),
         }
     }
 
@@ -246,11 +278,13 @@ fn bw_result(size: usize, samples: &[(Instant, u64)]) -> BwResult {
     BwResult { size, iters: done, avg_bytes_per_s: avg, peak_bytes_per_s: peak, msg_per_s: done as f64 / secs }
 }
 
-fn work_request(test: Test, ep: &Endpoint<'_>, q: usize, rem: &Dest, size: usize, id: u64) -> SendWr {
+fn work_request(p: &Params, ep: &Endpoint<'_>, q: usize, rem: &Dest, size: usize, id: u64) -> SendWr {
+    let test = p.test;
     let remote = Remote { addr: rem.vaddr, rkey: rem.rkey };
     let op = match test {
         Test::WriteBw | Test::WriteLat => SendOp::Write(remote),
         Test::ReadBw | Test::ReadLat => SendOp::Read(remote),
+        Test::AtomicBw if p.atomic == AtomicKind::CmpSwap => SendOp::CompareSwap(remote, 0, 1),
         Test::AtomicBw => SendOp::FetchAdd(remote, 1),
         Test::SendBw | Test::SendLat => SendOp::Send,
     };
@@ -303,7 +337,7 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
                     break;
                 }
                 let n = posted[q] + 1;
-                let mut wr = work_request(p.test, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
+                let mut wr = work_request(p, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
                 let last = end.is_none() && n == p.iters;
                 wr.signaled = n % cq_mod == 0 || last;
                 if wr.signaled {
@@ -509,7 +543,7 @@ pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) ->
             posted.push(Instant::now());
             scnt += 1;
             ep.mr.write(size - 1, &[scnt as u8]);
-            ep.qps[0].post_send(work_request(Test::WriteLat, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
+            ep.qps[0].post_send(work_request(p, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
             let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no WRITE completion within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("WRITE completed with {:?}", wc.status));
@@ -560,7 +594,7 @@ fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Resu
         if scnt < p.iters {
             posted.push(Instant::now());
             scnt += 1;
-            ep.qps[0].post_send(work_request(Test::SendLat, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
+            ep.qps[0].post_send(work_request(p, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
             let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no SEND completion within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("SEND completed with {:?}", wc.status));
@@ -576,7 +610,7 @@ pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResu
     let mut posted = Vec::with_capacity(p.iters as usize + 1);
     for i in 0..p.iters {
         posted.push(Instant::now());
-        ep.qps[0].post_send(work_request(Test::ReadLat, ep, 0, rem, p.size, i)).map_err(|e| format!("{e:?}"))?;
+        ep.qps[0].post_send(work_request(p, ep, 0, rem, p.size, i)).map_err(|e| format!("{e:?}"))?;
         let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no READ completion within 10 s")?;
         if wc.status != WcStatus::Success {
             return Err(format!("READ completed with {:?}", wc.status));

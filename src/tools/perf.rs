@@ -92,7 +92,7 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
     };
     let results = out?;
     if a.json {
-        println!("{}", json!({ "test": p.test.name(), "mtu": mtu.bytes(), "results": results }));
+        println!("{}", json!({ "test": p.title(), "mtu": mtu.bytes(), "results": results }));
     }
     Ok(())
 }
@@ -211,7 +211,7 @@ fn print_header(p: &Params, mine: &[Dest], theirs: &[Dest], client: bool, ctx: &
     let line = "-".repeat(87);
     let (kind, link) =
         if ctx.transport() == Transport::Iwarp { ("IW", "TCP, rdma_cm".into()) } else { ("IB", ctx.link()) };
-    println!("{line}\n                    {} Test", p.test.name());
+    println!("{line}\n                    {} Test", p.title());
     println!(" Number of qps   : {}\t\tTransport type : {kind}", p.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
     println!(" Mtu             : {}[B]", p.mtu.bytes());
