@@ -83,6 +83,9 @@ enum Command {
         /// Write every frame sent and received to this pcap file.
         #[arg(long)]
         pcap: Option<PathBuf>,
+        /// Check the received buffer as ibv_rc_pingpong -c does.
+        #[arg(short = 'c', long = "chk")]
+        validate: bool,
         #[command(flatten)]
         raw: RawArgs,
     },
@@ -279,7 +282,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::RcPingpong { server, port, size, mtu, rx_depth, iters, gid_index, bind, pcap, raw } => {
+        Command::RcPingpong { server, port, size, mtu, rx_depth, iters, gid_index, bind, pcap, validate, raw } => {
             let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
             let raw = match raw.config() {
                 Ok(r) => r,
@@ -299,6 +302,7 @@ fn main() -> ExitCode {
                 bind,
                 pcap,
                 raw,
+                validate,
             };
             match softrdma::tools::pingpong::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -251,3 +251,29 @@ fn atomic_bw_takes_perftests_atomic_type() {
     let bad = softrdma().args(["atomic-bw", "-A", "SWAP_ALL"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("CMP_AND_SWAP"));
 }
+
+/// `rc-pingpong -c` checks the buffer as `ibv_rc_pingpong -c` does: the client zeroes the
+/// first byte of every page, the server finds those zeros after the exchanges; a client
+/// without `-c` leaves the 0x7b fill there and the server says which page.
+#[test]
+fn rc_pingpong_checks_the_buffer_with_c() {
+    for (client_checks, port) in [(true, 19250u16), (false, 19251)] {
+        let p = port.to_string();
+        let server =
+            spawn(&strings(&["rc-pingpong", "-c", "-s", "10000", "-n", "20", "-p", &p, "--bind", "127.35.0.1"]));
+        let mut client =
+            strings(&["rc-pingpong", "127.35.0.1", "-s", "10000", "-n", "20", "-p", &p, "--bind", "127.35.0.2"]);
+        if client_checks {
+            client.push("-c".into());
+        }
+        let c = finish(spawn(&client), Duration::from_secs(30));
+        let s = finish(server, Duration::from_secs(30));
+        assert!(c.status.success(), "client: {}", String::from_utf8_lossy(&c.stderr));
+        let stderr = String::from_utf8_lossy(&s.stderr);
+        if client_checks {
+            assert!(s.status.success(), "server: {stderr}");
+        } else {
+            assert!(!s.status.success() && stderr.contains("invalid data in page 0"), "server: {stderr}");
+        }
+    }
+}

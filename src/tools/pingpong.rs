@@ -38,7 +38,15 @@ pub struct PingPongArgs {
     pub pcap: Option<PathBuf>,
     /// RoCEv2 on raw Ethernet with an address of its own (`None`: kernel UDP sockets).
     pub raw: Option<crate::verbs::RawConfig>,
+    /// `-c`: check the received buffer as ibv_rc_pingpong does (see [`PAGE`]).
+    pub validate: bool,
 }
+
+/// ibv_rc_pingpong's `-c` works page by page: its buffers start filled with 0x7b, the
+/// client writes `i / page_size % sizeof(char)` (which is 0) at the start of every page
+/// before it sends, and the server checks those bytes once the exchanges are done.
+const PAGE: usize = 4096;
+const FILL: u8 = 0x7b;
 
 /// A peer's address as the exchange carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +161,22 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
         rem.psn,
         gid_text(&rem.gid)
     );
+    mr.write(0, &vec![FILL; a.size]);
+    if a.validate && a.server.is_some() {
+        for page in (0..a.size).step_by(PAGE) {
+            mr.write(page, &[0]);
+        }
+    }
     let usec = pingpong(a, &qp, &cq, &mr, recv)?;
+    if a.validate && a.server.is_none() {
+        for page in (0..a.size).step_by(PAGE) {
+            let mut b = [FILL];
+            mr.read(page, &mut b);
+            if b[0] != 0 {
+                return Err(format!("invalid data in page {}", page / PAGE));
+            }
+        }
+    }
     let bytes = a.size as u64 * a.iters * 2;
     println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
     println!("{} iters in {:.2} seconds = {:.2} usec/iter", a.iters, usec / 1e6, usec / a.iters as f64);
