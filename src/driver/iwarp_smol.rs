@@ -163,6 +163,13 @@ pub struct SmolLink {
     pub mtu: usize,
 }
 
+/// A random port from the dynamic range (RFC 6335 §6: 49152-65535).
+fn ephemeral_port() -> u16 {
+    let mut p = [0u8; 2];
+    let _ = getrandom::fill(&mut p);
+    49152 + u16::from_ne_bytes(p) % 16384
+}
+
 fn smol_ip(ip: IpAddr) -> IpAddress {
     match ip {
         IpAddr::V4(v4) => IpAddress::Ipv4(v4),
@@ -465,9 +472,7 @@ impl IwarpPort for IwarpSmol {
                 return Err(ConnectError::Invalid("the connection was abandoned"));
             }
             let h = c.new_socket();
-            let mut port = [0u8; 2];
-            let _ = getrandom::fill(&mut port);
-            let local_port = 49152 + u16::from_ne_bytes(port) % 16384;
+            let local_port = ephemeral_port();
             let Core { iface, sockets, .. } = c;
             let remote = IpEndpoint::new(smol_ip(to.ip()), to.port());
             if let Err(e) = sockets.get_mut::<tcp::Socket>(h).connect(iface.context(), remote, local_port) {
@@ -486,11 +491,7 @@ impl IwarpPort for IwarpSmol {
             return Err(io::Error::new(io::ErrorKind::AddrNotAvailable, "not this device's address"));
         }
         let port = match addr.port() {
-            0 => {
-                let mut p = [0u8; 2];
-                let _ = getrandom::fill(&mut p);
-                49152 + u16::from_ne_bytes(p) % 16384
-            }
+            0 => ephemeral_port(),
             p => p,
         };
         let ip = self.ip;

@@ -57,7 +57,9 @@ pub fn ip_header(src: IpAddr, dst: IpAddr, udp_len: usize, ident: u16, df: bool,
     }
 }
 
-fn ipv4_checksum(h: &[u8]) -> u16 {
+/// The RFC 791 checksum of IPv4 header `h` (its checksum field taken as it is: 0 when
+/// building; a header that carries a good checksum gives 0).
+pub fn ipv4_checksum(h: &[u8]) -> u16 {
     let mut sum: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);

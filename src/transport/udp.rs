@@ -41,11 +41,9 @@ const SOCKET_BUFFER_BYTES: usize = 32 << 20;
 /// header of a RoCEv2 packet around it (the netdev MTU less the raw device's headroom,
 /// as rxe sizes its port's active MTU); `None` if no interface holds it.
 pub fn active_mtu(addr: IpAddr) -> Option<crate::engine::verbs::Mtu> {
-    use crate::engine::verbs::Mtu;
     let iface = sys::interface_of_address(addr).ok()?;
     let link = sys::interface_info(&iface).ok()?.1 as usize;
-    let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
-    Some(fits.into_iter().find(|m| m.bytes() + super::raw::HEADROOM <= link).unwrap_or(Mtu::M256))
+    Some(super::raw::path_mtu_for_link(link))
 }
 
 /// How an endpoint's UDP sockets are set up.

@@ -10,7 +10,7 @@
 
 use crate::engine::verbs::Gid;
 use crate::proto::roce::icrc::{self, IpHeader};
-use crate::transport::headers::{ip_header, ip_to_gid, udp_header};
+use crate::transport::headers::{ip_header, ip_to_gid, ipv4_checksum, udp_header};
 use crate::transport::udp::ROCE_PORT;
 use etherparse::{
     ArpEthIpv4Packet, ArpOperation, Icmpv4Type, Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice,
@@ -107,20 +107,6 @@ pub fn set_dst_mac(frame: &mut [u8], mac: [u8; 6]) {
     if frame.len() >= 6 {
         frame[..6].copy_from_slice(&mac);
     }
-}
-
-/// The IPv4 header checksum (RFC 791) `header` should carry (its own field skipped).
-fn ipv4_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    for (i, c) in header.chunks(2).enumerate() {
-        if i != 5 {
-            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-        }
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Completes the TCP or UDP checksum of a frame a sender on this host left partial for
@@ -296,7 +282,7 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
             if v4.payload().fragmented {
                 return Inbound::Dropped(DropReason::Fragment);
             }
-            if h.header_checksum() != ipv4_checksum(h.slice()) {
+            if ipv4_checksum(h.slice()) != 0 {
                 return Inbound::Dropped(DropReason::Malformed);
             }
             let header_len = usize::from(h.ihl()) * 4;
@@ -488,6 +474,12 @@ mod tests {
         p
     }
 
+    fn fix_ipv4_checksum(frame: &mut [u8]) {
+        frame[24..26].fill(0);
+        let sum = ipv4_checksum(&frame[14..34]);
+        frame[24..26].copy_from_slice(&sum.to_be_bytes());
+    }
+
     fn frame_a_to_b(tos: u8) -> Vec<u8> {
         let f = RoceFields { sport: 0xc123, ident: 0x4242, tos };
         let mut frame = roce_frame(&A, B.ip, f, &send_only()).unwrap();
@@ -522,8 +514,7 @@ mod tests {
         assert!(matches!(classify(&B, &frame), Inbound::Roce { ce: true, .. }));
         // The Identification is covered by the ICRC (a UDP socket could only guess it).
         frame[18] ^= 1;
-        let fix = ipv4_checksum(&frame[14..34]);
-        frame[24..26].copy_from_slice(&fix.to_be_bytes());
+        fix_ipv4_checksum(&mut frame);
         assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::Icrc));
         // A payload byte, with the UDP checksum that RoCEv2 over IPv4 leaves at 0 made up:
         // the ICRC is what decides.
@@ -564,8 +555,7 @@ mod tests {
     fn fragments_are_dropped() {
         let mut frame = frame_a_to_b(0b10);
         frame[20] = 0x20; // MF, DF cleared
-        let fix = ipv4_checksum(&frame[14..34]);
-        frame[24..26].copy_from_slice(&fix.to_be_bytes());
+        fix_ipv4_checksum(&mut frame);
         assert_eq!(classify(&B, &frame), Inbound::Dropped(DropReason::Fragment));
     }
 

@@ -44,6 +44,13 @@ pub const DEFAULT_TOS: u8 = 0b10;
 /// Bytes a RoCEv2 packet adds to its payload at most: IPv6 (40), UDP (8), BTH (12), the
 /// largest extension headers (RETH 16 + ImmDt 4, or AtomicETH 28) and the ICRC (4).
 pub const HEADROOM: usize = 96;
+/// The largest IB path MTU whose packets, with [`HEADROOM`], fit a link of `link_bytes`
+/// (as rxe sizes its port's active MTU from the netdev's).
+pub fn path_mtu_for_link(link_bytes: usize) -> Mtu {
+    let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
+    fits.into_iter().find(|m| m.bytes() + HEADROOM <= link_bytes).unwrap_or(Mtu::M256)
+}
+
 /// Linux's capability numbers (linux/capability.h).
 const CAP_NET_RAW: u32 = 13;
 const CAP_NET_ADMIN: u32 = 12;
@@ -138,8 +145,7 @@ impl RawConfig {
             FrameIo::Xdp => link.min(xdp::FRAME_MAX - frame::ETH_HEADER_LEN),
             FrameIo::PacketSocket => link,
         };
-        let fits = [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512];
-        Ok(fits.into_iter().find(|m| m.bytes() + HEADROOM <= room).unwrap_or(Mtu::M256))
+        Ok(path_mtu_for_link(room))
     }
 
     /// The next hop for `dst`: itself on the link, else the gateway.
