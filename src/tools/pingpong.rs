@@ -122,6 +122,9 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
     let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, caps, None).map_err(|e| format!("{e:?}"))?;
     qp.modify(&QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
         .map_err(|e| format!("{e:?}"))?;
+    // Filled before any receive is posted, as ibv_rc_pingpong fills it at allocation: the
+    // peer's first SEND may land as soon as the QP reaches RTR.
+    mr.write(0, &vec![FILL; a.size.max(1)]);
     let recv = || qp.post_recv(RecvWr { wr_id: RECV_WRID, sgl: vec![mr.sge(0, a.size as u32)] });
     for _ in 0..a.rx_depth {
         recv().map_err(|e| format!("post_recv: {e:?}"))?;
@@ -161,7 +164,6 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
         rem.psn,
         gid_text(&rem.gid)
     );
-    mr.write(0, &vec![FILL; a.size]);
     if a.validate && a.server.is_some() {
         for page in (0..a.size).step_by(PAGE) {
             mr.write(page, &[0]);
