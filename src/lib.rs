@@ -10,6 +10,7 @@
 pub use softrdma_proto as proto;
 
 pub mod capture;
+pub mod cm;
 pub mod driver;
 pub mod engine;
 pub mod fuzzing;

@@ -13,3 +13,4 @@ pub mod iwarp;
 pub mod iwarp_smol;
 pub mod iwarp_tcp;
 pub mod roce;
+pub mod roce_cm;

@@ -39,6 +39,8 @@ pub struct RoceDriver {
     pub ip: IpAddr,
     /// The UDP port it receives on.
     pub port: u16,
+    /// The path MTU the CM offers: the link's, at most 4096.
+    pub path_mtu: crate::engine::verbs::Mtu,
     /// The receiving half of the transport: the poll thread's, or a busy-polling caller's.
     rx: Mutex<Box<dyn PacketRx>>,
     /// Application threads busy-polling now.
@@ -61,9 +63,15 @@ pub struct Link {
 
 impl RoceDriver {
     /// Starts the driver of `dev` on `link` and its poll thread.
-    pub fn start(dev: Device, link: Link, ip: IpAddr) -> io::Result<(Arc<RoceDriver>, JoinHandle<()>)> {
+    pub fn start(
+        dev: Device,
+        link: Link,
+        ip: IpAddr,
+        path_mtu: crate::engine::verbs::Mtu,
+    ) -> io::Result<(Arc<RoceDriver>, JoinHandle<()>)> {
         let driver = Arc::new(RoceDriver {
             port: link.tx.port(),
+            path_mtu,
             core: Mutex::new(Core { dev, tx: link.tx, completions_seen: 0 }),
             cqs: RwLock::new(HashMap::new()),
             waker: Waker::new()?,
@@ -132,6 +140,15 @@ impl RoceDriver {
         let mut core = self.lock();
         let out = f(&mut core.dev);
         let now = self.now_ns();
+        self.settle(&mut core, now);
+        out
+    }
+
+    /// As [`RoceDriver::with_core`], with the device's clock (ns) for calls that take it.
+    pub fn with_core_at<T>(&self, f: impl FnOnce(&mut Device, u64) -> T) -> T {
+        let mut core = self.lock();
+        let now = self.now_ns();
+        let out = f(&mut core.dev, now);
         self.settle(&mut core, now);
         out
     }
@@ -205,8 +222,10 @@ impl RoceDriver {
         self.waker.wake();
     }
 
-    /// Stops the poll thread (the caller joins it).
+    /// Stops the poll thread (the caller joins it). Connections still up are torn down
+    /// first (a DREQ each), as a device closing does.
     pub fn stop(&self) {
+        self.with_core_at(|dev, now| dev.with_cm(now, |cm, qps| cm.disconnect_all(now, qps)));
         self.stop.store(true, Ordering::Release);
         self.waker.wake();
     }

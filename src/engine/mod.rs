@@ -12,6 +12,7 @@
 
 pub mod cc;
 pub mod cq;
+pub mod gsi;
 pub mod mem;
 pub mod qp;
 pub mod rng;
@@ -123,17 +124,32 @@ pub struct Device {
     gids: Vec<Gid>,
     events: VecDeque<srq::AsyncEvent>,
     cursor: u32,
+    /// The connection manager, reached through QP1.
+    cm: crate::cm::Cm,
+    /// The PSN of QP1's next MAD.
+    gsi_psn: u32,
+    /// The latest `now` seen, for calls that take none.
+    now_hint: u64,
     /// Counters.
     pub stats: Stats,
+    /// QP1's counters.
+    pub gsi_stats: gsi::GsiStats,
 }
 
 impl Device {
     /// A device with no objects.
     pub fn new(cfg: DeviceConfig) -> Self {
         let mrs = MrTable::new(cfg.max_mrs);
+        let mut rng = cfg.seed.map_or_else(Rng::os, Rng::new);
+        let ca_guid = rng.next_u64();
+        let cm = crate::cm::Cm::new(crate::cm::CmConfig::default(), ca_guid, rng.fork());
         Device {
             gids: vec![cfg.gid],
-            rng: cfg.seed.map_or_else(Rng::os, Rng::new),
+            rng,
+            cm,
+            gsi_psn: 0,
+            now_hint: 0,
+            gsi_stats: gsi::GsiStats::default(),
             cfg,
             mrs,
             cqs: HashMap::new(),
@@ -293,6 +309,12 @@ impl Device {
 
     /// Destroys a QP.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        self.destroy_qp_at(self.now_hint, qpn)
+    }
+
+    /// Destroys a QP at `now`; a connection the CM holds for it is torn down (DREQ).
+    pub fn destroy_qp_at(&mut self, now: u64, qpn: u32) -> Result<(), VerbsError> {
+        self.with_cm(now, |cm, qps| cm.qp_destroyed(now, qpn, qps));
         self.qps.remove(&qpn).map(|_| ()).ok_or(VerbsError::NotFound)?;
         self.share_window_budget();
         Ok(())
@@ -358,6 +380,19 @@ impl Device {
     /// The state of a QP.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.qps.get(&qpn).map(|q| q.state)
+    }
+
+    fn split_cm(&mut self, now: u64) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>, &mut crate::cm::Cm) {
+        let ctx = Ctx {
+            now,
+            mrs: &mut self.mrs,
+            cqs: &mut self.cqs,
+            out: &mut self.out,
+            stats: &mut self.stats,
+            srqs: &mut self.srqs,
+            events: &mut self.events,
+        };
+        (&mut self.qps, ctx, &mut self.cm)
     }
 
     fn split(&mut self, now: u64) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>) {
@@ -434,6 +469,10 @@ impl Device {
             self.stats.rx_malformed += 1;
             return;
         };
+        self.now_hint = now;
+        if r.bth.dest_qp == crate::proto::cm::GSI_QPN {
+            return self.gsi_receive(now, src, &r);
+        }
         let cc = self.cfg.cc;
         let (qps, mut ctx) = self.split(now);
         let Some(qp) = qps.get_mut(&r.bth.dest_qp) else {
@@ -461,11 +500,20 @@ impl Device {
                 send_cnp(qp, &cc, &mut ctx);
             }
         }
+        // 12.9.7: a packet on a QP in RTR tells the CM its peer is in RTS.
+        let first = connected && qp.state == QpState::Rtr;
         dispatch(qp, &r, src, &mut ctx);
+        if first {
+            self.with_cm(now, |cm, qps| cm.qp_received(r.bth.dest_qp, qps));
+        }
     }
 
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
+        self.now_hint = now;
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.with_cm(now, |cm, qps| cm.handle_timeout(now, qps));
+        }
         let cc = self.cfg.cc;
         let (qps, mut ctx) = self.split(now);
         for qp in qps.values_mut() {
@@ -485,7 +533,11 @@ impl Device {
 
     /// The earliest deadline of any QP.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.qps.values().filter_map(|q| q.deadline()).min()
+        let qps = self.qps.values().filter_map(|q| q.deadline()).min();
+        match (qps, self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The next packet to send, if any.

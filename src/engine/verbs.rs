@@ -216,7 +216,7 @@ pub enum QpState {
 }
 
 /// Path MTU (IBTA 9.6, 256..4096).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Mtu {
     /// 256 bytes.
     M256,

@@ -282,7 +282,8 @@ impl Context {
             max_mrs: cfg.max_mrs,
             cc: cfg.cc,
         });
-        let (driver, thread) = RoceDriver::start(dev, link, cfg.addr)?;
+        let path_mtu = cfg.active_mtu().unwrap_or(Mtu::M1024);
+        let (driver, thread) = RoceDriver::start(dev, link, cfg.addr, path_mtu)?;
         Ok(Context { backend: Backend::Roce(driver), thread: Some(thread) })
     }
 
@@ -406,13 +407,22 @@ impl Context {
         SharedReceiveQueue { id, backend: self.backend.clone() }
     }
 
-    /// Listens for iWARP connections on `addr` (`rdma_listen`; port 0 picks a free one).
+    /// Listens for connections on `addr` (`rdma_listen`; port 0 picks a free one): TCP and
+    /// MPA on iWARP, the CM's ServiceID for the port on RoCEv2.
     pub fn listen(&self, addr: SocketAddr) -> io::Result<Listener> {
-        let Backend::Iwarp(s) = &self.backend else {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "listen is for iWARP devices"));
+        let kind = match &self.backend {
+            Backend::Iwarp(s) => {
+                let (id, local) = s.listen(addr)?;
+                return Ok(Listener { local, kind: ListenerKind::Iwarp { id, port: s.clone() } });
+            }
+            Backend::Roce(s) => {
+                let port = driver::roce_cm::listen(s, addr.port())
+                    .map_err(|e| io::Error::new(io::ErrorKind::AddrInUse, e.to_string()))?;
+                ListenerKind::Roce { port, driver: s.clone() }
+            }
         };
-        let (id, local) = s.listen(addr)?;
-        Ok(Listener { id, local, port: s.clone() })
+        let ListenerKind::Roce { port, .. } = &kind else { unreachable!("built above") };
+        Ok(Listener { local: SocketAddr::new(self.ip(), *port), kind })
     }
 
     /// `ibv_create_qp`: a QP in RESET (RoCEv2), or an unconnected RC QP (iWARP) that takes
@@ -719,13 +729,13 @@ impl QueuePair {
         }
     }
 
-    /// iWARP: connects to a listener at `to` (`rdma_connect`): TCP, then the MPA Request
-    /// with `param` and the Reply, waiting at most `timeout`. Returns the peer's private
-    /// data; the QP is in RTS.
+    /// Connects to a listener at `to` (`rdma_connect`), waiting at most `timeout`: TCP, the
+    /// MPA Request and Reply on iWARP; the CM's REQ, REP and RTU through QP1 on RoCEv2.
+    /// Returns the peer's private data; the QP is in RTS.
     pub fn connect(&self, to: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<Vec<u8>, ConnectError> {
         match &self.backend {
             Backend::Iwarp(s) => driver::iwarp::connect(&**s, self.qpn, to, param, timeout),
-            Backend::Roce(_) => Err(ConnectError::Invalid("connect is for iWARP QPs (RoCEv2: connect_rc)")),
+            Backend::Roce(s) => driver::roce_cm::connect(s, self.qpn, to, param, timeout),
         }
     }
 
@@ -767,19 +777,23 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         match &self.backend {
             Backend::Roce(s) => {
-                let _ = s.lock().dev.destroy_qp(self.qpn);
+                let _ = s.with_core_at(|d, now| d.destroy_qp_at(now, self.qpn));
             }
             Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.destroy_qp(self.qpn)),
         }
     }
 }
 
-/// An iWARP listener (`rdma_listen` on a bound `rdma_cm_id`). Dropping it stops listening
-/// and rejects the requests nobody took.
+/// A listener (`rdma_listen` on a bound `rdma_cm_id`). Dropping it stops listening and
+/// rejects the requests nobody took.
 pub struct Listener {
-    id: ConnId,
     local: SocketAddr,
-    port: Arc<dyn IwarpPort>,
+    kind: ListenerKind,
+}
+
+enum ListenerKind {
+    Iwarp { id: ConnId, port: Arc<dyn IwarpPort> },
+    Roce { port: u16, driver: Arc<RoceDriver> },
 }
 
 impl Listener {
@@ -789,31 +803,48 @@ impl Listener {
     }
 
     /// The next connection request (`RDMA_CM_EVENT_CONNECT_REQUEST`): a peer whose MPA
-    /// Request arrived, waiting for [`ConnRequest::accept`] or [`ConnRequest::reject`].
+    /// Request or CM REQ arrived, waiting for [`ConnRequest::accept`] or
+    /// [`ConnRequest::reject`].
     pub fn get_request(&self, timeout: Duration) -> Option<ConnRequest> {
-        let (id, req, peer) = driver::iwarp::get_request(&*self.port, self.id, timeout)?;
-        Some(ConnRequest {
-            id,
-            private_data: req.private_data,
-            responder_resources: req.ord,
-            initiator_depth: req.ird,
-            peer,
-            port: self.port.clone(),
-            answered: false,
-        })
+        match &self.kind {
+            ListenerKind::Iwarp { id, port } => {
+                let (id, req, peer) = driver::iwarp::get_request(&**port, *id, timeout)?;
+                Some(ConnRequest {
+                    private_data: req.private_data,
+                    responder_resources: req.ord,
+                    initiator_depth: req.ird,
+                    peer,
+                    kind: RequestKind::Iwarp { id, port: port.clone() },
+                    answered: false,
+                })
+            }
+            ListenerKind::Roce { port, driver } => {
+                let r = driver::roce_cm::get_request(driver, *port, timeout)?;
+                Some(ConnRequest {
+                    private_data: r.private_data,
+                    responder_resources: u16::from(r.initiator_depth),
+                    initiator_depth: u16::from(r.responder_resources),
+                    peer: r.peer.map(|(ip, port)| SocketAddr::new(ip, port)),
+                    kind: RequestKind::Roce { id: r.id, driver: driver.clone() },
+                    answered: false,
+                })
+            }
+        }
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.port.close_listener(self.id);
+        match &self.kind {
+            ListenerKind::Iwarp { id, port } => port.close_listener(*id),
+            ListenerKind::Roce { port, driver } => driver::roce_cm::close_listener(driver, *port),
+        }
     }
 }
 
 /// A peer's connection request. Dropping it unanswered rejects it.
 pub struct ConnRequest {
-    id: ConnId,
-    /// The initiator's private data.
+    /// The initiator's private data (on RoCEv2, what follows rdma_cm's IP header).
     pub private_data: Vec<u8>,
     /// Reads the initiator may have outstanding towards this side (its ORD), the most
     /// this side's `responder_resources` needs.
@@ -823,34 +854,56 @@ pub struct ConnRequest {
     pub initiator_depth: u16,
     /// The initiator's address.
     pub peer: Option<SocketAddr>,
-    port: Arc<dyn IwarpPort>,
+    kind: RequestKind,
     answered: bool,
 }
 
+enum RequestKind {
+    Iwarp { id: ConnId, port: Arc<dyn IwarpPort> },
+    Roce { id: crate::cm::ConnId, driver: Arc<RoceDriver> },
+}
+
 impl ConnRequest {
-    /// Accepts onto `qp` (`rdma_accept`): the MPA Reply goes out and the QP is in RTS.
+    /// Accepts onto `qp` (`rdma_accept`): the MPA Reply, or the CM's REP, goes out, and
+    /// this returns once the QP is in RTS.
     pub fn accept(mut self, qp: &QueuePair, param: &ConnParam) -> Result<(), ConnectError> {
         self.answered = true;
-        if !matches!(&qp.backend, Backend::Iwarp(s) if std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(&self.port))) {
-            return Err(ConnectError::Invalid("the QP is not on this listener's device"));
+        match (&self.kind, &qp.backend) {
+            (RequestKind::Iwarp { id, port }, Backend::Iwarp(s))
+                if std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(port)) =>
+            {
+                let (id, qpn) = (*id, qp.qpn);
+                driver::iwarp::with(&**port, |d| d.accept(id, qpn, param))
+            }
+            (RequestKind::Roce { id, driver }, Backend::Roce(s)) if Arc::ptr_eq(s, driver) => {
+                driver::roce_cm::accept(driver, *id, qp.qpn, param)
+            }
+            _ => Err(ConnectError::Invalid("the QP is not on this listener's device")),
         }
-        let (id, qpn) = (self.id, qp.qpn);
-        driver::iwarp::with(&*self.port, |d| d.accept(id, qpn, param))
     }
 
-    /// Rejects (`rdma_reject`): an MPA Reply with the reject bit and `private_data`.
+    /// Rejects (`rdma_reject`) with `private_data`: an MPA Reply with the reject bit, or
+    /// the CM's REJ "consumer reject".
     pub fn reject(mut self, private_data: &[u8]) {
         self.answered = true;
-        let id = self.id;
-        driver::iwarp::with(&*self.port, |d| d.reject(id, private_data));
+        self.send_reject(private_data);
+    }
+
+    fn send_reject(&self, private_data: &[u8]) {
+        match &self.kind {
+            RequestKind::Iwarp { id, port } => {
+                let id = *id;
+                driver::iwarp::with(&**port, |d| d.reject(id, private_data));
+            }
+            RequestKind::Roce { id, driver } => driver::roce_cm::reject(driver, *id, private_data),
+        }
     }
 }
 
 impl Drop for ConnRequest {
     fn drop(&mut self) {
         if !self.answered {
-            let id = self.id;
-            driver::iwarp::with(&*self.port, |d| d.reject(id, b""));
+            self.send_reject(b"");
         }
     }
 }

@@ -1,0 +1,182 @@
+//! rdma_cm's calls on a RoCEv2 device: the engine's CM ([`crate::cm`]) does the protocol
+//! under the device lock; these wait for its outcome on the caller's thread while the poll
+//! thread carries the MADs.
+
+use super::roce::RoceDriver;
+use crate::cm::{AcceptArgs, CmError, CmFailure, ConnId, ConnStatus, ConnectArgs, Request};
+use crate::engine::verbs::Mtu;
+use crate::iwarp::config::{ConnParam, ConnectError};
+use crate::transport::headers::ip_to_gid;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// How often a waiting caller looks at a connection's status: connection setup is rare,
+/// and a MAD round trip on a LAN is tens of microseconds to a millisecond.
+const LOOK_EVERY: Duration = Duration::from_micros(200);
+
+fn describe(e: CmError) -> ConnectError {
+    match e {
+        CmError::NoConnection => ConnectError::Invalid("no such connection request"),
+        CmError::PortInUse => ConnectError::Invalid("the port is listened on already"),
+        CmError::Limit(what) => ConnectError::Invalid(what),
+        CmError::Invalid(what) => ConnectError::Invalid(what),
+        CmError::Qp(e) => ConnectError::Mpa(format!("the QP refused the connection's attributes: {e:?}")),
+    }
+}
+
+/// What a failed connection tells the application.
+pub fn failure(f: &CmFailure) -> ConnectError {
+    match f {
+        CmFailure::Rejected { reason, .. } => {
+            ConnectError::Rejected(format!("CM REJ, reason {reason} ({})", reason_text(*reason)))
+        }
+        CmFailure::Timeout => ConnectError::Timeout,
+        CmFailure::Qp(e) => ConnectError::Mpa(format!("the QP refused the connection's attributes: {e:?}")),
+    }
+}
+
+/// IBTA Table 103's names for the reasons a peer gives most.
+fn reason_text(r: u16) -> &'static str {
+    use crate::cm::reason::*;
+    match r {
+        NO_QP => "no QP available",
+        NO_RESOURCES => "insufficient resources",
+        TIMEOUT => "timeout",
+        INVALID_SERVICE_ID => "nobody listens on that port",
+        STALE_CONNECTION => "stale connection",
+        INVALID_GID => "invalid GID",
+        CONSUMER => "rejected by the application",
+        _ => "see IBTA vol. 1 Table 103",
+    }
+}
+
+fn status(d: &RoceDriver, id: ConnId) -> Option<ConnStatus> {
+    d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.status(id).cloned()))
+}
+
+/// Waits until `id` leaves Pending, at most until `deadline`.
+fn wait_settled(d: &RoceDriver, id: ConnId, deadline: Option<Instant>) -> Option<ConnStatus> {
+    loop {
+        match status(d, id) {
+            Some(ConnStatus::Pending) => {}
+            other => return other,
+        }
+        if deadline.is_some_and(|t| Instant::now() >= t) {
+            return Some(ConnStatus::Pending);
+        }
+        std::thread::sleep(LOOK_EVERY);
+    }
+}
+
+/// The path MTU this device offers: its link's, at most 4096.
+fn device_mtu(d: &RoceDriver) -> Mtu {
+    d.path_mtu
+}
+
+fn depth(v: u16) -> u8 {
+    v.min(u16::from(u8::MAX)) as u8
+}
+
+/// `rdma_connect`: a REQ to `to` (ServiceID of its port), waiting at most `timeout` for the
+/// REP; the QP is in RTS when this returns the peer's private data.
+pub fn connect(
+    d: &RoceDriver,
+    qpn: u32,
+    to: SocketAddr,
+    p: &ConnParam,
+    timeout: Duration,
+) -> Result<Vec<u8>, ConnectError> {
+    let deadline = Instant::now() + timeout;
+    let id = d.with_core_at(|dev, now| {
+        let args = ConnectArgs {
+            qpn,
+            local_gid: dev.gid(),
+            peer_gid: ip_to_gid(to.ip()),
+            src_port: 0xc000 | (dev.random_psn() as u16 & 0x3fff),
+            dst_port: to.port(),
+            psn: dev.random_psn(),
+            mtu: device_mtu(d),
+            responder_resources: depth(p.responder_resources),
+            initiator_depth: depth(p.initiator_depth),
+            private_data: p.private_data.clone(),
+        };
+        dev.with_cm(now, |cm, qps| cm.connect(now, args, qps))
+    });
+    let id = id.map_err(describe)?;
+    match wait_settled(d, id, Some(deadline)) {
+        Some(ConnStatus::Established) => {
+            Ok(d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.peer_private_data(id).unwrap_or(&[]).to_vec())))
+        }
+        Some(ConnStatus::Pending) => {
+            let _ = d.with_core_at(|dev, now| dev.with_cm(now, |cm, qps| cm.disconnect(now, id, qps)));
+            Err(ConnectError::Timeout)
+        }
+        Some(ConnStatus::Failed(f)) => {
+            let e = failure(&f);
+            d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.forget(id)));
+            Err(e)
+        }
+        Some(ConnStatus::Disconnected) | None => Err(ConnectError::Rejected("the connection was torn down".into())),
+    }
+}
+
+/// `rdma_listen` on `port` (0: a free one, drawn at random); returns the port.
+pub fn listen(d: &RoceDriver, port: u16) -> Result<u16, ConnectError> {
+    d.with_core_at(|dev, now| {
+        if port != 0 {
+            return dev.with_cm(now, |cm, _| cm.listen(port)).map(|_| port).map_err(describe);
+        }
+        loop {
+            let p = 0xc000 | (dev.random_psn() as u16 & 0x3fff);
+            if dev.with_cm(now, |cm, _| cm.listen(p)).is_ok() {
+                return Ok(p);
+            }
+        }
+    })
+}
+
+/// Stops listening on `port`, rejecting the requests nobody took.
+pub fn close_listener(d: &RoceDriver, port: u16) {
+    d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.close_listener(now, port)));
+}
+
+/// The next request on `port`, waiting at most `timeout`.
+pub fn get_request(d: &RoceDriver, port: u16, timeout: Duration) -> Option<Request> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(r) = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.take_request(port))) {
+            return Some(r);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(LOOK_EVERY);
+    }
+}
+
+/// `rdma_accept`: the REP goes out; returns once the RTU (or the first packet) has put
+/// the QP in RTS, or the CM gave up.
+pub fn accept(d: &RoceDriver, id: ConnId, qpn: u32, p: &ConnParam) -> Result<(), ConnectError> {
+    d.with_core_at(|dev, now| {
+        let args = AcceptArgs {
+            qpn,
+            psn: dev.random_psn(),
+            mtu: device_mtu(d),
+            responder_resources: depth(p.responder_resources),
+            initiator_depth: depth(p.initiator_depth),
+            private_data: p.private_data.clone(),
+        };
+        dev.with_cm(now, |cm, qps| cm.accept(now, id, args, qps))
+    })
+    .map_err(describe)?;
+    match wait_settled(d, id, None) {
+        Some(ConnStatus::Established) => Ok(()),
+        Some(ConnStatus::Failed(f)) => Err(failure(&f)),
+        _ => Err(ConnectError::Rejected("the initiator went away".into())),
+    }
+}
+
+/// `rdma_reject` with `private_data`.
+pub fn reject(d: &RoceDriver, id: ConnId, private_data: &[u8]) {
+    let _ = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.reject(now, id, private_data)));
+}
