@@ -122,6 +122,9 @@ enum Command {
         /// Ask for MPA markers in the stream this side receives.
         #[arg(long)]
         markers: bool,
+        /// iwarp (MPA over TCP), or rocev2 (IB CM through QP1 over UDP).
+        #[arg(long, default_value = "iwarp")]
+        transport: softrdma::verbs::Transport,
         #[command(flatten)]
         raw: RawArgs,
     },
@@ -194,6 +197,10 @@ struct PerfArgs {
     /// rocev2, or iwarp (connects as perftest's -R does, with rdma_cm over MPA/TCP).
     #[arg(long, default_value = "rocev2")]
     transport: softrdma::verbs::Transport,
+    /// Connect the QPs through rdma_cm, as perftest's -R (on RoCEv2: IB CM MADs on QP1;
+    /// the exchange then runs as Sends on a QP of its own).
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
     /// iWARP: MPA CRC policy (off, request, required).
     #[arg(long = "mpa-crc", default_value = "request")]
     mpa_crc: String,
@@ -312,7 +319,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Rping { server, client, addr, port, count, size, verbose, validate, crc, markers, raw } => {
+        Command::Rping { server, client, addr, port, count, size, verbose, validate, crc, markers, transport, raw } => {
             let raw = match raw.config() {
                 Ok(r) => r,
                 Err(e) => {
@@ -320,7 +327,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers, raw)
+            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers, transport, raw)
         }
         Command::WriteBw(a) => perf(Test::WriteBw, a),
         Command::ReadBw(a) => perf(Test::ReadBw, a),
@@ -344,6 +351,7 @@ fn rping(
     validate: bool,
     crc: &str,
     markers: bool,
+    transport: softrdma::verbs::Transport,
     raw: Option<softrdma::verbs::RawConfig>,
 ) -> ExitCode {
     let Some(crc) = crc_policy(crc) else { return ExitCode::FAILURE };
@@ -361,6 +369,7 @@ fn rping(
         validate,
         crc,
         markers,
+        transport,
         raw,
     };
     match softrdma::tools::rping::run(&a) {
@@ -424,6 +433,7 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
     let args = ToolArgs {
         raw,
         transport: a.transport,
+        rdma_cm: a.rdma_cm,
         iwarp,
         params,
         server: a.server,

@@ -64,10 +64,11 @@ fn a_port_nobody_listens_on_is_rejected_with_invalid_service_id() {
     let (a, b) = pair([127, 41, 1, 1], [127, 41, 1, 2]);
     let to = SocketAddr::new(b.ctx.ip(), 4000);
     match a.qp.connect(to, &param(b""), WAIT) {
-        Err(ConnectError::Rejected(why)) => assert!(why.contains("reason 8"), "{why}"),
+        Err(ConnectError::NoListener(why)) => assert!(why.contains("reason 8"), "{why}"),
         other => panic!("expected a REJ, got {other:?}"),
     }
-    assert_eq!(a.qp.state(), Some(QpState::Err));
+    // The QP is left in INIT, its receives posted, for another attempt.
+    assert_eq!(a.qp.state(), Some(QpState::Init));
 }
 
 #[test]

@@ -242,7 +242,9 @@ impl Cm {
         if !matches!(c.state, State::ReqSent | State::ReqRcvd | State::MraSent | State::RepSent) {
             return true;
         }
-        if c.qpn != u32::MAX {
+        // An initiator's QP is still in INIT and stays so, for another try; a QP that
+        // reached RTR goes to ERR (12.9.6, 12.9.7).
+        if c.qpn != u32::MAX && c.state != State::ReqSent {
             let _ = qps.modify_qp(c.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
         }
         let private_data = r.private_data.to_vec();

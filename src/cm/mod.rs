@@ -316,6 +316,9 @@ impl Cm {
 
     /// Sends a REQ for `a.qpn` (IBTA 12.9.6: Idle → REQ Sent); the QP goes to INIT.
     pub fn connect(&mut self, now: u64, a: ConnectArgs, qps: &mut dyn QpControl) -> Result<ConnId, CmError> {
+        if self.conn_of_qp(a.qpn).is_some() {
+            return Err(CmError::Invalid("the QP has a connection already"));
+        }
         if self.conns.len() >= MAX_CONNECTIONS {
             return Err(CmError::Limit("connections"));
         }
@@ -430,10 +433,9 @@ impl Cm {
             State::Established | State::RepSent => {}
             State::ReqSent => {
                 // Not yet connected: a REJ "timeout" tells the peer to forget it (12.9.6).
-                let (qpn, peer) = (c.qpn, c.peer_gid);
-                let _ = qps.modify_qp(qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+                // The QP stays as it was (INIT, receives posted) for another attempt.
                 let mad = msg::rej(id, 0, msg::REJ_MSG_REQ, reason::TIMEOUT, &[]);
-                let local = c.local_gid;
+                let (peer, local) = (c.peer_gid, c.local_gid);
                 c.status = ConnStatus::Disconnected;
                 self.enter_time_wait(now, id);
                 self.push(OutMad { dst: peer, src: local, mad });
@@ -534,8 +536,11 @@ impl Cm {
             }
             State::DreqSent => self.enter_time_wait(now, id),
             State::ReqSent | State::RepSent => {
-                // 12.9.6/12.9.7: out of retries; REJ "timeout" and the QP to ERR.
-                let _ = qps.modify_qp(c.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+                // 12.9.6/12.9.7: out of retries; REJ "timeout". A QP that got as far as
+                // RTR goes to ERR; an initiator's, still in INIT, stays for another try.
+                if !c.active {
+                    let _ = qps.modify_qp(c.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+                }
                 c.status = ConnStatus::Failed(CmFailure::Timeout);
                 let which = if c.active { msg::REJ_MSG_REQ } else { msg::REJ_MSG_REP };
                 let mad = msg::rej(id, c.remote_id, which, reason::TIMEOUT, &[]);

@@ -231,7 +231,7 @@ fn connect_over(seed: u64, loss: f64, dup: f64) -> (bool, u64, u64) {
     }
     let Some(ConnStatus::Established) = net.cms[0].status(id).cloned() else {
         assert_eq!(net.cms[0].status(id), Some(&ConnStatus::Failed(CmFailure::Timeout)), "seed {seed}");
-        assert_eq!(net.qps[0].state(10), Some(QpState::Err), "seed {seed}");
+        assert_eq!(net.qps[0].state(10), Some(QpState::Init), "seed {seed}");
         return (false, 0, 0);
     };
     // Both QPs point at each other with each other's PSNs.
@@ -407,7 +407,8 @@ fn an_unanswered_req_is_sent_max_retries_more_times_then_the_connect_fails() {
     // The REQ, 15 repeats, then a REJ "timeout" (12.9.6).
     assert_eq!(sent, 1 + 15 + 1);
     assert_eq!(a.status(id), Some(&ConnStatus::Failed(CmFailure::Timeout)));
-    assert_eq!(qa.state(10), Some(QpState::Err));
+    // The QP never left INIT: it can try again.
+    assert_eq!(qa.state(10), Some(QpState::Init));
 }
 
 #[test]

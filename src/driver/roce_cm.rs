@@ -27,6 +27,9 @@ fn describe(e: CmError) -> ConnectError {
 /// What a failed connection tells the application.
 pub fn failure(f: &CmFailure) -> ConnectError {
     match f {
+        CmFailure::Rejected { reason: crate::cm::reason::INVALID_SERVICE_ID, .. } => {
+            ConnectError::NoListener("CM REJ, reason 8 (invalid ServiceID)".into())
+        }
         CmFailure::Rejected { reason, .. } => {
             ConnectError::Rejected(format!("CM REJ, reason {reason} ({})", reason_text(*reason)))
         }

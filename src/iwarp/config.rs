@@ -65,8 +65,10 @@ pub struct ConnParam {
 pub enum ConnectError {
     /// TCP failed (refused, unreachable, reset).
     Tcp(String),
-    /// The peer rejected the connection in MPA.
+    /// The peer rejected the connection in MPA or the CM.
     Rejected(String),
+    /// Nobody listens on that port (RoCEv2: the CM's REJ "invalid ServiceID").
+    NoListener(String),
     /// MPA setup failed (a protocol error, or the peer's silence).
     Mpa(String),
     /// Not in time.
@@ -80,6 +82,7 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::Tcp(e) => write!(f, "TCP: {e}"),
             ConnectError::Rejected(e) => write!(f, "rejected: {e}"),
+            ConnectError::NoListener(e) => write!(f, "nobody listens there: {e}"),
             ConnectError::Mpa(e) => write!(f, "MPA setup: {e}"),
             ConnectError::Timeout => write!(f, "no connection in time"),
             ConnectError::Invalid(e) => write!(f, "{e}"),

@@ -9,14 +9,14 @@
 //! big-endian u64 size and iterations and three big-endian doubles. "done" ends it.
 //!
 //! With rdma_cm (perftest's `-R`, the only way over iWARP) the same exchanges travel as
-//! RDMA Sends on a QP of their own, connected over iWARP to the same port: each exchange is
+//! RDMA Sends on a QP of their own, connected through rdma_cm to the same port: each exchange is
 //! one Send each way, key messages are the binary `struct pingpong_dest` (56 bytes,
 //! big-endian fields), and no "done" follows the last handshake.
 
 use crate::engine::verbs::{Gid, Mtu};
 use crate::verbs::{
-    Access, CompletionQueue, ConnParam, Context, MemoryRegion, OpenConfig, ProtectionDomain, QpCaps, QpType, QueuePair,
-    RecvWr, SendOp, SendWr, WcStatus,
+    Access, CompletionQueue, ConnParam, Context, MemoryRegion, OpenConfig, ProtectionDomain, QpCaps, QueuePair, RecvWr,
+    SendOp, SendWr, WcStatus,
 };
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -224,7 +224,9 @@ pub fn connect_qp_retrying(qp: &QueuePair, to: std::net::SocketAddr, p: &ConnPar
     loop {
         match qp.connect(to, p, Duration::from_secs(10)) {
             Ok(pd) => return Ok(pd),
-            Err(crate::verbs::ConnectError::Tcp(_)) if std::time::Instant::now() < deadline => {
+            Err(crate::verbs::ConnectError::Tcp(_) | crate::verbs::ConnectError::NoListener(_))
+                if std::time::Instant::now() < deadline =>
+            {
                 std::thread::sleep(Duration::from_millis(100));
             }
             Err(e) => return Err(OobError::Protocol(format!("connecting to {to}: {e}"))),
@@ -267,7 +269,7 @@ impl CmChannel {
         let (scq, rcq) = (ctx.create_cq(4), ctx.create_cq(4));
         let mr = ctx.reg_mr(&pd, 2 * CM_RECV_AT, Access::ALL).map_err(verbs_err)?;
         let caps = QpCaps { max_send_wr: 2, max_recv_wr: 2, max_sge: 1 };
-        let qp = ctx.create_qp(&pd, &scq, &rcq, QpType::Rc, caps, None).map_err(verbs_err)?;
+        let qp = ctx.create_cm_qp(&pd, &scq, &rcq, caps).map_err(verbs_err)?;
         let c = CmChannel { qp, scq, rcq, mr, _pd: pd, ctx };
         c.post_recv()?;
         Ok(c)
@@ -336,8 +338,8 @@ impl Oob {
         Ok(Oob { chan: Channel::Tcp(stream), client, peer_version: 0.0 })
     }
 
-    /// The rdma_cm server side: accepts one iWARP connection on `port` for the exchange,
-    /// on a device opened with `cfg` (an iWARP one), then stops listening.
+    /// The rdma_cm server side: accepts one connection on `port` for the exchange (MPA on
+    /// iWARP, the CM on RoCEv2), on a device opened with `cfg`, then stops listening.
     pub fn accept_cm(cfg: &OpenConfig, port: u16) -> Result<Oob, OobError> {
         let chan = CmChannel::new(cfg)?;
         let listener = chan.ctx.listen(std::net::SocketAddr::new(cfg.addr, port))?;

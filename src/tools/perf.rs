@@ -36,6 +36,8 @@ pub struct ToolArgs {
     pub pcap: Option<PathBuf>,
     /// RoCEv2 or iWARP.
     pub transport: Transport,
+    /// Connect through rdma_cm (perftest's `-R`; always so on iWARP).
+    pub rdma_cm: bool,
     /// iWARP settings (MPA CRC, markers).
     pub iwarp: IwarpConfig,
     /// RoCEv2 on raw Ethernet with an address of its own (`None`: kernel UDP sockets).
@@ -101,11 +103,11 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
 /// (RoCEv2) or over rdma_cm on iWARP.
 fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
     let e = |e: super::oob::OobError| e.to_string();
-    if a.transport == Transport::Iwarp {
-        if a.params.test == Test::AtomicBw {
+    if a.transport == Transport::Iwarp || a.rdma_cm {
+        if a.transport == Transport::Iwarp && a.params.test == Test::AtomicBw {
             return Err("atomics over iWARP are RFC 7306, which softrdma does not speak yet".into());
         }
-        if a.pcap.is_some() {
+        if a.transport == Transport::Iwarp && a.pcap.is_some() {
             return Err("--pcap captures RoCEv2 frames; capture iWARP's TCP with tcpdump".into());
         }
         let local = match (&a.raw, a.bind, &a.server) {
@@ -114,10 +116,14 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
             (None, None, Some(s)) => route_source(s, a.port).map_err(|e| format!("no route to {s}: {e}"))?,
             (None, None, None) => IpAddr::from([0, 0, 0, 0]),
         };
+        if a.transport == Transport::RoceV2 && local.is_unspecified() {
+            return Err("a RoCEv2 server with -R needs its address: --bind ADDR (or --iface/--ip)".into());
+        }
         let mut cfg = OpenConfig::new(local);
         cfg.raw = a.raw.clone();
-        cfg.transport = Transport::Iwarp;
+        cfg.transport = a.transport;
         cfg.iwarp = a.iwarp.clone();
+        cfg.pcap = a.pcap.clone();
         let oob = match &a.server {
             Some(s) => Oob::connect_cm(&cfg, s, a.port),
             None => Oob::accept_cm(&cfg, a.port),
@@ -155,7 +161,7 @@ pub(crate) fn route_source(host: &str, port: u16) -> std::io::Result<IpAddr> {
 }
 
 /// perftest's `create_rdma_cm_connection`: a handshake, the test QPs connected through
-/// MPA to the exchange's port (the client connects, the server accepts in order), and
+/// rdma_cm (MPA on iWARP, the CM on RoCEv2) to the exchange's port (the client connects, the server accepts in order), and
 /// another handshake.
 fn connect_cm_qps(a: &ToolArgs, oob: &mut Oob, ctx: &Context, ep: &Endpoint<'_>) -> Result<(), String> {
     let e = |e: super::oob::OobError| e.to_string();

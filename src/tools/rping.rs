@@ -1,13 +1,14 @@
-//! `softrdma rping`: rdma-core's rping over iWARP (rdma_cm's MPA, port 7174) through the
-//! verbs API, on kernel TCP or (`--iface`) on smoltcp over raw Ethernet, so that it pairs
-//! with `rping` on siw or on an iWARP NIC. Each ping: the client advertises its
+//! `softrdma rping`: rdma-core's rping (rdma_cm, port 7174) through the verbs API, over
+//! iWARP (MPA on kernel TCP, or with `--iface` on smoltcp over raw Ethernet) or over RoCEv2
+//! (`--transport rocev2`: IB CM on QP1, on UDP sockets or raw Ethernet), so that it pairs
+//! with `rping` on siw, rxe or an RDMA NIC. Each ping: the client advertises its
 //! start buffer (a 16-byte `buf:rkey:size` Send, big-endian), the server RDMA-Reads it,
 //! says go ahead, the client advertises its sink buffer, the server RDMA-Writes the ping
 //! back and says go ahead again; the client checks the echo.
 
 use crate::verbs::{
     Access, CompletionQueue, ConnParam, Context, CrcPolicy, IwarpConfig, MemoryRegion, OpenConfig, ProtectionDomain,
-    QpCaps, QpType, QueuePair, RawConfig, RecvWr, Remote, SendOp, SendWr, Sge, Transport, WcOpcode, WcStatus,
+    QpCaps, QueuePair, RawConfig, RecvWr, Remote, SendOp, SendWr, Sge, Transport, WcOpcode, WcStatus,
 };
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -37,6 +38,8 @@ pub struct RpingArgs {
     pub validate: bool,
     /// MPA CRC policy.
     pub crc: CrcPolicy,
+    /// iWARP or RoCEv2.
+    pub transport: Transport,
     /// Ask for markers in what this side receives.
     pub markers: bool,
     /// iWARP on smoltcp over raw Ethernet, with an address of its own (`None`: kernel TCP).
@@ -136,17 +139,17 @@ enum Which {
     Rdma,
 }
 
-/// The device to open: iWARP, as rping's rdma_cm sets it up (no peer-to-peer RTR), on
-/// kernel TCP from `local` or on a raw device.
+/// The device to open: iWARP as rping's rdma_cm sets it up (no peer-to-peer RTR), or
+/// RoCEv2; from `local` or on a raw device.
 fn open_config(a: &RpingArgs, local: IpAddr) -> OpenConfig {
     let mut cfg = OpenConfig::new(a.raw.as_ref().map_or(local, |r| r.ip));
     cfg.raw = a.raw.clone();
-    cfg.transport = Transport::Iwarp;
+    cfg.transport = a.transport;
     cfg.iwarp = IwarpConfig { crc: a.crc, markers: a.markers, rtr: Vec::new(), ..IwarpConfig::default() };
     cfg
 }
 
-/// Connects (client) or accepts (server): rdma_cm over MPA, one Read outstanding each way.
+/// Connects (client) or accepts (server) through rdma_cm, one Read outstanding each way.
 fn connect(a: &RpingArgs) -> Result<Conn, String> {
     let to = super::oob::resolve(&a.addr, a.port).map_err(|e| format!("{}: {e}", a.addr))?;
     let local = if a.client {
@@ -160,7 +163,7 @@ fn connect(a: &RpingArgs) -> Result<Conn, String> {
     let reg = |len: usize| ctx.reg_mr(&pd, len.max(1), Access::ALL).map_err(|e| format!("{e:?}"));
     let (recv, send, start, rdma) = (reg(INFO_LEN)?, reg(INFO_LEN)?, reg(a.size)?, reg(a.size)?);
     let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_sge: 1 };
-    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, caps, None).map_err(|e| format!("{e:?}"))?;
+    let qp = ctx.create_cm_qp(&pd, &cq, &cq, caps).map_err(|e| format!("{e:?}"))?;
     let mut c = Conn { cq, qp, recv, send, start, rdma, recvs: 0, pending_recvs: 0, _pd: pd, _ctx: ctx };
     c.post_recv()?;
     let param = ConnParam { private_data: Vec::new(), responder_resources: 1, initiator_depth: 1 };

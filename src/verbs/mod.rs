@@ -456,6 +456,29 @@ impl Context {
         Ok(QueuePair { qpn, backend: self.backend.clone() })
     }
 
+    /// `rdma_create_qp`: an RC QP for [`QueuePair::connect`] or [`ConnRequest::accept`]
+    /// that takes receives before it connects, on either transport: on RoCEv2 it is in
+    /// INIT with remote READ, WRITE and atomic access, as rdma_cm leaves it.
+    pub fn create_cm_qp(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair, VerbsError> {
+        let qp = self.create_qp(pd, send_cq, recv_cq, QpType::Rc, caps, None)?;
+        if let Backend::Roce(_) = &self.backend {
+            let init = QpAttr {
+                state: Some(QpState::Init),
+                access: Some(Access::ALL),
+                pkey: Some(0xffff),
+                ..QpAttr::default()
+            };
+            qp.modify(&init)?;
+        }
+        Ok(qp)
+    }
+
     /// Receives and processes what has arrived, on the caller's thread, without waiting.
     /// Returns the number of datagrams handled. Latency-bound loops call this while they
     /// spin, inside a [`Context::busy_poll`] section.
