@@ -190,7 +190,7 @@ impl Cm {
             state: Some(QpState::Rtr),
             dest_gid: Some(c.peer_gid),
             dest_qpn: Some(r.local_qpn),
-            rq_psn: Some(r.starting_psn),
+            rq_psn: Some(asked.psn),
             path_mtu: Some(asked.mtu),
             max_dest_rd_atomic: Some(asked.responder_resources),
             min_rnr_timer: Some(12),
@@ -198,7 +198,7 @@ impl Cm {
         };
         let rts = QpAttr {
             state: Some(QpState::Rts),
-            sq_psn: Some(asked.psn),
+            sq_psn: Some(r.starting_psn),
             timeout: Some(self.cfg.local_ack_timeout),
             retry_cnt: Some(7),
             rnr_retry: Some(r.rnr_retry_count),

@@ -119,7 +119,8 @@ pub struct ConnectArgs {
     pub src_port: u16,
     /// The listener's port (ServiceID, Annex A11.2.1).
     pub dst_port: u16,
-    /// The PSN this side starts sending with.
+    /// The PSN this side expects to receive first; the REQ's Starting PSN (Linux's CM
+    /// and rxe take it as the PSN to send with, 12.6.5 leaves the direction to them).
     pub psn: u32,
     /// The path MTU this side can do.
     pub mtu: Mtu,
@@ -136,7 +137,7 @@ pub struct ConnectArgs {
 pub struct AcceptArgs {
     /// The QP to connect (in RESET or INIT).
     pub qpn: u32,
-    /// The PSN this side starts sending with.
+    /// The PSN this side expects to receive first; the REP's Starting PSN.
     pub psn: u32,
     /// The path MTU this side can do.
     pub mtu: Mtu,
@@ -211,7 +212,8 @@ struct Conn {
     remote_guid: u64,
     qpn: u32,
     remote_qpn: u32,
-    /// The PSN the peer starts with.
+    /// The PSN the peer's message names: the one it expects first, which this side's
+    /// send queue starts with (as Linux's CM reads the Starting PSN field).
     remote_psn: u32,
     local_gid: Gid,
     peer_gid: Gid,
@@ -373,7 +375,7 @@ impl Cm {
             state: Some(QpState::Rtr),
             dest_gid: Some(c.peer_gid),
             dest_qpn: Some(c.remote_qpn),
-            rq_psn: Some(c.remote_psn),
+            rq_psn: Some(a.psn),
             path_mtu: Some(mtu),
             max_dest_rd_atomic: Some(a.responder_resources),
             min_rnr_timer: Some(12),
@@ -381,7 +383,7 @@ impl Cm {
         };
         let rts = QpAttr {
             state: Some(QpState::Rts),
-            sq_psn: Some(a.psn),
+            sq_psn: Some(c.remote_psn),
             timeout: Some(offer.local_ack_timeout),
             retry_cnt: Some(offer.retry_count),
             rnr_retry: Some(offer.rnr_retry_count),

@@ -91,7 +91,9 @@ fn a_req_from_rxe_becomes_a_request_and_the_accept_answers_it_as_the_req_asked()
     c.accept(10, r.id, accept_args(77), &mut qps).unwrap();
     // 12.9.7: RTR with the REQ's QPN, PSN and MTU; RTS waits for the RTU.
     let rtr = qps.last(77, QpState::Rtr);
-    assert_eq!((rtr.dest_qpn, rtr.rq_psn, rtr.path_mtu), (Some(0x11), Some(0x085f3d), Some(Mtu::M1024)));
+    // Linux's CM reads each message's Starting PSN as the PSN its peer expects: rxe sends
+    // from 0x085f3d and expects this side's REP's PSN.
+    assert_eq!((rtr.dest_qpn, rtr.rq_psn, rtr.path_mtu), (Some(0x11), Some(0x5678), Some(Mtu::M1024)));
     assert_eq!(rtr.dest_gid, Some(rxe));
     let out = drain(&mut c);
     assert_eq!(out.len(), 1);
@@ -104,7 +106,7 @@ fn a_req_from_rxe_becomes_a_request_and_the_accept_answers_it_as_the_req_asked()
     let rtu = msg::rtu(0xc429e77a, rep.local_comm_id);
     c.handle_mad(20, rxe, me, &rtu[..], &mut qps);
     let rts = qps.last(77, QpState::Rts);
-    assert_eq!((rts.sq_psn, rts.timeout, rts.retry_cnt, rts.rnr_retry), (Some(0x5678), Some(0x13), Some(7), Some(7)));
+    assert_eq!((rts.sq_psn, rts.timeout, rts.retry_cnt, rts.rnr_retry), (Some(0x085f3d), Some(0x13), Some(7), Some(7)));
     assert_eq!(rts.max_rd_atomic, Some(1));
     assert_eq!(c.status(r.id), Some(&ConnStatus::Established));
 }
@@ -234,10 +236,11 @@ fn connect_over(seed: u64, loss: f64, dup: f64) -> (bool, u64, u64) {
         assert_eq!(net.qps[0].state(10), Some(QpState::Init), "seed {seed}");
         return (false, 0, 0);
     };
-    // Both QPs point at each other with each other's PSNs.
+    // Both QPs point at each other, each sending from the PSN the other expects.
     let (rtr_a, rtr_b) = (net.qps[0].last(10, QpState::Rtr), net.qps[1].last(20, QpState::Rtr));
-    assert_eq!((rtr_a.dest_qpn, rtr_a.rq_psn), (Some(20), Some(0x5678)), "seed {seed}");
-    assert_eq!((rtr_b.dest_qpn, rtr_b.rq_psn), (Some(10), Some(0x1234)), "seed {seed}");
+    assert_eq!((rtr_a.dest_qpn, rtr_a.rq_psn), (Some(20), Some(0x1234)), "seed {seed}");
+    assert_eq!((rtr_b.dest_qpn, rtr_b.rq_psn), (Some(10), Some(0x5678)), "seed {seed}");
+    assert_eq!(net.qps[0].last(10, QpState::Rts).sq_psn, Some(0x5678), "seed {seed}");
     assert_eq!(net.qps[0].state(10), Some(QpState::Rts));
     // The passive side gets there too: by the RTU, or by the REP repeated until one does.
     let passive = accepted.expect("accepted");
