@@ -57,37 +57,23 @@ enum Command {
     },
     /// ibv_rc_pingpong's test, compatible with it on the wire and out of band.
     RcPingpong {
-        /// The server to connect to; without it, wait for a client.
-        server: Option<String>,
-        /// TCP port of the exchange.
-        #[arg(short = 'p', long, default_value_t = 18515)]
-        port: u16,
+        #[command(flatten)]
+        common: PingPongCli,
         /// Message size.
         #[arg(short = 's', long, default_value_t = 4096)]
         size: usize,
-        /// Path MTU in bytes.
-        #[arg(short = 'm', long, default_value_t = 1024)]
-        mtu: usize,
-        /// Receives kept posted.
-        #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
-        rx_depth: usize,
-        /// Exchanges.
-        #[arg(short = 'n', long, default_value_t = 1000)]
-        iters: u64,
-        /// Local GID index.
-        #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
-        gid_index: u8,
-        /// Local address for RDMA (default: the one the TCP connection uses).
-        #[arg(long)]
-        bind: Option<std::net::IpAddr>,
-        /// Write every frame sent and received to this pcap file.
-        #[arg(long)]
-        pcap: Option<PathBuf>,
         /// Check the received buffer as ibv_rc_pingpong -c does.
         #[arg(short = 'c', long = "chk")]
         validate: bool,
+    },
+    /// ibv_ud_pingpong's test (UD, Q_Key 0x11111111, GRH space in every receive),
+    /// compatible with it on the wire and out of band.
+    UdPingpong {
         #[command(flatten)]
-        raw: RawArgs,
+        common: PingPongCli,
+        /// Message size (at most the path MTU).
+        #[arg(short = 's', long, default_value_t = 2048)]
+        size: usize,
     },
     /// rping over iWARP (MPA on TCP, or with --iface on softrdma's own TCP over raw
     /// Ethernet), compatible with rdma-core's rping on siw.
@@ -125,6 +111,9 @@ enum Command {
         /// iwarp (MPA over TCP), or rocev2 (IB CM through QP1 over UDP).
         #[arg(long, default_value = "iwarp")]
         transport: softrdma::verbs::Transport,
+        /// Client: the local address to connect from.
+        #[arg(short = 'I')]
+        source: Option<std::net::IpAddr>,
         #[command(flatten)]
         raw: RawArgs,
     },
@@ -211,6 +200,36 @@ struct PerfArgs {
     raw: RawArgs,
 }
 
+/// What rc-pingpong and ud-pingpong share with rdma-core's examples.
+#[derive(clap::Args, Clone)]
+struct PingPongCli {
+    /// The server to connect to; without it, wait for a client.
+    server: Option<String>,
+    /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Path MTU in bytes.
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: usize,
+    /// Receives kept posted.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: usize,
+    /// Exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u64,
+    /// Local GID index.
+    #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
+    gid_index: u8,
+    /// Local address for RDMA (default: the one the TCP connection uses).
+    #[arg(long)]
+    bind: Option<std::net::IpAddr>,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    #[command(flatten)]
+    raw: RawArgs,
+}
+
 /// RoCEv2 on raw Ethernet: a device with its own address on an interface (needs
 /// CAP_NET_RAW; the kernel must not hold the address).
 #[derive(clap::Args, Clone)]
@@ -289,37 +308,23 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::RcPingpong { server, port, size, mtu, rx_depth, iters, gid_index, bind, pcap, validate, raw } => {
-            let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
-            let raw = match raw.config() {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("softrdma rc-pingpong: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let args = softrdma::tools::pingpong::PingPongArgs {
-                server,
-                port,
-                size,
-                rx_depth: rx_depth.max(2),
-                iters: iters.max(1),
-                mtu,
-                gid_index,
-                bind,
-                pcap,
-                raw,
-                validate,
-            };
-            match softrdma::tools::pingpong::run(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("softrdma rc-pingpong: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Rping { server, client, addr, port, count, size, verbose, validate, crc, markers, transport, raw } => {
+        Command::RcPingpong { common, size, validate } => pingpong("rc-pingpong", common, size, validate, false),
+        Command::UdPingpong { common, size } => pingpong("ud-pingpong", common, size, false, true),
+        Command::Rping {
+            server,
+            client,
+            addr,
+            port,
+            count,
+            size,
+            verbose,
+            validate,
+            crc,
+            markers,
+            transport,
+            source,
+            raw,
+        } => {
             let raw = match raw.config() {
                 Ok(r) => r,
                 Err(e) => {
@@ -327,7 +332,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers, transport, raw)
+            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers, (transport, source), raw)
         }
         Command::WriteBw(a) => perf(Test::WriteBw, a),
         Command::ReadBw(a) => perf(Test::ReadBw, a),
@@ -351,7 +356,7 @@ fn rping(
     validate: bool,
     crc: &str,
     markers: bool,
-    transport: softrdma::verbs::Transport,
+    (transport, source): (softrdma::verbs::Transport, Option<std::net::IpAddr>),
     raw: Option<softrdma::verbs::RawConfig>,
 ) -> ExitCode {
     let Some(crc) = crc_policy(crc) else { return ExitCode::FAILURE };
@@ -370,12 +375,45 @@ fn rping(
         crc,
         markers,
         transport,
+        source,
         raw,
     };
     match softrdma::tools::rping::run(&a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("softrdma rping: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn pingpong(name: &str, c: PingPongCli, size: usize, validate: bool, ud: bool) -> ExitCode {
+    let Some(mtu) = mtu_of(c.mtu) else { return ExitCode::FAILURE };
+    let raw = match c.raw.config() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("softrdma {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = softrdma::tools::pingpong::PingPongArgs {
+        server: c.server,
+        port: c.port,
+        size,
+        rx_depth: c.rx_depth.max(2),
+        iters: c.iters.max(1),
+        mtu,
+        gid_index: c.gid_index,
+        bind: c.bind,
+        pcap: c.pcap,
+        raw,
+        validate,
+        ud,
+    };
+    match softrdma::tools::pingpong::run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softrdma {name}: {e}");
             ExitCode::FAILURE
         }
     }

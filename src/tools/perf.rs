@@ -166,8 +166,9 @@ pub(crate) fn route_source(host: &str, port: u16) -> std::io::Result<IpAddr> {
 fn connect_cm_qps(a: &ToolArgs, oob: &mut Oob, ctx: &Context, ep: &Endpoint<'_>) -> Result<(), String> {
     let e = |e: super::oob::OobError| e.to_string();
     oob.handshake(&Dest::default()).map_err(e)?;
-    // rdma_cm's conn_param asks for read depth only for READ tests (as perftest).
-    let depth = if matches!(a.params.test, Test::ReadBw | Test::ReadLat) { 16 } else { 0 };
+    // rdma_cm's conn_param asks for read depth only for READ and atomic tests (as
+    // perftest); librdmacm's accept grants at most what the REQ's initiator depth asks.
+    let depth = if matches!(a.params.test, Test::ReadBw | Test::ReadLat | Test::AtomicBw) { 16 } else { 0 };
     let param = ConnParam { private_data: Vec::new(), responder_resources: depth, initiator_depth: depth };
     match &a.server {
         Some(s) => {

@@ -1,9 +1,11 @@
-//! `softrdma rc-pingpong`: ibv_rc_pingpong's exchange and ping-pong, so either side can be
-//! rdma-core's example. Out of band (TCP port 18515): the client sends
+//! `softrdma rc-pingpong` and `ud-pingpong`: ibv_rc_pingpong's and ibv_ud_pingpong's
+//! exchange and ping-pong, so either side can be rdma-core's example. Out of band (TCP port 18515): the client sends
 //! `lid:qpn:psn:gid` (`%04x:%06x:%06x:` and the GID's 16 bytes as 32 hex digits, 52 bytes
 //! with the NUL), the server connects its QP and answers with its own, the client says
 //! "done". Then each side keeps receives posted and sends a message whenever its previous
-//! send and a receive have both completed; the client starts.
+//! send and a receive have both completed; the client starts. UD as ibv_ud_pingpong: Q_Key
+//! 0x11111111, each receive buffer 40 bytes longer for the GRH, each Send from byte 40 to
+//! the peer's QPN and GID, messages no larger than the path MTU.
 
 use crate::verbs::*;
 use std::io::{Read, Write};
@@ -40,7 +42,14 @@ pub struct PingPongArgs {
     pub raw: Option<crate::verbs::RawConfig>,
     /// `-c`: check the received buffer as ibv_rc_pingpong does (see [`PAGE`]).
     pub validate: bool,
+    /// UD (ibv_ud_pingpong) instead of RC.
+    pub ud: bool,
 }
+
+/// ibv_ud_pingpong's Q_Key.
+const UD_QKEY: u32 = 0x1111_1111;
+/// The GRH space at the start of every UD receive buffer (IBTA 11.4.1.2).
+const GRH_LEN: usize = 40;
 
 /// ibv_rc_pingpong's `-c` works page by page: its buffers start filled with 0x7b, the
 /// client writes `i / page_size % sizeof(char)` (which is 0) at the start of every page
@@ -117,15 +126,24 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
     let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(a.rx_depth + 1);
-    let mr = ctx.reg_mr(&pd, a.size.max(1), Access::ALL).map_err(|e| format!("{e:?}"))?;
+    let grh = if a.ud { GRH_LEN } else { 0 };
+    let mtu = link_mtu.filter(|l| l.bytes() < a.mtu.bytes()).unwrap_or(a.mtu);
+    if a.ud && a.size > mtu.bytes() {
+        return Err(format!("Requested size larger than port MTU ({})", mtu.bytes()));
+    }
+    let mr = ctx.reg_mr(&pd, (a.size + grh).max(1), Access::ALL).map_err(|e| format!("{e:?}"))?;
     let caps = QpCaps { max_send_wr: 1, max_recv_wr: a.rx_depth, max_sge: 1 };
-    let qp = ctx.create_qp(&pd, &cq, &cq, QpType::Rc, caps, None).map_err(|e| format!("{e:?}"))?;
-    qp.modify(&QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() })
-        .map_err(|e| format!("{e:?}"))?;
+    let qp_type = if a.ud { QpType::Ud } else { QpType::Rc };
+    let qp = ctx.create_qp(&pd, &cq, &cq, qp_type, caps, None).map_err(|e| format!("{e:?}"))?;
+    let init = match a.ud {
+        true => QpAttr { state: Some(QpState::Init), qkey: Some(UD_QKEY), pkey: Some(0xffff), ..QpAttr::default() },
+        false => QpAttr { state: Some(QpState::Init), access: Some(Access::ALL), ..QpAttr::default() },
+    };
+    qp.modify(&init).map_err(|e| format!("{e:?}"))?;
     // Filled before any receive is posted, as ibv_rc_pingpong fills it at allocation: the
     // peer's first SEND may land as soon as the QP reaches RTR.
-    mr.write(0, &vec![FILL; a.size.max(1)]);
-    let recv = || qp.post_recv(RecvWr { wr_id: RECV_WRID, sgl: vec![mr.sge(0, a.size as u32)] });
+    mr.write(0, &vec![FILL; (a.size + grh).max(1)]);
+    let recv = || qp.post_recv(RecvWr { wr_id: RECV_WRID, sgl: vec![mr.sge(0, (a.size + grh) as u32)] });
     for _ in 0..a.rx_depth {
         recv().map_err(|e| format!("post_recv: {e:?}"))?;
     }
@@ -138,8 +156,10 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
         mine.psn,
         gid_text(&gid)
     );
-    let mtu = link_mtu.filter(|l| l.bytes() < a.mtu.bytes()).unwrap_or(a.mtu);
-    let connect = |rem: &PpDest| connect_qp(&qp, rem, mine.psn, mtu, a.gid_index);
+    let connect = |rem: &PpDest| match a.ud {
+        true => connect_ud(&qp, mine.psn),
+        false => connect_qp(&qp, rem, mine.psn, mtu, a.gid_index),
+    };
     let mut msg = [0u8; MSG_LEN];
     let rem = if a.server.is_some() {
         stream.write_all(&mine.to_msg()).map_err(io)?;
@@ -169,7 +189,8 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
             mr.write(page, &[0]);
         }
     }
-    let usec = pingpong(a, &qp, &cq, &mr, recv)?;
+    let to = a.ud.then_some(UdDest { gid: rem.gid, qpn: rem.qpn, qkey: UD_QKEY });
+    let usec = pingpong(a, &qp, &cq, &mr, to, recv)?;
     if a.validate && a.server.is_none() {
         for page in (0..a.size).step_by(PAGE) {
             let mut b = [FILL];
@@ -183,6 +204,13 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
     println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
     println!("{} iters in {:.2} seconds = {:.2} usec/iter", a.iters, usec / 1e6, usec / a.iters as f64);
     Ok(())
+}
+
+/// ibv_ud_pingpong's transitions: RTR needs nothing for UD, RTS the send PSN.
+fn connect_ud(qp: &QueuePair, my_psn: u32) -> Result<(), String> {
+    let state = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+    qp.modify(&state(QpState::Rtr)).map_err(|e| format!("modify QP to RTR: {e:?}"))?;
+    qp.modify(&QpAttr { sq_psn: Some(my_psn), ..state(QpState::Rts) }).map_err(|e| format!("modify QP to RTS: {e:?}"))
 }
 
 fn connect_qp(qp: &QueuePair, rem: &PpDest, my_psn: u32, mtu: Mtu, sgid: u8) -> Result<(), String> {
@@ -209,15 +237,22 @@ fn connect_qp(qp: &QueuePair, rem: &PpDest, my_psn: u32, mtu: Mtu, sgid: u8) -> 
     .map_err(|e| format!("modify QP to RTS: {e:?}"))
 }
 
-/// The ping-pong loop of ibv_rc_pingpong; returns its duration in µs.
+/// The ping-pong loop of ibv_rc_pingpong (and, with `ud` the peer's address, of
+/// ibv_ud_pingpong, whose Sends start after the GRH space); returns its duration in µs.
 fn pingpong(
     a: &PingPongArgs,
     qp: &QueuePair,
     cq: &CompletionQueue,
     mr: &MemoryRegion,
+    ud: Option<UdDest>,
     recv: impl Fn() -> Result<(), VerbsError>,
 ) -> Result<f64, String> {
-    let send = || qp.post_send(SendWr::new(SEND_WRID, SendOp::Send, vec![mr.sge(0, a.size as u32)]));
+    let at = if ud.is_some() { GRH_LEN } else { 0 };
+    let send = || {
+        let mut wr = SendWr::new(SEND_WRID, SendOp::Send, vec![mr.sge(at, a.size as u32)]);
+        wr.ud = ud;
+        qp.post_send(wr)
+    };
     let mut pending = RECV_WRID;
     if a.server.is_some() {
         send().map_err(|e| format!("post_send: {e:?}"))?;

@@ -40,6 +40,8 @@ pub struct RpingArgs {
     pub crc: CrcPolicy,
     /// iWARP or RoCEv2.
     pub transport: Transport,
+    /// Client: the local address to connect from (rping's `-I`).
+    pub source: Option<IpAddr>,
     /// Ask for markers in what this side receives.
     pub markers: bool,
     /// iWARP on smoltcp over raw Ethernet, with an address of its own (`None`: kernel TCP).
@@ -152,7 +154,9 @@ fn open_config(a: &RpingArgs, local: IpAddr) -> OpenConfig {
 /// Connects (client) or accepts (server) through rdma_cm, one Read outstanding each way.
 fn connect(a: &RpingArgs) -> Result<Conn, String> {
     let to = super::oob::resolve(&a.addr, a.port).map_err(|e| format!("{}: {e}", a.addr))?;
-    let local = if a.client {
+    let local = if let (true, Some(ip)) = (a.client, a.source) {
+        ip
+    } else if a.client {
         super::perf::route_source(&a.addr, a.port).map_err(|e| format!("no route to {}: {e}", a.addr))?
     } else {
         to.ip()

@@ -21,11 +21,11 @@ cp "$HERE/rxe-guest.sh" /tmp/softrdma-interop/
 "$VM/net.sh" up 1 >/dev/null
 # Leave no namespace, bridge or tap behind, even on failure (set KEEP_NET=1 to keep them).
 trap '[ -n "${KEEP_NET:-}" ] || "$VM/net.sh" down >/dev/null 2>&1' EXIT
-EXTRA=() PREFIX=""
+EXTRA=() PREFIX="" SELF=10.77.0.1
 if [ -n "${RAW:-}" ]; then
     $NS ip link add srraw0 type veth peer name srraw1 2>/dev/null
     $NS ip link set srraw1 master srbr0 up && $NS ip link set srraw0 up
-    EXTRA=(--iface srraw0 --ip 10.77.0.11/24 --frame-io "${FRAME_IO:-packet}") PREFIX=raw-
+    EXTRA=(--iface srraw0 --ip 10.77.0.11/24 --frame-io "${FRAME_IO:-packet}") PREFIX=raw- SELF=10.77.0.11
 fi
 
 # name  softrdma-args  (ports as in rxe-guest.sh: base+0..7)
@@ -38,7 +38,32 @@ TESTS=(
   "read_lat read-lat -n 100 -s 64"
   "send_lat send-lat -n 100 -s 64"
   "atomic_bw atomic-bw -n 50"
+  "rping rping --transport rocev2 -C 10 -S 100 -V"
+  "write_bw_cm write-bw -R -n 50 -s 8192"
+  "read_bw_cm read-bw -R -n 50 -s 8192"
+  "send_bw_cm send-bw -R -n 50 -s 8192"
+  "write_lat_cm write-lat -R -n 100 -s 64"
+  "read_lat_cm read-lat -R -n 100 -s 64"
+  "send_lat_cm send-lat -R -n 100 -s 64"
+  "atomic_bw_cm atomic-bw -R -n 50"
 )
+# rdma_cm cases (rping, -R): the RDMA address is the device's own (SELF), and rping names
+# it with -a on both sides.
+client_args() { # name args... -> the softrdma client's command line
+    local name=$1; shift
+    case $name in
+        rping) echo "$@ -c -a 10.77.0.2" ;;
+        *) echo "$@ 10.77.0.2" ;;
+    esac
+}
+server_args() {
+    local name=$1; shift
+    case $name in
+        rping) echo "$@ -s -a $SELF" ;;
+        *_cm) echo "$@ --bind $SELF" ;;
+        *) echo "$@" ;;
+    esac
+}
 
 pair() { # direction base
     local dir=$1 base=$2 i=0
@@ -53,11 +78,11 @@ pair() { # direction base
         local rc log=/tmp/softrdma-interop/$dir-$name.txt
         if [ "$dir" = rxe-serves ]; then
             for _ in $(seq 60); do
-                timeout 90 $NS "$BIN" "$@" 10.77.0.2 -p $port "${EXTRA[@]}" >"$log" 2>&1; rc=$?
+                timeout 90 $NS "$BIN" $(client_args "$name" "$@") -p $port "${EXTRA[@]}" >"$log" 2>&1; rc=$?
                 [ $rc = 0 ] && break; sleep 1
             done
         else
-            timeout 120 $NS "$BIN" "$@" -p $port "${EXTRA[@]}" >"$log" 2>&1; rc=$?
+            timeout 120 $NS "$BIN" $(server_args "$name" "$@") -p $port "${EXTRA[@]}" >"$log" 2>&1; rc=$?
         fi
         sleep 1; kill $dump 2>/dev/null; wait $dump 2>/dev/null
         local check; check=$("$BIN" pcap check -q "$pcap" | tail -1)
@@ -75,7 +100,7 @@ pair() { # direction base
 vm=$!
 pair rxe-serves 18600
 wait $vm
-"$VM/boot.sh" --links rxe --offload off --share /tmp/softrdma-interop --run "bash /mnt/host/rxe-guest.sh client" \
+"$VM/boot.sh" --links rxe --offload off --share /tmp/softrdma-interop --run "bash /mnt/host/rxe-guest.sh client $SELF" \
     >/tmp/softrdma-interop/vm-client.log 2>&1 &
 vm=$!
 sleep 4
