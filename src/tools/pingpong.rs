@@ -9,7 +9,7 @@
 
 use crate::verbs::*;
 use std::io::{Read, Write};
-use std::net::{IpAddr, TcpListener};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -105,15 +105,20 @@ fn io(e: std::io::Error) -> String {
     format!("out-of-band connection: {e}")
 }
 
-/// Runs ibv_rc_pingpong's test; returns the two report lines.
-pub fn run(a: &PingPongArgs) -> Result<(), String> {
-    let mut stream = match &a.server {
+/// The out-of-band connection: the client connects, the server takes one.
+fn oob_stream(a: &PingPongArgs) -> Result<TcpStream, String> {
+    let stream = match &a.server {
         Some(s) => {
             super::oob::connect_retrying(s, a.port).map_err(|e| format!("cannot connect to {s}:{}: {e}", a.port))?
         }
         None => TcpListener::bind(("0.0.0.0", a.port)).and_then(|l| l.accept()).map(|(s, _)| s).map_err(io)?,
     };
     stream.set_read_timeout(Some(Duration::from_secs(60))).map_err(io)?;
+    Ok(stream)
+}
+
+/// The device, on `--bind`, the raw device's address, or the exchange's own.
+fn open_device(a: &PingPongArgs, stream: &TcpStream) -> Result<(Context, Option<Mtu>), String> {
     let local = match a.bind {
         Some(ip) => ip,
         None => stream.local_addr().map_err(io)?.ip(),
@@ -121,9 +126,58 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
     let mut cfg = OpenConfig::new(a.raw.as_ref().map_or(local, |r| r.ip));
     cfg.raw = a.raw.clone();
     cfg.pcap = a.pcap.clone();
-    let local = cfg.addr;
-    let link_mtu = cfg.active_mtu();
+    let (local, link_mtu) = (cfg.addr, cfg.active_mtu());
     let ctx = Context::open(cfg).map_err(|e| format!("cannot open a device on {local}: {e}"))?;
+    Ok((ctx, link_mtu))
+}
+
+/// The exchange of addresses: the client writes first and says "done" last; each side
+/// connects its QP once it has the other's address.
+fn exchange(
+    a: &PingPongArgs,
+    stream: &mut TcpStream,
+    mine: &PpDest,
+    connect: impl Fn(&PpDest) -> Result<(), String>,
+) -> Result<PpDest, String> {
+    let mut msg = [0u8; MSG_LEN];
+    if a.server.is_some() {
+        stream.write_all(&mine.to_msg()).map_err(io)?;
+        stream.read_exact(&mut msg).map_err(io)?;
+        stream.write_all(b"done\0").map_err(io)?;
+        let rem = PpDest::parse(&msg)?;
+        connect(&rem)?;
+        Ok(rem)
+    } else {
+        stream.read_exact(&mut msg).map_err(io)?;
+        let rem = PpDest::parse(&msg)?;
+        connect(&rem)?;
+        stream.write_all(&mine.to_msg()).map_err(io)?;
+        let mut done = [0u8; 5];
+        stream.read_exact(&mut done).map_err(io)?;
+        Ok(rem)
+    }
+}
+
+fn print_dest(which: &str, d: &PpDest) {
+    println!("  {which} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", d.lid, d.qpn, d.psn, gid_text(&d.gid));
+}
+
+/// `-c` on the server: the first byte of every page is the client's 0.
+fn check_pages(a: &PingPongArgs, mr: &MemoryRegion) -> Result<(), String> {
+    for page in (0..a.size).step_by(PAGE) {
+        let mut b = [FILL];
+        mr.read(page, &mut b);
+        if b[0] != 0 {
+            return Err(format!("invalid data in page {}", page / PAGE));
+        }
+    }
+    Ok(())
+}
+
+/// Runs ibv_rc_pingpong's (or ibv_ud_pingpong's) test and prints its two report lines.
+pub fn run(a: &PingPongArgs) -> Result<(), String> {
+    let mut stream = oob_stream(a)?;
+    let (ctx, link_mtu) = open_device(a, &stream)?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(a.rx_depth + 1);
     let grh = if a.ud { GRH_LEN } else { 0 };
@@ -149,41 +203,12 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
     }
     let gid = ctx.gid(a.gid_index).ok_or(format!("GID index {} does not exist", a.gid_index))?;
     let mine = PpDest { lid: 0, qpn: qp.qp_num(), psn: ctx.random_psn(), gid };
-    println!(
-        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-        0,
-        mine.qpn,
-        mine.psn,
-        gid_text(&gid)
-    );
-    let connect = |rem: &PpDest| match a.ud {
+    print_dest("local address: ", &mine);
+    let rem = exchange(a, &mut stream, &mine, |rem| match a.ud {
         true => connect_ud(&qp, mine.psn),
         false => connect_qp(&qp, rem, mine.psn, mtu, a.gid_index),
-    };
-    let mut msg = [0u8; MSG_LEN];
-    let rem = if a.server.is_some() {
-        stream.write_all(&mine.to_msg()).map_err(io)?;
-        stream.read_exact(&mut msg).map_err(io)?;
-        stream.write_all(b"done\0").map_err(io)?;
-        let rem = PpDest::parse(&msg)?;
-        connect(&rem)?;
-        rem
-    } else {
-        stream.read_exact(&mut msg).map_err(io)?;
-        let rem = PpDest::parse(&msg)?;
-        connect(&rem)?;
-        stream.write_all(&mine.to_msg()).map_err(io)?;
-        let mut done = [0u8; 5];
-        stream.read_exact(&mut done).map_err(io)?;
-        rem
-    };
-    println!(
-        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-        rem.lid,
-        rem.qpn,
-        rem.psn,
-        gid_text(&rem.gid)
-    );
+    })?;
+    print_dest("remote address:", &rem);
     if a.validate && a.server.is_some() {
         for page in (0..a.size).step_by(PAGE) {
             mr.write(page, &[0]);
@@ -192,13 +217,7 @@ pub fn run(a: &PingPongArgs) -> Result<(), String> {
     let to = a.ud.then_some(UdDest { gid: rem.gid, qpn: rem.qpn, qkey: UD_QKEY });
     let usec = pingpong(a, &qp, &cq, &mr, to, recv)?;
     if a.validate && a.server.is_none() {
-        for page in (0..a.size).step_by(PAGE) {
-            let mut b = [FILL];
-            mr.read(page, &mut b);
-            if b[0] != 0 {
-                return Err(format!("invalid data in page {}", page / PAGE));
-            }
-        }
+        check_pages(a, &mr)?;
     }
     let bytes = a.size as u64 * a.iters * 2;
     println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);

@@ -56,3 +56,4 @@ run write_lat_cm ib_write_lat -R -d rxe0 -p $((base + 12)) -n 100 -s 64 -F
 run read_lat_cm  ib_read_lat  -R -d rxe0 -p $((base + 13)) -n 100 -s 64 -F
 run send_lat_cm  ib_send_lat  -R -d rxe0 -p $((base + 14)) -n 100 -s 64 -F
 run atomic_bw_cm ib_atomic_bw -R -d rxe0 -p $((base + 15)) -n 50 -F
+run ud_pingpong  ibv_ud_pingpong -d rxe0 -g "$G" -p $((base + 16)) -n 100 -s 1024

@@ -46,6 +46,7 @@ TESTS=(
   "read_lat_cm read-lat -R -n 100 -s 64"
   "send_lat_cm send-lat -R -n 100 -s 64"
   "atomic_bw_cm atomic-bw -R -n 50"
+  "ud_pingpong ud-pingpong -n 100 -s 1024"
 )
 # rdma_cm cases (rping, -R): the RDMA address is the device's own (SELF), and rping names
 # it with -a on both sides.
