@@ -543,7 +543,7 @@ fn sim_many(from: u64, count: u64) -> ExitCode {
     let next = AtomicU64::new(from);
     let end = from.saturating_add(count);
     let failed = AtomicBool::new(false);
-    let totals = std::sync::Mutex::new((0u64, 0u64, 0u64));
+    let totals = std::sync::Mutex::new((0u64, 0u64, 0u64, 0u64));
     let done = AtomicU64::new(0);
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|s| {
@@ -559,6 +559,7 @@ fn sim_many(from: u64, count: u64) -> ExitCode {
                             t.0 += r.work_requests;
                             t.1 += r.link.sent;
                             t.2 += r.link.corrupted;
+                            t.3 += r.cm_mads;
                         }
                     }
                     Err(f) => {
@@ -577,9 +578,10 @@ fn sim_many(from: u64, count: u64) -> ExitCode {
     if failed.load(Ordering::Relaxed) {
         return ExitCode::FAILURE;
     }
-    let (wrs, packets, corrupted) = totals.lock().map(|t| *t).unwrap_or_default();
+    let (wrs, packets, corrupted, cm_mads) = totals.lock().map(|t| *t).unwrap_or_default();
     println!(
-        "{count} seeds ok ({from}..{end}): {wrs} work requests, {packets} packets, {corrupted} corrupted and caught"
+        "{count} seeds ok ({from}..{end}): {wrs} work requests, {packets} packets, {corrupted} corrupted and caught, \
+         {cm_mads} CM MADs"
     );
     ExitCode::SUCCESS
 }

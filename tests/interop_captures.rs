@@ -20,6 +20,12 @@ fn every_interop_capture_checks_clean_in_both_directions() {
             assert!(names.contains(&format!("{dir_name}-{t}.pcap")), "{dir_name}-{t}.pcap is missing");
         }
     }
+    // rdma_cm on RoCEv2 (rping, perftest -R) and ibv_ud_pingpong, both ways.
+    for dir_name in ["rxe-serves", "softrdma-serves"] {
+        for t in CM_CASES.iter().chain(&["ud_pingpong"]) {
+            assert!(names.contains(&format!("{dir_name}-{t}.pcap")), "{dir_name}-{t}.pcap is missing");
+        }
+    }
     for n in names.iter().filter(|n| !n.starts_with("siw-") && !n.starts_with("raw-siw-")) {
         let bytes = std::fs::read(format!("{dir}/{n}")).unwrap();
         let rep = check_bytes(n, &bytes);
@@ -40,6 +46,36 @@ fn every_interop_capture_checks_clean_in_both_directions() {
         for row in text.lines() {
             let f: Vec<&str> = row.split(',').collect();
             assert!(!f[0].is_empty() && f[1..].iter().all(|x| x.is_empty()), "{n}: tshark says {row}");
+        }
+    }
+}
+
+/// The rdma_cm pairings with rxe: rping, and perftest's tools with -R.
+const CM_CASES: [&str; 8] =
+    ["rping", "write_bw_cm", "read_bw_cm", "send_bw_cm", "atomic_bw_cm", "write_lat_cm", "read_lat_cm", "send_lat_cm"];
+
+/// Every rdma_cm pairing with rxe, either way, connected through the IB CM: REQ, REP and
+/// RTU on QP1 as `softrdma pcap check` and Wireshark decode them, from both sides.
+#[test]
+fn rdma_cm_captures_hold_the_cm_exchange_both_ways() {
+    let dir = format!("{}/pcaps/interop", env!("CARGO_MANIFEST_DIR"));
+    for serves in ["rxe-serves", "softrdma-serves"] {
+        for t in CM_CASES {
+            let n = format!("{serves}-{t}.pcap");
+            let rep = check_bytes(&n, &std::fs::read(format!("{dir}/{n}")).unwrap());
+            assert!(rep.tally.cm_mads >= 3, "{n}: {} CM MADs", rep.tally.cm_mads);
+            let out = std::process::Command::new("tshark")
+                .args(["-r", &format!("{dir}/{n}"), "-Y", "infiniband.bth.destqp == 1", "-T", "fields"])
+                .args(["-e", "ip.src", "-e", "infiniband.mad.attributeid"])
+                .output()
+                .expect("tshark is needed for this test: apt-get install tshark (see README)");
+            let text = String::from_utf8_lossy(&out.stdout);
+            // REQ (0x0010) from the initiator, REP (0x0013) from the responder, RTU (0x0014).
+            let (client, server) =
+                if serves == "rxe-serves" { ("10.77.0.1", "10.77.0.2") } else { ("10.77.0.2", "10.77.0.1") };
+            for (from, attr) in [(client, "0x0010"), (server, "0x0013"), (client, "0x0014")] {
+                assert!(text.lines().any(|l| l == format!("{from}\t{attr}")), "{n}: no {attr} from {from}:\n{text}");
+            }
         }
     }
 }

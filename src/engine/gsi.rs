@@ -44,6 +44,11 @@ impl Device {
         out
     }
 
+    /// The CM's counters.
+    pub fn cm_stats(&self) -> crate::cm::CmStats {
+        self.cm.stats
+    }
+
     /// A datagram for QP1 (IBTA 13.5.3): checked as the GSI must, then to the CM.
     pub(super) fn gsi_receive(&mut self, now: u64, src: Gid, r: &RoceRepr<'_>) {
         // 10.9.4 / C13-11: QP1 takes any P_Key of the port's table (here the default

@@ -55,6 +55,8 @@ pub struct Report {
     pub devices: Vec<crate::engine::Stats>,
     /// UC and UD messages delivered.
     pub unreliable_delivered: u64,
+    /// CM MADs the devices sent (connections made through the CM, and their repeats).
+    pub cm_mads: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -166,21 +168,88 @@ pub fn device(i: usize, seed: u64) -> Device {
     Device::new(DeviceConfig { gid, seed: Some(seed ^ (0x5eed << i)), max_qps: 64, max_mrs: 256, cc })
 }
 
+/// An RC QP and its CQ for the swarm.
+fn make_qp(d: &mut Device) -> Result<(u32, u32), VerbsError> {
+    let pd = crate::engine::mem::Pd(1);
+    let cq = d.create_cq(4096);
+    let qpn = d.create_qp(QpInit {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps { max_send_wr: MAX_WQE, max_recv_wr: MAX_WQE, max_sge: 4 },
+        srq: None,
+    })?;
+    Ok((qpn, cq))
+}
+
+/// Connects a QP on `a` to one on `b` as rdma_cm does (IBTA ch. 12): `b` listens on `port`,
+/// `a` sends a REQ, `b` accepts, and the MADs cross the same faulty link as the data,
+/// lost, repeated, reordered or corrupted with it. Returns once both QPs are in RTS.
+pub fn connect_cm(
+    sim: &mut Sim,
+    (a, b): (usize, usize),
+    rng: &mut Rng,
+    mtu: Mtu,
+    port: u16,
+) -> Result<(u32, u32, u32, u32), String> {
+    use crate::cm::{AcceptArgs, ConnStatus, ConnectArgs};
+    let e = |e: VerbsError| format!("{e:?}");
+    let ((qa, cqa), (qb, cqb)) = (make_qp(&mut sim.devices[a]).map_err(e)?, make_qp(&mut sim.devices[b]).map_err(e)?);
+    let ord = 1 + rng.below(8) as u8;
+    let now = sim.now;
+    sim.devices[b].with_cm(now, |cm, _| cm.listen(port)).map_err(|e| format!("listen: {e:?}"))?;
+    let args = ConnectArgs {
+        qpn: qa,
+        local_gid: sim.devices[a].gid(),
+        peer_gid: sim.devices[b].gid(),
+        src_port: 0xc000 | port,
+        dst_port: port,
+        psn: sim.devices[a].random_psn(),
+        mtu,
+        responder_resources: ord,
+        initiator_depth: ord,
+        private_data: Vec::new(),
+    };
+    let id =
+        sim.devices[a].with_cm(now, |cm, qps| cm.connect(now, args, qps)).map_err(|e| format!("connect: {e:?}"))?;
+    let mut accepted = None;
+    let status = |d: &mut Device, id, now| d.with_cm(now, |cm, _| cm.status(id).cloned());
+    loop {
+        let now = sim.now;
+        if accepted.is_none() {
+            if let Some(r) = sim.devices[b].with_cm(now, |cm, _| cm.take_request(port)) {
+                let psn = sim.devices[b].random_psn();
+                let args = AcceptArgs {
+                    qpn: qb,
+                    psn,
+                    mtu,
+                    responder_resources: ord,
+                    initiator_depth: ord,
+                    private_data: Vec::new(),
+                };
+                sim.devices[b]
+                    .with_cm(now, |cm, qps| cm.accept(now, r.id, args, qps))
+                    .map_err(|e| format!("accept: {e:?}"))?;
+                accepted = Some(r.id);
+            }
+        }
+        let up_a = status(&mut sim.devices[a], id, now);
+        let up_b = accepted.and_then(|i| status(&mut sim.devices[b], i, now));
+        match (up_a, up_b) {
+            (Some(ConnStatus::Established), Some(ConnStatus::Established)) => return Ok((qa, cqa, qb, cqb)),
+            (Some(ConnStatus::Failed(f)), _) | (_, Some(ConnStatus::Failed(f))) => return Err(format!("CM: {f:?}")),
+            _ => {}
+        }
+        if !sim.step() {
+            return Err("the CM exchange stalled".into());
+        }
+    }
+}
+
 /// Connects a QP on device `a` to one on device `b` (RESET → INIT → RTR → RTS both ways).
 pub fn connect(sim: &mut Sim, a: usize, b: usize, rng: &mut Rng, mtu: Mtu) -> Result<(u32, u32, u32, u32), VerbsError> {
-    let make = |d: &mut Device| -> Result<(u32, u32), VerbsError> {
-        let pd = crate::engine::mem::Pd(1);
-        let cq = d.create_cq(4096);
-        let qpn = d.create_qp(QpInit {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            caps: QpCaps { max_send_wr: MAX_WQE, max_recv_wr: MAX_WQE, max_sge: 4 },
-            srq: None,
-        })?;
-        Ok((qpn, cq))
-    };
+    let make = make_qp;
     let (qa, cqa) = make(&mut sim.devices[a])?;
     let (qb, cqb) = make(&mut sim.devices[b])?;
     let (psn_a, psn_b) = (sim.devices[a].random_psn(), sim.devices[b].random_psn());
@@ -481,7 +550,12 @@ fn setup(seed: u64) -> Result<(Sim, Vec<Flow>, Rng), String> {
     let ring = if rng.chance(0.03) { BIG_RING } else { RING };
     let mut flows = Vec::new();
     for i in 0..nqps {
-        let (qa, cqa, qb, cqb) = connect(&mut sim, 0, 1, &mut rng, mtu).map_err(|e| format!("connect: {e:?}"))?;
+        // Half the connections come up through the CM, as rdma_cm applications' do.
+        let (qa, cqa, qb, cqb) = if rng.chance(0.5) {
+            connect_cm(&mut sim, (0, 1), &mut rng, mtu, 7000 + i as u16)?
+        } else {
+            connect(&mut sim, 0, 1, &mut rng, mtu).map_err(|e| format!("connect: {e:?}"))?
+        };
         let ops = 5 + rng.below(40) as usize;
         for (req, resp, q, pq, cq, pcq) in [(0, 1, qa, qb, cqa, cqb), (1, 0, qb, qa, cqb, cqa)] {
             let mut f = make_flow(&mut sim, req, resp, q, pq, (cq, pcq), ring).map_err(|e| format!("{e:?}"))?;
@@ -620,6 +694,7 @@ fn drive(sim: &mut Sim, flows: &mut [Flow], rng: &mut Rng) -> Result<Report, Str
         qps: flows.len() / 2,
         devices: sim.devices.iter().map(|d| d.stats.clone()).collect(),
         unreliable_delivered: 0,
+        cm_mads: sim.devices.iter().map(|d| d.cm_stats().mads_out).sum(),
     })
 }
 
