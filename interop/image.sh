@@ -57,13 +57,14 @@ depmod -b "$KDIR" "$KVER"
 
 ROOT=$CACHE/root
 rm -rf "$ROOT"
-mkdir -p "$ROOT"/{bin,dev,proc,sys,tmp,mnt/host,etc,root,usr/bin,usr/sbin,usr/lib}
-ln -s usr/lib "$ROOT/lib"; ln -s usr/lib "$ROOT/lib64"
+mkdir -p "$ROOT"/{bin,dev,proc,sys,tmp,mnt/host,etc,root,usr/bin,usr/sbin,usr/lib,usr/lib64}
+ln -s usr/lib "$ROOT/lib"; ln -s usr/lib64 "$ROOT/lib64"
 cp /bin/busybox "$ROOT/bin/"
 
 # Modules in load order (modprobe's dependency closure), listed for the guest's init.
 : > "$ROOT/etc/modules"
-for m in virtio_pci virtio_net 9pnet_virtio 9p crc32c_generic libcrc32c sch_netem \
+# rxe asks the crypto API for "crc32" (ICRC), siw for "crc32c" (MPA CRC).
+for m in virtio_pci virtio_net 9pnet_virtio 9p crc32_generic crc32-pclmul crc32c_generic crc32c-intel libcrc32c sch_netem \
          ib_core ib_uverbs ib_cm iw_cm rdma_cm rdma_ucm rdma_rxe siw; do
     modprobe -d "$KDIR" -S "$KVER" --show-depends "$m" 2>/dev/null | awk '$1 == "insmod" {print $2}'
 done | awk '!seen[$0]++' | while read -r ko; do
