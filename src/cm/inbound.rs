@@ -4,7 +4,7 @@
 
 use super::msg::{self, reason};
 use super::{timeout_ns, Cm, CmFailure, Conn, ConnStatus, OutMad, QpControl, Request, State};
-use super::{Offer, MAX_CONNECTIONS, MAX_PENDING_PER_LISTENER};
+use super::{Offer, MAX_CONNECTIONS, MAX_PENDING_PER_LISTENER, MAX_REQUEST_WAIT_NS};
 use crate::engine::verbs::{Gid, QpAttr, QpState};
 use crate::proto::cm::msg::{DreqRepr, IdsRepr, MraRepr, RejRepr, RepRepr, ReqRepr};
 use crate::proto::cm::{cma, mad, CmMadRepr, CmMessage, CmaHeader, MadPacket};
@@ -109,7 +109,7 @@ impl Cm {
         }
         match r.service_id.ip_port() {
             Some((cma::PORT_SPACE_TCP, port)) if self.listeners.contains_key(&port) => {
-                if self.conns.len() >= MAX_CONNECTIONS || self.listeners[&port].len() >= MAX_PENDING_PER_LISTENER {
+                if self.conns.len() >= MAX_CONNECTIONS {
                     return Err(reason::NO_RESOURCES);
                 }
                 Ok((port, hdr))
@@ -118,7 +118,11 @@ impl Cm {
         }
     }
 
-    fn hold_request(&mut self, _now: u64, src: Gid, local: Gid, r: &ReqRepr<'_>, port: u16, hdr: CmaHeader) {
+    fn hold_request(&mut self, now: u64, src: Gid, local: Gid, r: &ReqRepr<'_>, port: u16, hdr: CmaHeader) {
+        if self.listeners[&port].len() >= MAX_PENDING_PER_LISTENER {
+            let oldest = self.listeners[&port][0].id;
+            let _ = self.reject_with(now, oldest, reason::NO_RESOURCES, &[]);
+        }
         let id = self.new_id();
         let offer = Offer {
             mtu: msg::mtu_of_code(r.path_mtu).expect("checked"),
@@ -141,7 +145,7 @@ impl Cm {
             last: None,
             retries_left: r.max_cm_retries,
             max_retries: r.max_cm_retries,
-            timer: None,
+            timer: Some(now + MAX_REQUEST_WAIT_NS),
             // 12.7.x: the REP is repeated after the initiator's response time and a round
             // trip.
             interval_ns: 2 * timeout_ns(self.cfg.packet_life) + timeout_ns(r.local_cm_response_timeout),

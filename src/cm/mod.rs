@@ -23,8 +23,13 @@ pub use msg::reason;
 /// and the application's connects can make the CM keep. A REQ beyond it is rejected with
 /// "no resources".
 pub const MAX_CONNECTIONS: usize = 4096;
-/// REQs on one listener waiting for the application; beyond, REJ "no resources".
+/// REQs on one listener waiting for the application to take them. One more rejects the
+/// oldest of them (REJ "no resources"): a peer filling the queue cannot keep a fresh REQ
+/// out.
 pub const MAX_PENDING_PER_LISTENER: usize = 128;
+/// How long a request may wait for the application's answer before it is rejected (REJ
+/// "timeout"): a peer that sends REQs and goes away holds nothing longer.
+pub const MAX_REQUEST_WAIT_NS: u64 = 60_000_000_000;
 /// MADs queued for the wire; beyond, the oldest retransmission waits for its timer.
 pub const MAX_QUEUED_MADS: usize = 1024;
 
@@ -410,6 +415,7 @@ impl Cm {
         });
         c.pending_rts(rts);
         c.state = State::RepSent;
+        c.timer = None;
         c.retries_left = c.max_retries;
         let mad = msg::rep(self.ca_guid, id, c, &a, initiator_depth);
         self.send_repeating(now, id, mad);
@@ -550,7 +556,10 @@ impl Cm {
                 self.enter_time_wait(now, id);
                 self.push(m);
             }
-            State::ReqRcvd | State::MraSent | State::Established => {}
+            State::ReqRcvd | State::MraSent => {
+                let _ = self.reject_with(now, id, reason::TIMEOUT, &[]);
+            }
+            State::Established => {}
         }
     }
 

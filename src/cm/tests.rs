@@ -371,7 +371,7 @@ fn a_stranger_cannot_tear_down_or_refuse_a_connection() {
 }
 
 #[test]
-fn requests_beyond_the_listener_limit_are_refused_for_resources() {
+fn a_full_listener_rejects_its_oldest_request_for_a_fresh_one() {
     let (mut b, mut qb) = (cm(6), FakeQps::default());
     b.listen(7174).unwrap();
     for i in 0..MAX_PENDING_PER_LISTENER as u32 {
@@ -379,8 +379,25 @@ fn requests_beyond_the_listener_limit_are_refused_for_resources() {
     }
     assert!(drain(&mut b).is_empty());
     b.handle_mad(0, A, B, &req_from(99, 99)[..], &mut qb);
-    assert_eq!(rej_reason(&drain(&mut b)[0]), reason::NO_RESOURCES);
-    assert_eq!(b.connections(), MAX_PENDING_PER_LISTENER);
+    let out = drain(&mut b);
+    let CmMessage::Rej(r) = parse(&out[0]).message else { panic!("a REJ") };
+    assert_eq!((r.reason, r.remote_comm_id), (reason::NO_RESOURCES, 1000), "the oldest goes");
+    let taken: Vec<Request> = std::iter::from_fn(|| b.take_request(7174)).collect();
+    assert_eq!(taken.len(), MAX_PENDING_PER_LISTENER);
+    assert_eq!(taken.last().map(|r| r.peer.is_some()), Some(true));
+}
+
+#[test]
+fn a_request_the_application_never_answers_is_rejected_after_a_minute() {
+    let (mut b, mut qb) = (cm(12), FakeQps::default());
+    b.listen(7174).unwrap();
+    b.handle_mad(0, A, B, &req_from(10, 5)[..], &mut qb);
+    let r = b.take_request(7174).unwrap();
+    assert_eq!(b.poll_timeout(), Some(MAX_REQUEST_WAIT_NS));
+    b.handle_timeout(MAX_REQUEST_WAIT_NS, &mut qb);
+    assert_eq!(rej_reason(&drain(&mut b)[0]), reason::TIMEOUT);
+    assert!(matches!(b.status(r.id), Some(ConnStatus::Failed(CmFailure::Rejected { .. }))));
+    assert_eq!(b.accept(1, r.id, accept_args(20), &mut qb), Err(CmError::NoConnection));
 }
 
 #[test]
@@ -425,4 +442,35 @@ fn garbage_on_qp1_is_counted_and_dropped() {
     b.handle_mad(0, A, B, &[0xffu8; MAD_LEN], &mut qb);
     assert_eq!(b.stats.mads_dropped, 3);
     assert!(drain(&mut b).is_empty() && b.connections() == 0);
+}
+
+#[test]
+fn requests_beyond_the_device_limit_are_refused_for_resources() {
+    let (mut b, mut qb) = (cm(10), FakeQps::default());
+    let listeners = MAX_CONNECTIONS / MAX_PENDING_PER_LISTENER + 1;
+    // Every listener's queue just fills; the device's limit is what refuses.
+    let mut refused = 0;
+    for l in 0..listeners as u32 {
+        let mut a = args(0);
+        a.dst_port = 8000 + l as u16;
+        b.listen(a.dst_port).unwrap();
+        for i in 0..MAX_PENDING_PER_LISTENER as u32 {
+            let n = l * 1000 + i;
+            a.qpn = 100 + n;
+            b.handle_mad(0, A, B, &msg::req(&CmConfig::default(), 7, 1 + n, &a)[..], &mut qb);
+            refused += drain(&mut b).iter().filter(|m| rej_reason(m) == reason::NO_RESOURCES).count();
+        }
+    }
+    assert_eq!(b.connections(), MAX_CONNECTIONS);
+    assert_eq!(refused, listeners * MAX_PENDING_PER_LISTENER - MAX_CONNECTIONS);
+}
+
+#[test]
+fn mads_queued_for_the_wire_are_bounded() {
+    // REQs for a port nobody listens on each earn a REJ; nothing polls them out.
+    let (mut b, mut qb) = (cm(11), FakeQps::default());
+    for i in 0..MAX_QUEUED_MADS as u32 + 100 {
+        b.handle_mad(0, A, B, &req_from(100 + i, 1 + i)[..], &mut qb);
+    }
+    assert_eq!(drain(&mut b).len(), MAX_QUEUED_MADS);
 }
