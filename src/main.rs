@@ -325,6 +325,11 @@ fn main() -> ExitCode {
             source,
             raw,
         } => {
+            let Some(crc) = crc_policy(&crc) else { return ExitCode::FAILURE };
+            if server == client {
+                eprintln!("softrdma rping: say -s (server) or -c (client)");
+                return ExitCode::FAILURE;
+            }
             let raw = match raw.config() {
                 Ok(r) => r,
                 Err(e) => {
@@ -332,7 +337,22 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            rping(server, client, addr, port, count, size, verbose, validate, &crc, markers, (transport, source), raw)
+            let size = size.max(20);
+            let a = softrdma::tools::rping::RpingArgs {
+                client,
+                addr,
+                port,
+                count,
+                size,
+                verbose,
+                validate,
+                crc,
+                markers,
+                transport,
+                source,
+                raw,
+            };
+            exit_status("rping", softrdma::tools::rping::run(&a))
         }
         Command::WriteBw(a) => perf(Test::WriteBw, a),
         Command::ReadBw(a) => perf(Test::ReadBw, a),
@@ -344,44 +364,12 @@ fn main() -> ExitCode {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rping(
-    server: bool,
-    client: bool,
-    addr: String,
-    port: u16,
-    count: u64,
-    size: usize,
-    verbose: bool,
-    validate: bool,
-    crc: &str,
-    markers: bool,
-    (transport, source): (softrdma::verbs::Transport, Option<std::net::IpAddr>),
-    raw: Option<softrdma::verbs::RawConfig>,
-) -> ExitCode {
-    let Some(crc) = crc_policy(crc) else { return ExitCode::FAILURE };
-    if server == client {
-        eprintln!("softrdma rping: say -s (server) or -c (client)");
-        return ExitCode::FAILURE;
-    }
-    let a = softrdma::tools::rping::RpingArgs {
-        client,
-        addr,
-        port,
-        count,
-        size: size.max(20),
-        verbose,
-        validate,
-        crc,
-        markers,
-        transport,
-        source,
-        raw,
-    };
-    match softrdma::tools::rping::run(&a) {
+/// Success, or the tool's error on stderr and exit status 1.
+fn exit_status(tool: &str, r: Result<(), String>) -> ExitCode {
+    match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("softrdma rping: {e}");
+            eprintln!("softrdma {tool}: {e}");
             ExitCode::FAILURE
         }
     }
@@ -410,13 +398,7 @@ fn pingpong(name: &str, c: PingPongCli, size: usize, validate: bool, ud: bool) -
         validate,
         ud,
     };
-    match softrdma::tools::pingpong::run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("softrdma {name}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_status(name, softrdma::tools::pingpong::run(&args))
 }
 
 fn crc_policy(crc: &str) -> Option<softrdma::iwarp::setup::CrcPolicy> {

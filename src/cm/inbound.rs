@@ -5,7 +5,7 @@
 use super::msg::{self, reason};
 use super::{timeout_ns, Cm, CmFailure, Conn, ConnStatus, OutMad, QpControl, Request, State};
 use super::{Offer, MAX_CONNECTIONS, MAX_PENDING_PER_LISTENER, MAX_REQUEST_WAIT_NS};
-use crate::engine::verbs::{Gid, QpAttr, QpState};
+use crate::engine::verbs::{Gid, Mtu, QpAttr, QpState};
 use crate::proto::cm::msg::{DreqRepr, IdsRepr, MraRepr, RejRepr, RepRepr, ReqRepr};
 use crate::proto::cm::{cma, mad, CmMadRepr, CmMessage, CmaHeader, MadPacket};
 use crate::transport::headers::gid_to_ip;
@@ -96,7 +96,7 @@ impl Cm {
         if r.transport_service_type != 0 {
             return Err(reason::INVALID_TRANSPORT);
         }
-        if msg::mtu_of_code(r.path_mtu).is_none() {
+        if Mtu::from_code(r.path_mtu).is_none() {
             return Err(reason::INVALID_MTU);
         }
         // The data path goes where the REQ came from, nowhere else.
@@ -125,7 +125,7 @@ impl Cm {
         }
         let id = self.new_id();
         let offer = Offer {
-            mtu: msg::mtu_of_code(r.path_mtu).expect("checked"),
+            mtu: Mtu::from_code(r.path_mtu).expect("checked"),
             responder_resources: r.responder_resources,
             local_ack_timeout: r.primary_path.local_ack_timeout,
             retry_count: r.retry_count,

@@ -2,7 +2,7 @@
 //! 12.6; rdma_cm's IP header in the REQ, Annex A11.2.4.1).
 
 use super::{AcceptArgs, CmConfig, Conn, ConnectArgs};
-use crate::engine::verbs::{Gid, Mtu};
+use crate::engine::verbs::Gid;
 use crate::proto::cm::msg::{DreqRepr, IdsRepr, MraRepr, PathRepr, RejRepr, RepRepr, ReqRepr};
 use crate::proto::cm::{mad, CmMadRepr, CmMessage, CmaHeader, MadHeaderRepr, ServiceId};
 use crate::transport::headers::gid_to_ip;
@@ -51,29 +51,6 @@ pub mod reason {
 /// CM class version 2 (IBTA 12.11.1), method Send.
 pub const CLASS_VERSION: u8 = 2;
 const METHOD_SEND: u8 = 0x03;
-
-/// The IB path MTU code (IBTA 9.7.x: 1 = 256 … 5 = 4096).
-pub fn mtu_code(m: Mtu) -> u8 {
-    match m {
-        Mtu::M256 => 1,
-        Mtu::M512 => 2,
-        Mtu::M1024 => 3,
-        Mtu::M2048 => 4,
-        Mtu::M4096 => 5,
-    }
-}
-
-/// The MTU of a path MTU code, if valid.
-pub fn mtu_of_code(c: u8) -> Option<Mtu> {
-    Some(match c {
-        1 => Mtu::M256,
-        2 => Mtu::M512,
-        3 => Mtu::M1024,
-        4 => Mtu::M2048,
-        5 => Mtu::M4096,
-        _ => return None,
-    })
-}
 
 fn emit(id: u32, attribute_id: u16, message: CmMessage<'_>) -> Box<[u8; MAD_LEN]> {
     let header = MadHeaderRepr {
@@ -157,7 +134,7 @@ pub fn req(cfg: &CmConfig, guid: u64, id: u32, a: &ConnectArgs) -> Box<[u8; MAD_
         local_cm_response_timeout: cfg.response_timeout,
         retry_count: 7,
         pkey: 0xffff,
-        path_mtu: mtu_code(a.mtu),
+        path_mtu: a.mtu.code(),
         rdc_exists: false,
         rnr_retry_count: 7,
         max_cm_retries: cfg.max_retries,

@@ -396,16 +396,8 @@ impl Device {
     }
 
     fn split(&mut self, now: u64) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>) {
-        let ctx = Ctx {
-            now,
-            mrs: &mut self.mrs,
-            cqs: &mut self.cqs,
-            out: &mut self.out,
-            stats: &mut self.stats,
-            srqs: &mut self.srqs,
-            events: &mut self.events,
-        };
-        (&mut self.qps, ctx)
+        let (qps, ctx, _) = self.split_cm(now);
+        (qps, ctx)
     }
 
     /// modify-QP.

@@ -231,6 +231,16 @@ pub enum Mtu {
 }
 
 impl Mtu {
+    /// The IB path MTU code (IBTA 9.7.x, the ibv_mtu enum: 1 = 256 … 5 = 4096).
+    pub fn code(self) -> u8 {
+        self as u8 + 1
+    }
+
+    /// The MTU of a path MTU code, if valid.
+    pub fn from_code(c: u8) -> Option<Mtu> {
+        [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].get(usize::from(c).wrapping_sub(1)).copied()
+    }
+
     /// Bytes.
     pub fn bytes(self) -> usize {
         match self {

@@ -193,22 +193,6 @@ pub struct BwReport {
     pub msg_rate: f64,
 }
 
-/// The ibv_mtu enum value of an MTU (IB_MTU_256 = 1 … IB_MTU_4096 = 5).
-pub fn mtu_enum(m: Mtu) -> u8 {
-    match m {
-        Mtu::M256 => 1,
-        Mtu::M512 => 2,
-        Mtu::M1024 => 3,
-        Mtu::M2048 => 4,
-        Mtu::M4096 => 5,
-    }
-}
-
-/// The MTU of an ibv_mtu enum value.
-pub fn mtu_from_enum(v: u8) -> Option<Mtu> {
-    [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096].get(usize::from(v).wrapping_sub(1)).copied()
-}
-
 /// The first address of `host:port`.
 pub fn resolve(host: &str, port: u16) -> io::Result<std::net::SocketAddr> {
     (host, port)
@@ -428,10 +412,10 @@ impl Oob {
             let mut theirs = [0u8; 4];
             self.exchange(&mine.to_be_bytes(), &mut theirs)?;
         }
-        let mine = [b'0' + mtu_enum(mtu), 0];
+        let mine = [b'0' + mtu.code(), 0];
         let mut theirs = [0u8; 2];
         self.exchange(&mine, &mut theirs)?;
-        let peer = theirs[0].checked_sub(b'0').and_then(mtu_from_enum);
+        let peer = theirs[0].checked_sub(b'0').and_then(Mtu::from_code);
         Ok(match peer {
             Some(p) if p.bytes() < mtu.bytes() => p,
             _ => mtu,
@@ -513,9 +497,9 @@ mod tests {
     #[test]
     fn mtu_enum_round_trips() {
         for m in [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096] {
-            assert_eq!(mtu_from_enum(mtu_enum(m)), Some(m));
+            assert_eq!(Mtu::from_code(m.code()), Some(m));
         }
-        assert_eq!(mtu_from_enum(0), None);
-        assert_eq!(mtu_from_enum(6), None);
+        assert_eq!(Mtu::from_code(0), None);
+        assert_eq!(Mtu::from_code(6), None);
     }
 }
