@@ -150,24 +150,31 @@ fn the_active_mtu_follows_the_link_on_both_paths() {
 
 /// rdma_cm on raw devices: the IB CM's MADs go through QP1 on the raw path (GSI, IBTA
 /// 13.5.3), connect two QPs, and every operation runs over them; destroying one QP sends
-/// a DREQ that takes the other to ERR.
+/// a DREQ that takes the other to ERR. Over IPv4 and IPv6 (rdma_cm's header then carries
+/// IPv6 addresses).
 #[test]
 fn raw_devices_connect_through_the_cm() {
     let Some(pair) = pair_or_skip("raw cm") else { return };
-    let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "10.9.0.1/24", FrameIo::PacketSocket)), 4 << 20);
-    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket)), 4 << 20);
-    let listener = b.ctx.listen(std::net::SocketAddr::new(b.ctx.ip(), 7174)).unwrap();
-    let param = ConnParam { private_data: b"raw".to_vec(), responder_resources: 16, initiator_depth: 16 };
-    std::thread::scope(|s| {
-        s.spawn(|| listener.get_request(WAIT).expect("a request").accept(&b.qp, &param).expect("accept"));
-        a.qp.connect(listener.local_addr(), &param, WAIT).expect("connect");
-    });
-    every_operation(&a, &b);
-    let Side { qp, ctx: _keep, .. } = a;
-    drop(qp);
-    let deadline = Instant::now() + WAIT;
-    while b.qp.state() != Some(QpState::Err) {
-        assert!(Instant::now() < deadline, "the DREQ did not arrive: {:?}", b.qp.state());
-        std::thread::sleep(Duration::from_millis(1));
+    for (one, two) in [("10.9.0.1/24", "10.9.0.2/24"), ("fd00:9::1/64", "fd00:9::2/64")] {
+        let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, one, FrameIo::PacketSocket)), 4 << 20);
+        let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, two, FrameIo::PacketSocket)), 4 << 20);
+        let listener = b.ctx.listen(std::net::SocketAddr::new(b.ctx.ip(), 7174)).unwrap();
+        let param = ConnParam { private_data: b"raw".to_vec(), responder_resources: 16, initiator_depth: 16 };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let req = listener.get_request(WAIT).expect("a request");
+                assert_eq!(req.peer.map(|p| p.ip()), Some(a.ctx.ip()));
+                req.accept(&b.qp, &param).expect("accept");
+            });
+            a.qp.connect(listener.local_addr(), &param, WAIT).expect("connect");
+        });
+        every_operation(&a, &b);
+        let Side { qp, ctx: _keep, .. } = a;
+        drop(qp);
+        let deadline = Instant::now() + WAIT;
+        while b.qp.state() != Some(QpState::Err) {
+            assert!(Instant::now() < deadline, "{one}: the DREQ did not arrive: {:?}", b.qp.state());
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
