@@ -11,6 +11,7 @@ pub use softrdma_proto as proto;
 
 pub mod capture;
 pub mod cm;
+pub mod conform;
 pub mod driver;
 pub mod engine;
 pub mod fuzzing;

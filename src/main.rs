@@ -75,6 +75,39 @@ enum Command {
         #[arg(short = 's', long, default_value_t = 2048)]
         size: usize,
     },
+    /// Tests a live RoCEv2 peer's conformance (IBTA vol. 1 ch. 9): connects through its
+    /// ibv_rc_pingpong server, restarted after each connection, and runs the catalogue.
+    Conform {
+        /// The target's address.
+        target: String,
+        /// TCP port of the target's ibv_rc_pingpong.
+        #[arg(short = 'p', long, default_value_t = 18515)]
+        port: u16,
+        /// UDP port of RoCEv2 on both sides.
+        #[arg(long = "roce-port", default_value_t = 4791)]
+        roce_port: u16,
+        /// Local address to test from (default: the one the TCP connection uses).
+        #[arg(long)]
+        bind: Option<std::net::IpAddr>,
+        /// The target's path MTU in bytes (its -m).
+        #[arg(short = 'm', long, default_value_t = 1024)]
+        mtu: usize,
+        /// How long to wait for each answer, ms.
+        #[arg(long = "wait-ms", default_value_t = 300)]
+        wait_ms: u64,
+        /// At most this many packets a second to the target.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        /// Only the cases whose name contains this (repeatable).
+        #[arg(long = "case")]
+        cases: Vec<String>,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Write every packet both ways to this pcap file.
+        #[arg(long)]
+        pcap: Option<PathBuf>,
+    },
     /// rping over iWARP (MPA on TCP, or with --iface on softrdma's own TCP over raw
     /// Ethernet), compatible with rdma-core's rping on siw.
     Rping {
@@ -289,6 +322,32 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
+        Command::Conform { target, port, roce_port, bind, mtu, wait_ms, rate, cases, json, pcap } => {
+            let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
+            let a = softrdma::conform::ConformArgs {
+                target,
+                port,
+                roce_port,
+                bind,
+                mtu,
+                wait: std::time::Duration::from_millis(wait_ms),
+                rate_pps: rate,
+                only: cases,
+                pcap,
+            };
+            let outcomes = softrdma::conform::run(&a);
+            if json {
+                println!("{}", softrdma::conform::json(&outcomes));
+            } else {
+                print!("{}", softrdma::conform::table(&outcomes));
+            }
+            let all = outcomes.iter().all(|o| o.verdict == softrdma::conform::Verdict::Conforms);
+            if all && !outcomes.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Sim { iwarp: true, seed, seeds, from } => {
             sim_iwarp(seed.map_or(from, |s| s), seed.map_or(seeds, |_| 1))
         }

@@ -80,6 +80,8 @@ pub struct Stats {
     pub ud_no_receive: u64,
     /// Packets whose opcode belongs to another transport than the QP's.
     pub rx_wrong_transport: u64,
+    /// Packets whose P_Key does not match their QP's (IBTA 10.9.3), dropped.
+    pub rx_pkey_violations: u64,
     /// Packets received marked ECN-CE.
     pub rx_ecn_ce: u64,
     /// CNPs sent.
@@ -461,6 +463,11 @@ impl Device {
             self.stats.rx_malformed += 1;
             return;
         };
+        // IBTA 9.6.1: a transport header version other than 0 is not this transport's.
+        if r.bth.tver != 0 {
+            self.stats.rx_malformed += 1;
+            return;
+        }
         self.now_hint = now;
         if r.bth.dest_qp == crate::proto::cm::GSI_QPN {
             return self.gsi_receive(now, src, &r);
@@ -476,6 +483,10 @@ impl Device {
         let connected = qp.init.qp_type != QpType::Ud;
         if (connected && qp.path.dest_gid != src) || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             ctx.stats.rx_unknown_qp += 1;
+            return;
+        }
+        if !pkey_matches(r.bth.pkey, qp.path.pkey) {
+            ctx.stats.rx_pkey_violations += 1;
             return;
         }
         if r.bth.opcode == CNP_OPCODE {
@@ -563,6 +574,11 @@ impl Device {
             self.cursor = q;
         }
     }
+}
+
+/// IBTA 10.9.3: the 15-bit keys are equal and at least one side is a full member.
+fn pkey_matches(packet: u16, qp: u16) -> bool {
+    packet & 0x7fff == qp & 0x7fff && (packet | qp) & 0x8000 != 0
 }
 
 /// A QPN from `rng` that `taken` does not refuse: 24 bits, not the 16 reserved ones, nor

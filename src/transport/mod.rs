@@ -6,7 +6,7 @@ pub mod link;
 pub mod pcap;
 pub mod raw;
 #[allow(unsafe_code)]
-mod sys;
+pub(crate) mod sys;
 pub mod udp;
 
 pub use link::{LinkStats, PacketRx, PacketTx};

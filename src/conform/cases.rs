@@ -1,0 +1,337 @@
+//! The catalogue: each case's packets, the answer its section requires, and the judgement.
+//! (First part: RC responder checks in the spec's order, header validation and packets the
+//! target never asked for.)
+
+use super::peer::{describe, Peer, Reply};
+use super::Verdict;
+use crate::proto::roce::ext::{NakCode, RethRepr, Syndrome};
+use crate::proto::roce::{Psn, RoceRepr};
+
+/// One case.
+pub struct Case {
+    /// Its name (`--case` matches on it).
+    pub name: &'static str,
+    /// The section of IBTA vol. 1 it checks.
+    pub section: &'static str,
+    /// What the section requires.
+    pub expect: &'static str,
+    /// Sends its packets on a fresh connection and judges what comes back.
+    pub run: fn(&mut Peer) -> Verdict,
+}
+
+const SEND_FIRST: u8 = 0x00;
+const SEND_MIDDLE: u8 = 0x01;
+const SEND_LAST: u8 = 0x02;
+const SEND_ONLY: u8 = 0x04;
+const WRITE_ONLY: u8 = 0x0a;
+const READ_REQUEST: u8 = 0x0c;
+const ACK: u8 = 0x11;
+const CNP: u8 = 0x81;
+
+/// Every case, in the order they run.
+pub fn catalogue() -> Vec<Case> {
+    vec![
+        Case { name: "send_only_is_acked", section: "9.7.5.2.1", expect: "ACK of its PSN", run: send_only_is_acked },
+        Case {
+            name: "psn_ahead_naks_once",
+            section: "9.7.5.1.1",
+            expect: "one NAK PSN sequence error at the expected PSN",
+            run: psn_ahead_naks_once,
+        },
+        Case {
+            name: "duplicate_send_is_reacked",
+            section: "9.7.5.1.1",
+            expect: "ACK again, nothing executed twice",
+            run: duplicate_send_is_reacked,
+        },
+        Case {
+            name: "middle_without_first",
+            section: "9.7.5.1.2",
+            expect: "NAK invalid request, QP to error",
+            run: middle_without_first,
+        },
+        Case {
+            name: "last_without_first",
+            section: "9.7.5.1.2",
+            expect: "NAK invalid request, QP to error",
+            run: last_without_first,
+        },
+        Case {
+            name: "first_after_first",
+            section: "9.7.5.1.2",
+            expect: "NAK invalid request, QP to error",
+            run: first_after_first,
+        },
+        Case {
+            name: "payload_beyond_mtu",
+            section: "9.7.5.1.4",
+            expect: "NAK invalid request, QP to error",
+            run: payload_beyond_mtu,
+        },
+        Case {
+            name: "short_first",
+            section: "9.7.5.1.4",
+            expect: "NAK invalid request, QP to error",
+            run: short_first,
+        },
+        Case {
+            name: "write_with_a_bad_rkey",
+            section: "9.7.5.1.5",
+            expect: "NAK remote access error, QP to error",
+            run: write_with_a_bad_rkey,
+        },
+        Case {
+            name: "read_with_a_bad_rkey",
+            section: "9.7.5.1.5",
+            expect: "NAK remote access error, QP to error",
+            run: read_with_a_bad_rkey,
+        },
+        Case { name: "tver_not_zero", section: "9.6.1", expect: "dropped silently, QP unharmed", run: tver_not_zero },
+        Case { name: "wrong_pkey", section: "10.9.3", expect: "dropped silently, QP unharmed", run: wrong_pkey },
+        Case { name: "unknown_qp", section: "9.6.1", expect: "dropped silently, QP unharmed", run: unknown_qp },
+        Case { name: "bad_icrc", section: "A17.3.3", expect: "dropped silently, QP unharmed", run: bad_icrc },
+        Case {
+            name: "ack_for_psn_never_sent",
+            section: "9.7.5.2.8",
+            expect: "ignored (a ghost ACK), QP unharmed",
+            run: ghost_ack,
+        },
+        Case { name: "cnp_to_a_responder", section: "A17.9.3", expect: "no reply, QP unharmed", run: cnp },
+    ]
+}
+
+fn send(p: &mut Peer, opcode: u8, psn: Psn, len: usize) {
+    let payload = vec![0x5a; len];
+    let mut r = crate::engine::qp::requester::bare(p.bth(opcode, psn, len), None, None);
+    r.payload = &payload;
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+}
+
+fn seen(replies: &[Reply]) -> String {
+    if replies.is_empty() {
+        return "silence".into();
+    }
+    replies.iter().map(describe).collect::<Vec<_>>().join(", ")
+}
+
+/// Exactly one reply, an ACK of `psn`.
+fn acked(replies: &[Reply], psn: Psn) -> bool {
+    matches!(replies, [r] if r.opcode == ACK && r.psn == psn.value() && matches!(r.syndrome(), Some(Syndrome::Ack { .. })))
+}
+
+/// A valid SEND at the expected PSN still gets its ACK: the QP was left as it was.
+fn still_works(p: &mut Peer) -> Verdict {
+    let psn = p.epsn;
+    send(p, SEND_ONLY, psn, 16);
+    let r = p.replies();
+    if acked(&r, psn) {
+        return Verdict::Conforms;
+    }
+    if r.is_empty() {
+        return Verdict::Hung("a valid SEND afterwards got no ACK".into());
+    }
+    Verdict::Deviates(format!("a valid SEND afterwards got {}", seen(&r)))
+}
+
+/// The replies are one NAK of `code` at `psn`, and the QP then answers nothing (error).
+fn nak_then_dead(p: &mut Peer, r: &[Reply], code: NakCode, psn: Psn) -> Verdict {
+    let nak = matches!(r, [x] if x.opcode == ACK && x.psn == psn.value() && x.syndrome() == Some(Syndrome::Nak(code)));
+    if !nak {
+        return Verdict::Deviates(format!("got {}", seen(r)));
+    }
+    send(p, SEND_ONLY, psn, 16);
+    let after = p.replies();
+    if after.is_empty() {
+        Verdict::Conforms
+    } else {
+        Verdict::Deviates(format!("after the NAK the QP still answered: {}", seen(&after)))
+    }
+}
+
+/// Nothing came back, and the QP still works.
+fn silent_then_alive(p: &mut Peer, r: &[Reply]) -> Verdict {
+    if !r.is_empty() {
+        return Verdict::Deviates(format!("answered: {}", seen(r)));
+    }
+    still_works(p)
+}
+
+fn send_only_is_acked(p: &mut Peer) -> Verdict {
+    let psn = p.epsn;
+    send(p, SEND_ONLY, psn, 64);
+    let r = p.replies();
+    if acked(&r, psn) {
+        Verdict::Conforms
+    } else if r.is_empty() {
+        Verdict::Hung("no ACK to a valid SEND".into())
+    } else {
+        Verdict::Deviates(format!("got {}", seen(&r)))
+    }
+}
+
+fn psn_ahead_naks_once(p: &mut Peer) -> Verdict {
+    let e = p.epsn;
+    send(p, SEND_ONLY, e.add(5), 16);
+    send(p, SEND_ONLY, e.add(6), 16);
+    let r = p.replies();
+    let nak =
+        matches!(&r[..], [x] if x.psn == e.value() && x.syndrome() == Some(Syndrome::Nak(NakCode::PsnSequenceError)));
+    if !nak {
+        return Verdict::Deviates(format!("got {}", seen(&r)));
+    }
+    still_works(p)
+}
+
+fn duplicate_send_is_reacked(p: &mut Peer) -> Verdict {
+    let e = p.epsn;
+    send(p, SEND_ONLY, e, 16);
+    let first = p.replies();
+    if !acked(&first, e) {
+        return Verdict::Deviates(format!("the first SEND got {}", seen(&first)));
+    }
+    send(p, SEND_ONLY, e, 16);
+    let again = p.replies();
+    // The ACK of a duplicate carries its PSN or a later one (coalesced, 9.7.5.2.1).
+    match &again[..] {
+        [x] if x.opcode == ACK
+            && matches!(x.syndrome(), Some(Syndrome::Ack { .. }))
+            && e.distance_to(Psn::new(x.psn)) >= 0 =>
+        {
+            p.epsn = e.next();
+            still_works(p)
+        }
+        _ => Verdict::Deviates(format!("the duplicate got {}", seen(&again))),
+    }
+}
+
+fn middle_without_first(p: &mut Peer) -> Verdict {
+    let (e, mtu) = (p.epsn, p.mtu.bytes());
+    send(p, SEND_MIDDLE, e, mtu);
+    let r = p.replies();
+    nak_then_dead(p, &r, NakCode::InvalidRequest, e)
+}
+
+fn last_without_first(p: &mut Peer) -> Verdict {
+    let e = p.epsn;
+    send(p, SEND_LAST, e, 16);
+    let r = p.replies();
+    nak_then_dead(p, &r, NakCode::InvalidRequest, e)
+}
+
+fn first_after_first(p: &mut Peer) -> Verdict {
+    let (e, mtu) = (p.epsn, p.mtu.bytes());
+    send(p, SEND_FIRST, e, mtu);
+    send(p, SEND_FIRST, e.next(), mtu);
+    let mut r = p.replies();
+    // The first FIRST is valid and asked for an ACK, which may come before the NAK.
+    if r.len() == 2 && r[0].psn == e.value() && matches!(r[0].syndrome(), Some(Syndrome::Ack { .. })) {
+        r.remove(0);
+    }
+    nak_then_dead(p, &r, NakCode::InvalidRequest, e.next())
+}
+
+fn payload_beyond_mtu(p: &mut Peer) -> Verdict {
+    let (e, mtu) = (p.epsn, p.mtu.bytes());
+    send(p, SEND_ONLY, e, mtu + 64);
+    let r = p.replies();
+    nak_then_dead(p, &r, NakCode::InvalidRequest, e)
+}
+
+fn short_first(p: &mut Peer) -> Verdict {
+    let (e, mtu) = (p.epsn, p.mtu.bytes());
+    send(p, SEND_FIRST, e, mtu / 2);
+    let r = p.replies();
+    nak_then_dead(p, &r, NakCode::InvalidRequest, e)
+}
+
+fn with_reth(p: &mut Peer, opcode: u8, len: usize) -> Vec<Reply> {
+    let e = p.epsn;
+    let payload = vec![0xa5; len];
+    let reth = RethRepr { va: 0x1000, rkey: 0xdead_beef, dma_len: 64 };
+    let mut r: RoceRepr<'_> = crate::engine::qp::requester::bare(p.bth(opcode, e, len), Some(reth), None);
+    r.payload = &payload;
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+    p.replies()
+}
+
+fn write_with_a_bad_rkey(p: &mut Peer) -> Verdict {
+    let e = p.epsn;
+    let r = with_reth(p, WRITE_ONLY, 64);
+    nak_then_dead(p, &r, NakCode::RemoteAccessError, e)
+}
+
+fn read_with_a_bad_rkey(p: &mut Peer) -> Verdict {
+    let e = p.epsn;
+    let r = with_reth(p, READ_REQUEST, 0);
+    nak_then_dead(p, &r, NakCode::RemoteAccessError, e)
+}
+
+/// A valid SEND with bytes changed after the ICRC (or, with `refill`, before it).
+fn tampered(p: &mut Peer, refill: bool, f: fn(&mut [u8])) -> Vec<Reply> {
+    let e = p.epsn;
+    let payload = [0x33u8; 16];
+    let mut r = crate::engine::qp::requester::bare(p.bth(SEND_ONLY, e, 16), None, None);
+    r.payload = &payload;
+    let mut b = p.build(&r, |_| {});
+    f(&mut b);
+    if refill {
+        // Re-sign the changed packet so only the change itself is on trial.
+        let mut parsed = b.clone();
+        let n = parsed.len();
+        parsed[n - 4..].fill(0);
+        let again = p.build_raw(&parsed);
+        b = again;
+    }
+    p.send(&b);
+    p.replies()
+}
+
+fn tver_not_zero(p: &mut Peer) -> Verdict {
+    let r = tampered(p, true, |b| b[1] |= 0x01);
+    silent_then_alive(p, &r)
+}
+
+fn wrong_pkey(p: &mut Peer) -> Verdict {
+    let r = tampered(p, true, |b| {
+        b[2] = 0x12;
+        b[3] = 0x34;
+    });
+    silent_then_alive(p, &r)
+}
+
+fn unknown_qp(p: &mut Peer) -> Verdict {
+    let r = tampered(p, true, |b| b[7] ^= 0x55);
+    silent_then_alive(p, &r)
+}
+
+fn bad_icrc(p: &mut Peer) -> Verdict {
+    let r = tampered(p, false, |b| {
+        let n = b.len();
+        b[n - 1] ^= 0xff;
+    });
+    silent_then_alive(p, &r)
+}
+
+fn ghost_ack(p: &mut Peer) -> Verdict {
+    let psn = Psn::new(p.epsn.value() ^ 0x40_0000);
+    let mut r = crate::engine::qp::requester::bare(p.bth(ACK, psn, 0), None, None);
+    r.bth.ack_req = false;
+    r.aeth = Some(crate::proto::roce::ext::AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn: 7 });
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+    let replies = p.replies();
+    silent_then_alive(p, &replies)
+}
+
+fn cnp(p: &mut Peer) -> Verdict {
+    let mut r = crate::engine::qp::requester::bare(p.bth(CNP, Psn::new(0), 16), None, None);
+    r.bth.becn = true;
+    r.bth.ack_req = false;
+    r.payload = &[0u8; 16];
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+    let replies = p.replies();
+    silent_then_alive(p, &replies)
+}

@@ -1,0 +1,62 @@
+//! `softrdma conform` against a softrdma target on loopback: the target is softrdma's
+//! rc-pingpong server, restarted after each connection as a user restarts
+//! ibv_rc_pingpong, and every case of the catalogue must conform.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn softrdma() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_softrdma"))
+}
+
+/// Keeps one rc-pingpong server listening until `stop`.
+fn target_loop(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Acquire) {
+            let mut child: Child = softrdma()
+                .args(["rc-pingpong", "--bind", "127.46.0.1", "-p", &port.to_string(), "-n", "5"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start the target");
+            while child.try_wait().ok().flatten().is_none() {
+                if stop.load(Ordering::Acquire) {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    })
+}
+
+#[test]
+fn a_softrdma_target_conforms_in_every_case() {
+    let stop = Arc::new(AtomicBool::new(false));
+    let target = target_loop(19501, stop.clone());
+    let pcap = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("conform.pcap");
+    let out = softrdma()
+        .args(["conform", "127.46.0.1", "-p", "19501", "--bind", "127.46.0.2", "--json", "--wait-ms", "250"])
+        .arg("--pcap")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    stop.store(true, Ordering::Release);
+    target.join().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {} {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    });
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 16, "{doc}");
+    for c in cases {
+        assert_eq!(c["verdict"], "conforms", "{c}");
+    }
+    assert!(out.status.success());
+    // The capture holds both sides: the cases' packets and the target's answers, every
+    // ICRC good but the one the bad-ICRC case spoils on purpose.
+    let check = softrdma().args(["pcap", "check", "--json"]).arg(&pcap).output().unwrap();
+    let rep: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(rep["tally"]["checksum_bad"].as_u64(), Some(1), "{rep}");
+    assert!(rep["tally"]["roce_packets"].as_u64().unwrap() > 50, "{rep}");
+}
