@@ -98,6 +98,9 @@ enum Command {
         /// At most this many packets a second to the target.
         #[arg(long, default_value_t = 1000)]
         rate: u32,
+        /// How long the target's tool may take to listen again, s.
+        #[arg(long = "connect-wait-s", default_value_t = 30)]
+        connect_wait_s: u64,
         /// Only the cases whose name contains this (repeatable).
         #[arg(long = "case")]
         cases: Vec<String>,
@@ -322,7 +325,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
-        Command::Conform { target, port, roce_port, bind, mtu, wait_ms, rate, cases, json, pcap } => {
+        Command::Conform { target, port, roce_port, bind, mtu, wait_ms, rate, connect_wait_s, cases, json, pcap } => {
             let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
             let a = softrdma::conform::ConformArgs {
                 target,
@@ -332,6 +335,7 @@ fn main() -> ExitCode {
                 mtu,
                 wait: std::time::Duration::from_millis(wait_ms),
                 rate_pps: rate,
+                connect_wait: std::time::Duration::from_secs(connect_wait_s),
                 only: cases,
                 pcap,
             };

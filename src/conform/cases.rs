@@ -7,6 +7,14 @@ use super::Verdict;
 use crate::proto::roce::ext::{NakCode, RethRepr, Syndrome};
 use crate::proto::roce::{Psn, RoceRepr};
 
+/// Ends a case's connection: a SEND MIDDLE at the expected PSN is an invalid request
+/// (9.7.5.1.2) that takes the target's QP to error, so its tool exits and listens again.
+pub fn end_connection(p: &mut Peer) {
+    let (e, mtu) = (p.epsn, p.mtu.bytes());
+    send(p, SEND_MIDDLE, e, mtu);
+    let _ = p.replies();
+}
+
 /// One case.
 pub struct Case {
     /// Its name (`--case` matches on it).
@@ -27,6 +35,12 @@ const WRITE_ONLY: u8 = 0x0a;
 const READ_REQUEST: u8 = 0x0c;
 const ACK: u8 = 0x11;
 const CNP: u8 = 0x81;
+
+/// A WRITE or READ the target's QP cannot take. ibv_rc_pingpong's QP grants no remote
+/// access at all; rxe answers that with Invalid Request, softrdma with Remote Access Error
+/// (as for a bad R_Key). Either ends the QP; which one the QP-level refusal calls for is
+/// left open here.
+const FATAL_ACCESS: &str = "NAK remote access error (or invalid request: the QP grants no remote access), QP to error";
 
 /// Every case, in the order they run.
 pub fn catalogue() -> Vec<Case> {
@@ -74,18 +88,8 @@ pub fn catalogue() -> Vec<Case> {
             expect: "NAK invalid request, QP to error",
             run: short_first,
         },
-        Case {
-            name: "write_with_a_bad_rkey",
-            section: "9.7.5.1.5",
-            expect: "NAK remote access error, QP to error",
-            run: write_with_a_bad_rkey,
-        },
-        Case {
-            name: "read_with_a_bad_rkey",
-            section: "9.7.5.1.5",
-            expect: "NAK remote access error, QP to error",
-            run: read_with_a_bad_rkey,
-        },
+        Case { name: "write_with_a_bad_rkey", section: "9.7.5.1.5", expect: FATAL_ACCESS, run: write_with_a_bad_rkey },
+        Case { name: "read_with_a_bad_rkey", section: "9.7.5.1.5", expect: FATAL_ACCESS, run: read_with_a_bad_rkey },
         Case { name: "tver_not_zero", section: "9.6.1", expect: "dropped silently, QP unharmed", run: tver_not_zero },
         Case { name: "wrong_pkey", section: "10.9.3", expect: "dropped silently, QP unharmed", run: wrong_pkey },
         Case { name: "unknown_qp", section: "9.6.1", expect: "dropped silently, QP unharmed", run: unknown_qp },
@@ -126,6 +130,7 @@ fn still_works(p: &mut Peer) -> Verdict {
     send(p, SEND_ONLY, psn, 16);
     let r = p.replies();
     if acked(&r, psn) {
+        p.epsn = psn.next();
         return Verdict::Conforms;
     }
     if r.is_empty() {
@@ -162,6 +167,7 @@ fn send_only_is_acked(p: &mut Peer) -> Verdict {
     send(p, SEND_ONLY, psn, 64);
     let r = p.replies();
     if acked(&r, psn) {
+        p.epsn = psn.next();
         Verdict::Conforms
     } else if r.is_empty() {
         Verdict::Hung("no ACK to a valid SEND".into())
@@ -256,16 +262,25 @@ fn with_reth(p: &mut Peer, opcode: u8, len: usize) -> Vec<Reply> {
     p.replies()
 }
 
+/// Remote Access Error, or Invalid Request (see [`FATAL_ACCESS`]).
+fn access_refused(p: &mut Peer, r: &[Reply], e: Psn) -> Verdict {
+    let code = match r {
+        [x] if x.syndrome() == Some(Syndrome::Nak(NakCode::InvalidRequest)) => NakCode::InvalidRequest,
+        _ => NakCode::RemoteAccessError,
+    };
+    nak_then_dead(p, r, code, e)
+}
+
 fn write_with_a_bad_rkey(p: &mut Peer) -> Verdict {
     let e = p.epsn;
     let r = with_reth(p, WRITE_ONLY, 64);
-    nak_then_dead(p, &r, NakCode::RemoteAccessError, e)
+    access_refused(p, &r, e)
 }
 
 fn read_with_a_bad_rkey(p: &mut Peer) -> Verdict {
     let e = p.epsn;
     let r = with_reth(p, READ_REQUEST, 0);
-    nak_then_dead(p, &r, NakCode::RemoteAccessError, e)
+    access_refused(p, &r, e)
 }
 
 /// A valid SEND with bytes changed after the ICRC (or, with `refill`, before it).

@@ -38,6 +38,9 @@ pub struct ConformArgs {
     pub wait: Duration,
     /// At most this many packets a second go to the target.
     pub rate_pps: u32,
+    /// How long a fresh connection may take (the target's tool restarting) before the
+    /// target counts as hung.
+    pub connect_wait: Duration,
     /// Cases whose name contains one of these (all when empty).
     pub only: Vec<String>,
     /// Every packet both ways, to this capture.
@@ -81,7 +84,9 @@ pub fn run(a: &ConformArgs) -> Vec<Outcome> {
         let (verdict, seen) = match Peer::connect(a, log.clone()) {
             Ok(mut peer) => {
                 let v = (case.run)(&mut peer);
-                (v, peer.take_seen())
+                let seen = peer.take_seen();
+                cases::end_connection(&mut peer);
+                (v, seen)
             }
             Err(e) => (Verdict::Hung(format!("no fresh connection: {e}")), Vec::new()),
         };

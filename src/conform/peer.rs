@@ -52,13 +52,15 @@ pub struct Peer {
     last_sent: Option<Instant>,
     log: Option<Arc<FrameLog>>,
     seen: Vec<String>,
+    /// Messages of the target's this side has acknowledged.
+    target_msn: u32,
     _stream: std::net::TcpStream,
 }
 
 impl Peer {
     /// The exchange as ibv_rc_pingpong's client: address out, the target's in, "done".
     pub fn connect(a: &ConformArgs, log: Option<Arc<FrameLog>>) -> Result<Peer, String> {
-        let mut stream = crate::tools::oob::connect_retrying(&a.target, a.port).map_err(|e| e.to_string())?;
+        let mut stream = connect_within(&a.target, a.port, a.connect_wait)?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
         let local = match a.bind {
             Some(ip) => ip,
@@ -95,6 +97,7 @@ impl Peer {
             last_sent: None,
             log,
             seen: Vec::new(),
+            target_msn: 0,
             _stream: stream,
         })
     }
@@ -178,11 +181,29 @@ impl Peer {
             };
             let reply = Reply { opcode: r.bth.opcode, psn: r.bth.psn.value(), aeth: r.aeth };
             self.seen.push(describe(&reply));
-            if r.bth.dest_qp == self.my_qpn && is_response(r.bth.opcode) {
+            if r.bth.dest_qp != self.my_qpn {
+                continue;
+            }
+            if is_response(r.bth.opcode) {
                 out.push(reply);
+            } else if r.bth.ack_req {
+                // The target's own ping: acknowledged, so that its retry timer does not take
+                // its QP to error while a case is still being judged.
+                self.ack_target(r.bth.psn);
             }
         }
         out
+    }
+
+    /// An ACK of the target's request `psn` (IBTA 9.7.5.2.1).
+    fn ack_target(&mut self, psn: Psn) {
+        self.target_msn = (self.target_msn + 1) & 0xff_ffff;
+        let mut r = crate::engine::qp::requester::bare(self.bth(0x11, psn, 0), None, None);
+        r.bth.ack_req = false;
+        r.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn: self.target_msn });
+        let b = self.build(&r, |_| {});
+        self.record(self.local, self.target.ip(), self.sock.local_addr().map_or(4791, |a| a.port()), &b);
+        let _ = self.sock.send_to(&b, self.target);
     }
 
     fn record(&self, src: IpAddr, dst: IpAddr, sport: u16, packet: &[u8]) {
@@ -198,6 +219,20 @@ impl Peer {
     /// What came back during the case, one line per packet.
     pub fn take_seen(&mut self) -> Vec<String> {
         std::mem::take(&mut self.seen)
+    }
+}
+
+/// The target's exchange, retried until `wait` is over: its tool restarts after each
+/// connection, which takes a while on a slow machine.
+fn connect_within(host: &str, port: u16, wait: Duration) -> Result<std::net::TcpStream, String> {
+    let to = crate::tools::oob::resolve(host, port).map_err(|e| format!("{host}: {e}"))?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => return Err(format!("{to}: {e}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
     }
 }
 
