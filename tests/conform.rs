@@ -37,7 +37,7 @@ fn a_softrdma_target_conforms_in_every_case() {
     let target = target_loop(19501, stop.clone());
     let pcap = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("conform.pcap");
     let out = softrdma()
-        .args(["conform", "127.46.0.1", "-p", "19501", "--bind", "127.46.0.2", "--json", "--wait-ms", "250"])
+        .args(["conform", "127.46.0.1", "-p", "19501", "--bind", "127.46.0.2", "--json", "--wait-ms", "600"])
         .arg("--pcap")
         .arg(&pcap)
         .output()
