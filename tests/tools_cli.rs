@@ -385,6 +385,12 @@ fn every_tool_takes_odd_sizes_at_mtu_4096() {
             assert_eq!(doc["results"][0]["bytes"].as_u64(), Some(size.parse().unwrap()), "{tool} {size}: {doc}");
         }
     }
+    // Through rdma_cm as well.
+    for (tool, size) in [("write-bw", "70000"), ("read-bw", "1"), ("send-bw", "5000"), ("read-lat", "4095")] {
+        port += 1;
+        let c = both_succeed("127.38.0", port, &[tool, "-R", "-s", size, "-n", "20", "-m", "4096", "--json"]);
+        assert_eq!(json_of(&c)["results"][0]["bytes"].as_u64(), Some(size.parse().unwrap()), "{tool} -R {size}");
+    }
     for tool in ["write-lat", "read-lat", "send-lat"] {
         for size in ["1", "4095", "70000"] {
             port += 1;
@@ -397,6 +403,15 @@ fn every_tool_takes_odd_sizes_at_mtu_4096() {
         let c = both_succeed("127.38.0", port, &["rc-pingpong", "-s", size, "-n", "20", "-m", "4096"]);
         let text = String::from_utf8_lossy(&c.stdout);
         assert!(text.contains(&format!("{} bytes in", size.parse::<u64>().unwrap() * 40)), "{text}");
+    }
+    for size in ["23", "4095", "70000", "1048576"] {
+        port += 1;
+        let p = port.to_string();
+        let rping = ["rping", "--transport", "rocev2", "-a", "127.38.0.1", "-p", &p, "-C", "5", "-S", size, "-V"];
+        let s = spawn(&strings(&[&rping[..], &["-s"]].concat()));
+        let c = finish(spawn(&strings(&[&rping[..], &["-c", "-I", "127.38.0.2"]].concat())), Duration::from_secs(60));
+        let s = finish(s, Duration::from_secs(10));
+        assert!(c.status.success() && s.status.success(), "rping -S {size}: {}", String::from_utf8_lossy(&c.stderr));
     }
     for size in ["1", "4095", "4096"] {
         port += 1;
