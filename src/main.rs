@@ -319,12 +319,31 @@ enum PcapCommand {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Draw the time-sequence graph of each RC flow in a capture (PSN over time: requests,
+    /// retransmissions, ACKs, NAKs) as one SVG.
+    Plot {
+        /// Capture file (pcap or pcapng).
+        file: PathBuf,
+        /// The SVG to write.
+        #[arg(short, long, default_value = "flows.svg")]
+        out: PathBuf,
+        /// Leave out flows with fewer packets than this.
+        #[arg(long = "min-packets", default_value_t = 4)]
+        min_packets: usize,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
+        Command::Pcap { command: PcapCommand::Plot { file, out, min_packets } } => {
+            let r = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display())).and_then(|bytes| {
+                softrdma::capture::plot::plot(&bytes, &out, min_packets)
+                    .map(|n| println!("{n} flows drawn to {}", out.display()))
+            });
+            exit_status("pcap plot", r)
+        }
         Command::Conform { target, port, roce_port, bind, mtu, wait_ms, rate, connect_wait_s, cases, json, pcap } => {
             let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
             let a = softrdma::conform::ConformArgs {

@@ -6,6 +6,7 @@
 //! direction and follows MPA. Every RDMA packet becomes a [`report::Record`].
 
 pub mod frame;
+pub mod plot;
 pub mod reader;
 pub mod report;
 pub mod roce;

@@ -16,6 +16,8 @@ pub struct Frame {
     pub data: Vec<u8>,
     /// Length of the frame on the wire.
     pub orig_len: u32,
+    /// When it was captured, ns since the epoch (pcap's µs; pcapng's default µs units).
+    pub time_ns: u64,
 }
 
 impl Frame {
@@ -110,7 +112,8 @@ fn to_frame(block: PcapBlockOwned<'_>, links: &mut Vec<Linktype>, count: usize) 
         }
         PcapBlockOwned::Legacy(b) => {
             let link = links.first().copied().unwrap_or(Linktype::ETHERNET);
-            Some(Frame { number, link, data: b.data.to_vec(), orig_len: b.origlen })
+            let time_ns = u64::from(b.ts_sec) * 1_000_000_000 + u64::from(b.ts_usec) * 1_000;
+            Some(Frame { number, link, data: b.data.to_vec(), orig_len: b.origlen, time_ns })
         }
         PcapBlockOwned::NG(Block::SectionHeader(_)) => {
             links.clear();
@@ -122,11 +125,12 @@ fn to_frame(block: PcapBlockOwned<'_>, links: &mut Vec<Linktype>, count: usize) 
         }
         PcapBlockOwned::NG(Block::EnhancedPacket(p)) => {
             let link = links.get(p.if_id as usize).copied().unwrap_or(Linktype::ETHERNET);
-            Some(Frame { number, link, data: p.packet_data().to_vec(), orig_len: p.origlen })
+            let time_ns = (u64::from(p.ts_high) << 32 | u64::from(p.ts_low)) * 1_000;
+            Some(Frame { number, link, data: p.packet_data().to_vec(), orig_len: p.origlen, time_ns })
         }
         PcapBlockOwned::NG(Block::SimplePacket(p)) => {
             let link = links.first().copied().unwrap_or(Linktype::ETHERNET);
-            Some(Frame { number, link, data: p.packet_data().to_vec(), orig_len: p.origlen })
+            Some(Frame { number, link, data: p.packet_data().to_vec(), orig_len: p.origlen, time_ns: 0 })
         }
         PcapBlockOwned::NG(_) => None,
     }
