@@ -17,7 +17,7 @@ use crate::engine::verbs::{Gid, Mtu, QpAttr, QpState, VerbsError};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 
-pub use msg::reason;
+pub use msg::{reason, req as req_mad};
 
 /// Connections (any state, time-wait included) a device holds at once: what peers' REQs
 /// and the application's connects can make the CM keep. A REQ beyond it is rejected with

@@ -100,6 +100,18 @@ pub fn catalogue() -> Vec<Case> {
             expect: "ignored (a ghost ACK), QP unharmed",
             run: ghost_ack,
         },
+        Case {
+            name: "qp1_req_for_no_listener",
+            section: "12.6.7",
+            expect: "a CM REJ, reason 8 (invalid ServiceID), from QP1",
+            run: qp1_req_for_no_listener,
+        },
+        Case {
+            name: "qp1_wrong_qkey",
+            section: "13.5.3",
+            expect: "the same REQ with a Q_Key other than 0x80010000: dropped silently",
+            run: qp1_wrong_qkey,
+        },
         Case { name: "cnp_to_a_responder", section: "A17.9.3", expect: "no reply, QP unharmed", run: cnp },
     ]
 }
@@ -349,4 +361,47 @@ fn cnp(p: &mut Peer) -> Verdict {
     p.send(&b);
     let replies = p.replies();
     silent_then_alive(p, &replies)
+}
+
+/// A CM REQ for ServiceID port 1 (nobody listens there) to the target's QP1, with `qkey`.
+fn req_to_qp1(p: &mut Peer, qkey: u32) -> Vec<Reply> {
+    use crate::transport::headers::ip_to_gid;
+    let args = crate::cm::ConnectArgs {
+        qpn: p.my_qpn,
+        local_gid: ip_to_gid(p.addrs.0),
+        peer_gid: ip_to_gid(p.addrs.1),
+        src_port: 0xc001,
+        dst_port: 1,
+        psn: 0x1234,
+        mtu: p.mtu,
+        responder_resources: 1,
+        initiator_depth: 1,
+        private_data: Vec::new(),
+    };
+    let mad = crate::cm::req_mad(&crate::cm::CmConfig::default(), 0x1111, 0x5eed_0001, &args);
+    let mut bth = p.bth(0x64, Psn::new(0), mad.len());
+    bth.dest_qp = crate::proto::cm::GSI_QPN;
+    let mut r = crate::engine::qp::requester::bare(bth, None, None);
+    r.deth = Some(crate::proto::roce::ext::DethRepr { qkey, src_qp: crate::proto::cm::GSI_QPN });
+    r.payload = &mad[..];
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+    p.replies().into_iter().filter(|x| x.mad.is_some()).collect()
+}
+
+fn qp1_req_for_no_listener(p: &mut Peer) -> Verdict {
+    let r = req_to_qp1(p, crate::proto::cm::GSI_QKEY);
+    match &r[..] {
+        [x] if x.mad == Some((0x0012, 8)) => Verdict::Conforms,
+        _ => Verdict::Deviates(format!("got {}", seen(&r))),
+    }
+}
+
+fn qp1_wrong_qkey(p: &mut Peer) -> Verdict {
+    let r = req_to_qp1(p, 0x1234_5678);
+    if r.is_empty() {
+        Verdict::Conforms
+    } else {
+        Verdict::Deviates(format!("answered: {}", seen(&r)))
+    }
 }

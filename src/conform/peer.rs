@@ -25,6 +25,8 @@ pub struct Reply {
     pub psn: u32,
     /// AETH, on acknowledgements and READ responses.
     pub aeth: Option<AethRepr>,
+    /// A MAD to this side's QP1: its attribute ID and, for a CM REJ, the reason.
+    pub mad: Option<(u16, u16)>,
 }
 
 impl Reply {
@@ -41,6 +43,8 @@ pub struct Peer {
     target: SocketAddr,
     /// The target's QPN.
     pub qpn: u32,
+    /// This side's and the target's addresses.
+    pub addrs: (IpAddr, IpAddr),
     /// The PSN the target expects next from this side.
     pub epsn: Psn,
     /// This side's QPN as the target knows it.
@@ -89,6 +93,7 @@ impl Peer {
             local,
             target,
             qpn: theirs.qpn,
+            addrs: (local, target.ip()),
             epsn: Psn::new(mine.psn),
             my_qpn: mine.qpn,
             mtu: a.mtu,
@@ -179,8 +184,16 @@ impl Peer {
                 self.seen.push("a datagram that does not parse".into());
                 continue;
             };
-            let reply = Reply { opcode: r.bth.opcode, psn: r.bth.psn.value(), aeth: r.aeth };
+            let mad = (r.bth.dest_qp == 1 && r.payload.len() >= 36).then(|| {
+                let be16 = |i: usize| u16::from_be_bytes([r.payload[i], r.payload[i + 1]]);
+                (be16(16), be16(34))
+            });
+            let reply = Reply { opcode: r.bth.opcode, psn: r.bth.psn.value(), aeth: r.aeth, mad };
             self.seen.push(describe(&reply));
+            if mad.is_some() {
+                out.push(reply);
+                continue;
+            }
             if r.bth.dest_qp != self.my_qpn {
                 continue;
             }
@@ -243,6 +256,9 @@ fn is_response(opcode: u8) -> bool {
 
 /// One reply, as the report prints it.
 pub fn describe(r: &Reply) -> String {
+    if let Some((attr, reason)) = r.mad {
+        return format!("MAD attribute 0x{attr:04x} to QP1 (REJ reason {reason} if a REJ)");
+    }
     let what = match r.syndrome() {
         Some(Syndrome::Ack { .. }) if r.opcode == 0x11 => "ACK".to_string(),
         Some(Syndrome::RnrNak { timer }) => format!("RNR NAK (timer {timer})"),
