@@ -212,7 +212,7 @@ impl Cm {
         let id = r.remote_comm_id;
         let (dst, local) = (c.peer_gid, c.local_gid);
         if let Err(e) = qps.modify_qp(asked.qpn, &rtr).and_then(|_| qps.modify_qp(asked.qpn, &rts)) {
-            let _ = qps.modify_qp(asked.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+            let _ = super::to_error(qps, asked.qpn);
             c.status = ConnStatus::Failed(CmFailure::Qp(e));
             let mad = msg::rej(id, r.local_comm_id, msg::REJ_MSG_REP, reason::NO_QP, &[]);
             self.enter_time_wait(now, id);
@@ -249,7 +249,7 @@ impl Cm {
         // An initiator's QP is still in INIT and stays so, for another try; a QP that
         // reached RTR goes to ERR (12.9.6, 12.9.7).
         if c.qpn != u32::MAX && c.state != State::ReqSent {
-            let _ = qps.modify_qp(c.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+            let _ = super::to_error(qps, c.qpn);
         }
         let private_data = r.private_data.to_vec();
         c.status = ConnStatus::Failed(CmFailure::Rejected { reason: r.reason, private_data });
@@ -291,7 +291,7 @@ impl Cm {
         match c.state {
             State::Established | State::RepSent | State::DreqSent => {
                 if c.qpn != u32::MAX {
-                    let _ = qps.modify_qp(c.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+                    let _ = super::to_error(qps, c.qpn);
                 }
                 c.status = ConnStatus::Disconnected;
                 let mad = msg::drep(id, c.remote_id);
@@ -338,7 +338,7 @@ impl Conn {
                 self.status = ConnStatus::Established;
             }
             Err(e) => {
-                let _ = qps.modify_qp(self.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+                let _ = super::to_error(qps, self.qpn);
                 // The initiator believes it is connected: it hears of this by its QP's
                 // retries, as it would from a peer whose QP failed later.
                 self.state = State::Established;

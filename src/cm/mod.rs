@@ -451,7 +451,7 @@ impl Cm {
             }
             _ => return Err(CmError::NoConnection),
         }
-        let _ = qps.modify_qp(c.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+        let _ = to_error(qps, c.qpn);
         c.status = ConnStatus::Disconnected;
         c.state = State::DreqSent;
         c.retries_left = c.max_retries;
@@ -547,7 +547,7 @@ impl Cm {
                 // 12.9.6/12.9.7: out of retries; REJ "timeout". A QP that got as far as
                 // RTR goes to ERR; an initiator's, still in INIT, stays for another try.
                 if !c.active {
-                    let _ = qps.modify_qp(c.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+                    let _ = to_error(qps, c.qpn);
                 }
                 c.status = ConnStatus::Failed(CmFailure::Timeout);
                 let which = if c.active { msg::REJ_MSG_REQ } else { msg::REJ_MSG_REP };
@@ -619,6 +619,11 @@ impl Conn {
         self.offer = None;
         self.rts = Some(rts);
     }
+}
+
+/// Moves a QP to ERR (its work requests flush); a QP already gone is no matter here.
+fn to_error(qps: &mut dyn QpControl, qpn: u32) -> Result<(), VerbsError> {
+    qps.modify_qp(qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() })
 }
 
 /// RESET → INIT with rdma_cm's access (remote READ, WRITE and atomics) and the default

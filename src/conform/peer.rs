@@ -40,6 +40,8 @@ impl Reply {
 pub struct Peer {
     sock: UdpSocket,
     local: IpAddr,
+    /// The UDP port this side sends from and receives on.
+    port: u16,
     target: SocketAddr,
     /// The target's QPN.
     pub qpn: u32,
@@ -89,6 +91,7 @@ impl Peer {
         // The target moves its QP to RTS once it has sent its address; give it that moment.
         std::thread::sleep(Duration::from_millis(50));
         Ok(Peer {
+            port: a.roce_port,
             sock,
             local,
             target,
@@ -128,10 +131,7 @@ impl Peer {
     pub fn build(&self, repr: &RoceRepr<'_>, tamper: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
         let mut b = vec![0u8; repr.buffer_len()];
         repr.emit(&mut b).expect("cases build valid headers unless they tamper after");
-        let udp = udp_header(self.sock.local_addr().map_or(4791, |a| a.port()), self.target.port(), b.len());
-        let (ip, n) = ip_header(self.local, self.target.ip(), 8 + b.len(), 0, true, 0);
-        let ip_ref = if n == 20 { IpHeader::V4(&ip[..20]) } else { IpHeader::V6(&ip[..40]) };
-        let _ = crate::proto::roce::icrc::fill(ip_ref, &udp, &mut b);
+        let mut b = self.build_raw(&b);
         tamper(&mut b);
         b
     }
@@ -139,7 +139,7 @@ impl Peer {
     /// `packet` (BTH to ICRC) with its ICRC filled in afresh.
     pub fn build_raw(&self, packet: &[u8]) -> Vec<u8> {
         let mut b = packet.to_vec();
-        let udp = udp_header(self.sock.local_addr().map_or(4791, |a| a.port()), self.target.port(), b.len());
+        let udp = udp_header(self.port, self.target.port(), b.len());
         let (ip, n) = ip_header(self.local, self.target.ip(), 8 + b.len(), 0, true, 0);
         let ip_ref = if n == 20 { IpHeader::V4(&ip[..20]) } else { IpHeader::V6(&ip[..40]) };
         let _ = crate::proto::roce::icrc::fill(ip_ref, &udp, &mut b);
@@ -156,7 +156,7 @@ impl Peer {
             }
         }
         self.last_sent = Some(Instant::now());
-        self.record(self.local, self.target.ip(), self.sock.local_addr().map_or(4791, |a| a.port()), packet);
+        self.record(self.local, self.target.ip(), self.port, packet);
         let _ = self.sock.send_to(packet, self.target);
     }
 
@@ -175,7 +175,7 @@ impl Peer {
             }
             let p = &buf[..n];
             self.record(from.ip(), self.local, from.port(), p);
-            let local = (self.local, self.sock.local_addr().map_or(4791, |a| a.port()));
+            let local = (self.local, self.port);
             if !matches!(check_datagram(&mut cache, from, local, 0, p), DatagramCheck::Good { .. }) {
                 self.seen.push("a datagram with a bad ICRC".into());
                 continue;
@@ -215,14 +215,13 @@ impl Peer {
         r.bth.ack_req = false;
         r.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn: self.target_msn });
         let b = self.build(&r, |_| {});
-        self.record(self.local, self.target.ip(), self.sock.local_addr().map_or(4791, |a| a.port()), &b);
+        self.record(self.local, self.target.ip(), self.port, &b);
         let _ = self.sock.send_to(&b, self.target);
     }
 
     fn record(&self, src: IpAddr, dst: IpAddr, sport: u16, packet: &[u8]) {
         if let Some(log) = &self.log {
-            let dport =
-                if src == self.local { self.target.port() } else { self.sock.local_addr().map_or(4791, |a| a.port()) };
+            let dport = if src == self.local { self.target.port() } else { self.port };
             let udp = udp_header(sport, dport, packet.len());
             let (ip, n) = ip_header(src, dst, 8 + packet.len(), 0, true, 0);
             log.record(&ip[..n], &udp, packet);

@@ -4,7 +4,6 @@
 
 use super::roce::RoceDriver;
 use crate::cm::{AcceptArgs, CmError, CmFailure, ConnId, ConnStatus, ConnectArgs, Request};
-use crate::engine::verbs::Mtu;
 use crate::iwarp::config::{ConnParam, ConnectError};
 use crate::transport::headers::ip_to_gid;
 use std::net::SocketAddr;
@@ -71,11 +70,6 @@ fn wait_settled(d: &RoceDriver, id: ConnId, deadline: Option<Instant>) -> Option
     }
 }
 
-/// The path MTU this device offers: its link's, at most 4096.
-fn device_mtu(d: &RoceDriver) -> Mtu {
-    d.path_mtu
-}
-
 fn depth(v: u16) -> u8 {
     v.min(u16::from(u8::MAX)) as u8
 }
@@ -98,7 +92,7 @@ pub fn connect(
             src_port: 0xc000 | (dev.random_psn() as u16 & 0x3fff),
             dst_port: to.port(),
             psn: dev.random_psn(),
-            mtu: device_mtu(d),
+            mtu: d.path_mtu,
             responder_resources: depth(p.responder_resources),
             initiator_depth: depth(p.initiator_depth),
             private_data: p.private_data.clone(),
@@ -164,7 +158,7 @@ pub fn accept(d: &RoceDriver, id: ConnId, qpn: u32, p: &ConnParam) -> Result<(),
         let args = AcceptArgs {
             qpn,
             psn: dev.random_psn(),
-            mtu: device_mtu(d),
+            mtu: d.path_mtu,
             responder_resources: depth(p.responder_resources),
             initiator_depth: depth(p.initiator_depth),
             private_data: p.private_data.clone(),
