@@ -15,6 +15,7 @@ pub mod conform;
 pub mod driver;
 pub mod engine;
 pub mod fuzzing;
+pub mod inject;
 pub mod iwarp;
 pub mod sim;
 pub mod tools;

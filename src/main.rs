@@ -6,7 +6,7 @@ use softrdma::tools::bench::{Params, Test};
 use softrdma::tools::perf::ToolArgs;
 use softrdma::verbs::Mtu;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -110,6 +110,34 @@ enum Command {
         /// Write every packet both ways to this pcap file.
         #[arg(long)]
         pcap: Option<PathBuf>,
+    },
+    /// Forwards every frame between two interfaces (a bridge on the path between two RoCEv2
+    /// peers) and applies declared events to chosen packets, then reports the peers'
+    /// micro-behaviour around each event: retransmission time and go-back-N extent, NAK
+    /// reaction, CNPs, whether a corrupted packet was dropped.
+    Inject {
+        /// Interface A.
+        #[arg(long = "a")]
+        a: String,
+        /// Interface B.
+        #[arg(long = "b")]
+        b: String,
+        /// KIND@N[,qp=HEX][,op=HEX][,from=ADDR][,us=N][,byte=N]: KIND (drop, ecn, corrupt,
+        /// delay, dup) on the Nth request packet that matches (repeatable).
+        #[arg(short = 'e', long = "event")]
+        events: Vec<String>,
+        /// Every forwarded frame, to this pcap file.
+        #[arg(long)]
+        pcap: Option<PathBuf>,
+        /// Stop after this many seconds (else at SIGINT or SIGTERM).
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Draw each flow's time-sequence graph with the events marked (needs --pcap).
+        #[arg(long, requires = "pcap")]
+        plot: Option<PathBuf>,
     },
     /// rping over iWARP (MPA on TCP, or with --iface on softrdma's own TCP over raw
     /// Ethernet), compatible with rdma-core's rping on siw.
@@ -232,6 +260,10 @@ struct PerfArgs {
     /// iWARP: ask for MPA markers in the stream this side receives.
     #[arg(long)]
     markers: bool,
+    /// RoCEv2 congestion control (IBTA A17.9): answer ECN-CE marks with CNPs and pace the
+    /// sender on CNPs (DCQCN), as an RDMA NIC with ECN configured does.
+    #[arg(long)]
+    cc: bool,
     #[command(flatten)]
     raw: RawArgs,
 }
@@ -330,19 +362,66 @@ enum PcapCommand {
         /// Leave out flows with fewer packets than this.
         #[arg(long = "min-packets", default_value_t = 4)]
         min_packets: usize,
+        /// Mark the events of this `softrdma inject --json` report on their flows.
+        #[arg(long)]
+        events: Option<PathBuf>,
     },
+}
+
+fn pcap_plot(file: &Path, out: &Path, min_packets: usize, events: Option<&Path>) -> Result<(), String> {
+    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let marks = match events {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            softrdma::inject::bridge::marks_from_json(&v)?
+        }
+        None => Vec::new(),
+    };
+    let n = softrdma::capture::plot::plot(&bytes, out, min_packets, &marks)?;
+    println!("{n} flows drawn to {}", out.display());
+    Ok(())
+}
+
+fn inject(
+    a: String,
+    b: String,
+    events: &[String],
+    pcap: Option<PathBuf>,
+    seconds: Option<f64>,
+    json: bool,
+    plot: Option<&Path>,
+) -> Result<(), String> {
+    use softrdma::inject::{bridge, micro};
+    let events = events.iter().map(|e| e.parse()).collect::<Result<Vec<_>, String>>()?;
+    let duration = seconds.map(std::time::Duration::from_secs_f64);
+    let args = bridge::BridgeArgs { a, b, events, pcap: pcap.clone(), duration };
+    let rep = bridge::run(&args)?;
+    if json {
+        println!("{}", bridge::report_json(&rep));
+    } else {
+        println!("forwarded {} frames A to B, {} B to A", rep.forwarded.0, rep.forwarded.1);
+        print!("{}", micro::table(&bridge::findings(&rep)));
+        for u in &rep.unmet {
+            println!("never applied: {} of request {} (too few matching packets)", u.action, u.nth);
+        }
+    }
+    if let (Some(svg), Some(cap)) = (plot, pcap) {
+        let bytes = std::fs::read(&cap).map_err(|e| format!("{}: {e}", cap.display()))?;
+        softrdma::capture::plot::plot(&bytes, svg, 4, &bridge::marks(&rep))?;
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Pcap { command: PcapCommand::Check { files, json, quiet } } => pcap_check(&files, json, quiet),
-        Command::Pcap { command: PcapCommand::Plot { file, out, min_packets } } => {
-            let r = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display())).and_then(|bytes| {
-                softrdma::capture::plot::plot(&bytes, &out, min_packets)
-                    .map(|n| println!("{n} flows drawn to {}", out.display()))
-            });
-            exit_status("pcap plot", r)
+        Command::Pcap { command: PcapCommand::Plot { file, out, min_packets, events } } => {
+            exit_status("pcap plot", pcap_plot(&file, &out, min_packets, events.as_deref()))
+        }
+        Command::Inject { a, b, events, pcap, seconds, json, plot } => {
+            exit_status("inject", inject(a, b, &events, pcap, seconds, json, plot.as_deref()))
         }
         Command::Conform { target, port, roce_port, bind, mtu, wait_ms, rate, connect_wait_s, cases, json, pcap } => {
             let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
@@ -546,6 +625,7 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
         json: a.json,
         bind: a.bind,
         pcap: a.pcap,
+        cc: a.cc,
     };
     match softrdma::tools::perf::run(&args) {
         Ok(()) => ExitCode::SUCCESS,

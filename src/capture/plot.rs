@@ -33,18 +33,52 @@ pub type Point = (f64, i64, Mark);
 pub struct Flow {
     /// The points.
     pub points: Vec<Point>,
+    /// The PSN the points count from.
+    pub base_psn: u32,
+    /// Injected events on this flow: time (µs from the capture's start), relative PSN, label.
+    pub events: Vec<(f64, i64, String)>,
+}
+
+/// An event to mark on its flow's graph (an injected drop, mark, corruption, ...).
+#[derive(Debug, Clone)]
+pub struct EventMark {
+    /// When (ns since the Unix epoch, the capture's clock).
+    pub time_ns: u64,
+    /// The packet's source, destination and destination QP: its flow.
+    pub flow: (IpAddr, IpAddr, u32),
+    /// Its PSN.
+    pub psn: u32,
+    /// What happened to it.
+    pub label: String,
 }
 
 /// The flows of a capture, keyed by (requester address, responder address, responder QPN).
 pub fn flows(bytes: &[u8]) -> Result<BTreeMap<(IpAddr, IpAddr, u32), Flow>, String> {
+    flows_with(bytes, &[])
+}
+
+/// The flows of a capture with `events` placed on theirs.
+pub fn flows_with(bytes: &[u8], events: &[EventMark]) -> Result<BTreeMap<(IpAddr, IpAddr, u32), Flow>, String> {
     let frames = read_frames(bytes).map_err(|e| format!("{e:?}"))?.frames;
     let t0 = frames.first().map_or(0, |f| f.time_ns);
+    let mut out = points_of(&frames, t0);
+    for e in events {
+        if let Some(flow) = out.get_mut(&e.flow) {
+            let rel = crate::proto::roce::Psn::new(flow.base_psn).distance_to(crate::proto::roce::Psn::new(e.psn));
+            let t_us = e.time_ns.saturating_sub(t0) as f64 / 1e3;
+            flow.events.push((t_us, i64::from(rel), e.label.clone()));
+        }
+    }
+    Ok(out)
+}
+
+fn points_of(frames: &[super::reader::Frame], t0: u64) -> BTreeMap<(IpAddr, IpAddr, u32), Flow> {
     let mut out: BTreeMap<(IpAddr, IpAddr, u32), Flow> = BTreeMap::new();
     // The requester QPN each responder QP answers to, learned from its requests' ACKs.
     let mut first_psn: BTreeMap<(IpAddr, IpAddr, u32), u32> = BTreeMap::new();
     let mut highest: BTreeMap<(IpAddr, IpAddr, u32), i64> = BTreeMap::new();
     let mut answers_to: BTreeMap<(IpAddr, IpAddr), u32> = BTreeMap::new();
-    for f in &frames {
+    for f in frames {
         let Dissected::Udp(d) = dissect(f) else { continue };
         let Ok(r) = RocePacket::new_checked(d.payload).and_then(|p| RoceRepr::parse(&p)) else { continue };
         let Some(info) = r.info() else { continue };
@@ -75,14 +109,16 @@ pub fn flows(bytes: &[u8]) -> Result<BTreeMap<(IpAddr, IpAddr, u32), Flow>, Stri
                 m
             }
         };
-        out.entry(key).or_default().points.push((t_us, rel, mark));
+        let flow = out.entry(key).or_default();
+        flow.base_psn = base;
+        flow.points.push((t_us, rel, mark));
     }
-    Ok(out)
+    out
 }
 
 /// Draws every flow with at least `min_points` points, one panel each, into `out` (SVG).
-pub fn plot(bytes: &[u8], out: &std::path::Path, min_points: usize) -> Result<usize, String> {
-    let all = flows(bytes)?;
+pub fn plot(bytes: &[u8], out: &std::path::Path, min_points: usize, events: &[EventMark]) -> Result<usize, String> {
+    let all = flows_with(bytes, events)?;
     let shown: Vec<_> = all.iter().filter(|(_, f)| f.points.len() >= min_points).collect();
     if shown.is_empty() {
         return Err("no RC flow in the capture".into());
@@ -127,6 +163,16 @@ fn draw_flow<DB: DrawingBackend>(
             .draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), size, color.filled())))?
             .label(label)
             .legend(move |(x, y)| Circle::new((x, y), 4, color.filled()));
+    }
+    if !flow.events.is_empty() {
+        let marks: Vec<(f64, i64, String)> = flow.events.clone();
+        chart
+            .draw_series(marks.iter().map(|(x, y, _)| Cross::new((*x, *y), 7, BLACK.stroke_width(2))))?
+            .label("injected event")
+            .legend(|(x, y)| Cross::new((x, y), 4, BLACK.stroke_width(2)));
+        chart.draw_series(
+            marks.iter().map(|(x, y, l)| Text::new(l.clone(), (*x, *y + 1), ("sans-serif", 12).into_font())),
+        )?;
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
     Ok(())

@@ -107,6 +107,57 @@ impl Drop for VethPair {
     }
 }
 
+/// Three namespaces in a row, `a`, `mid` and `b`, veths `a`-`mid` and `mid`-`b`, all up:
+/// the stage for an in-path bridge (`softrdma inject`) in `mid` between two endpoints.
+/// Removed when dropped, also when the test panics.
+pub struct InPath {
+    /// Namespace names: a, mid, b.
+    pub ns: [String; 3],
+    /// Interface names: a's, mid's towards a, mid's towards b, b's.
+    pub ifaces: [String; 4],
+}
+
+impl InPath {
+    /// Makes the stage, or says why not (not root, no `ip`).
+    pub fn new(prefix: &str) -> Result<InPath, String> {
+        if !is_root() {
+            return Err("needs root for network namespaces".into());
+        }
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("{}x{n}", std::process::id() % 100_000);
+        let ns = [format!("{prefix}{tag}a"), format!("{prefix}{tag}m"), format!("{prefix}{tag}b")];
+        let ifaces = [format!("v{tag}a"), format!("v{tag}ma"), format!("v{tag}mb"), format!("v{tag}b")];
+        let stage = InPath { ns: ns.clone(), ifaces: ifaces.clone() };
+        for n in &ns {
+            ip(&["netns", "add", n])?;
+            ip(&["-n", n, "link", "set", "lo", "up"])?;
+        }
+        for (pair, (ns_x, ns_y)) in [(0, (0, 1)), (2, (1, 2))] {
+            let (x, y) = (&ifaces[pair], &ifaces[pair + 1]);
+            ip(&["link", "add", x, "type", "veth", "peer", "name", y])?;
+            for (dev, n) in [(x, &ns[ns_x]), (y, &ns[ns_y])] {
+                ip(&["link", "set", dev, "netns", n])?;
+                ip(&["-n", n, "link", "set", dev, "up"])?;
+            }
+        }
+        Ok(stage)
+    }
+
+    /// Gives the kernel in end namespace `a` (0) or `b` (1) an address on its veth.
+    pub fn end_addr(&self, end: usize, cidr: &str) -> Result<(), String> {
+        let (n, dev) = if end == 0 { (&self.ns[0], &self.ifaces[0]) } else { (&self.ns[2], &self.ifaces[3]) };
+        ip(&["-n", n, "addr", "add", cidr, "dev", dev])
+    }
+}
+
+impl Drop for InPath {
+    fn drop(&mut self) {
+        for n in &self.ns {
+            let _ = ip(&["netns", "del", n]);
+        }
+    }
+}
+
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()

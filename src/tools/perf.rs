@@ -42,6 +42,8 @@ pub struct ToolArgs {
     pub iwarp: IwarpConfig,
     /// RoCEv2 on raw Ethernet with an address of its own (`None`: kernel UDP sockets).
     pub raw: Option<RawConfig>,
+    /// RoCEv2 congestion control on (CNPs on ECN-CE, DCQCN pacing).
+    pub cc: bool,
 }
 
 /// Sizes of a run: 2^1..=2^23 with `-a` (perftest's range), else the one size.
@@ -124,6 +126,7 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
         cfg.transport = a.transport;
         cfg.iwarp = a.iwarp.clone();
         cfg.pcap = a.pcap.clone();
+        cfg.cc.enabled = a.cc;
         let oob = match &a.server {
             Some(s) => Oob::connect_cm(&cfg, s, a.port),
             None => Oob::accept_cm(&cfg, a.port),
@@ -147,6 +150,7 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
         },
     };
     cfg.pcap = a.pcap.clone();
+    cfg.cc.enabled = a.cc;
     Ok((oob, cfg))
 }
 

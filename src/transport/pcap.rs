@@ -39,7 +39,16 @@ impl FrameLog {
         frame.extend_from_slice(udp);
         frame.extend_from_slice(payload);
         let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-        let packet = PcapPacket::new(ts, frame.len() as u32, &frame);
+        self.write(ts, &frame);
+    }
+
+    /// Records a whole Ethernet frame seen at `time_ns` (since the Unix epoch).
+    pub fn record_frame(&self, frame: &[u8], time_ns: u64) {
+        self.write(Duration::from_nanos(time_ns), frame);
+    }
+
+    fn write(&self, ts: Duration, frame: &[u8]) {
+        let packet = PcapPacket::new(ts, frame.len() as u32, frame);
         if let Ok(mut w) = self.writer.lock() {
             if let Some(w) = w.as_mut() {
                 let _ = w.write_packet(&packet);

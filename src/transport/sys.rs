@@ -484,6 +484,27 @@ pub fn enter_netns(path: &std::path::Path) -> io::Result<()> {
     check(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }).map(drop)
 }
 
+static STOP_REQUESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn note_stop(_: libc::c_int) {
+    STOP_REQUESTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// From now on SIGINT and SIGTERM only set a flag that [`stop_requested`] reads, so that a
+/// long-running tool (the injector) can finish its files before it exits.
+pub fn catch_stop_signals() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, note_stop as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, note_stop as *const () as libc::sighandler_t);
+    }
+}
+
+/// True once SIGINT or SIGTERM came after [`catch_stop_signals`].
+pub fn stop_requested() -> bool {
+    STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
