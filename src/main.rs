@@ -75,14 +75,21 @@ enum Command {
         #[arg(short = 's', long, default_value_t = 2048)]
         size: usize,
     },
-    /// Tests a live RoCEv2 peer's conformance (IBTA vol. 1 ch. 9): connects through its
-    /// ibv_rc_pingpong server, restarted after each connection, and runs the catalogue.
+    /// Tests a live peer's protocol conformance: on RoCEv2 (IBTA vol. 1 ch. 9) through its
+    /// ibv_rc_pingpong server, on iWARP (RFC 5040/5041/5044) through its rping server, the
+    /// tool restarted after each connection; runs the catalogue, or random mutations.
     Conform {
         /// The target's address.
         target: String,
-        /// TCP port of the target's ibv_rc_pingpong.
-        #[arg(short = 'p', long, default_value_t = 18515)]
-        port: u16,
+        /// rocev2 or iwarp.
+        #[arg(long, default_value = "rocev2")]
+        transport: softrdma::verbs::Transport,
+        /// TCP port of the target's tool (default 18515 for ibv_rc_pingpong, 7174 for rping).
+        #[arg(short = 'p', long)]
+        port: Option<u16>,
+        /// iWARP: ask for MPA CRC on every connection.
+        #[arg(long = "mpa-crc")]
+        mpa_crc: bool,
         /// UDP port of RoCEv2 on both sides.
         #[arg(long = "roce-port", default_value_t = 4791)]
         roce_port: u16,
@@ -423,11 +430,28 @@ fn main() -> ExitCode {
         Command::Inject { a, b, events, pcap, seconds, json, plot } => {
             exit_status("inject", inject(a, b, &events, pcap, seconds, json, plot.as_deref()))
         }
-        Command::Conform { target, port, roce_port, bind, mtu, wait_ms, rate, connect_wait_s, cases, json, pcap } => {
+        Command::Conform {
+            target,
+            transport,
+            port,
+            mpa_crc,
+            roce_port,
+            bind,
+            mtu,
+            wait_ms,
+            rate,
+            connect_wait_s,
+            cases,
+            json,
+            pcap,
+        } => {
             let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
+            let iwarp = transport == softrdma::verbs::Transport::Iwarp;
             let a = softrdma::conform::ConformArgs {
                 target,
-                port,
+                transport,
+                port: port.unwrap_or(if iwarp { 7174 } else { 18515 }),
+                mpa_crc,
                 roce_port,
                 bind,
                 mtu,

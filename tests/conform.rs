@@ -1,6 +1,6 @@
 //! `softrdma conform` against a softrdma target on loopback: the target is softrdma's
-//! rc-pingpong server, restarted after each connection as a user restarts
-//! ibv_rc_pingpong, and every case of the catalogue must conform.
+//! rc-pingpong server (RoCEv2) or rping server (iWARP), restarted after each connection as
+//! a user restarts ibv_rc_pingpong or rping, and every case of the catalogue must conform.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +11,12 @@ fn softrdma() -> Command {
     Command::new(env!("CARGO_BIN_EXE_softrdma"))
 }
 
-/// Keeps one rc-pingpong server listening until `stop`.
-fn target_loop(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+/// Keeps one server (`args`) listening until `stop`.
+fn target_loop(args: Vec<String>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         while !stop.load(Ordering::Acquire) {
             let mut child: Child = softrdma()
-                .args(["rc-pingpong", "--bind", "127.46.0.1", "-p", &port.to_string(), "-n", "5"])
+                .args(&args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -34,7 +34,8 @@ fn target_loop(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> 
 #[test]
 fn a_softrdma_target_conforms_in_every_case() {
     let stop = Arc::new(AtomicBool::new(false));
-    let target = target_loop(19501, stop.clone());
+    let args = ["rc-pingpong", "--bind", "127.46.0.1", "-p", "19501", "-n", "5"];
+    let target = target_loop(args.map(String::from).to_vec(), stop.clone());
     let pcap = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("conform.pcap");
     let out = softrdma()
         .args(["conform", "127.46.0.1", "-p", "19501", "--bind", "127.46.0.2", "--json", "--wait-ms", "600"])
@@ -59,4 +60,26 @@ fn a_softrdma_target_conforms_in_every_case() {
     let rep: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
     assert_eq!(rep["tally"]["checksum_bad"].as_u64(), Some(1), "{rep}");
     assert!(rep["tally"]["roce_packets"].as_u64().unwrap() > 50, "{rep}");
+}
+
+#[test]
+fn a_softrdma_iwarp_target_conforms_in_every_case() {
+    let stop = Arc::new(AtomicBool::new(false));
+    let args = ["rping", "-s", "-a", "127.46.0.3", "-p", "19502", "-C", "1"];
+    let target = target_loop(args.map(String::from).to_vec(), stop.clone());
+    let out = softrdma()
+        .args(["conform", "127.46.0.3", "--transport", "iwarp", "-p", "19502", "--json", "--wait-ms", "600"])
+        .output()
+        .unwrap();
+    stop.store(true, Ordering::Release);
+    target.join().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {} {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    });
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 17, "{doc}");
+    for c in cases {
+        assert_eq!(c["verdict"], "conforms", "{c}");
+    }
+    assert!(out.status.success());
 }

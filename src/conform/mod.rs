@@ -11,6 +11,8 @@
 //! Packets go to the target's address only.
 
 mod cases;
+pub mod iwarp;
+pub mod iwarp_cases;
 mod peer;
 
 pub use cases::{catalogue, Case};
@@ -24,10 +26,14 @@ use std::time::Duration;
 /// What the tester is told.
 #[derive(Debug, Clone)]
 pub struct ConformArgs {
-    /// The target's address (its ibv_rc_pingpong server).
+    /// The target's address (its ibv_rc_pingpong server, or on iWARP its rping server).
     pub target: String,
-    /// The exchange's TCP port.
+    /// RoCEv2 (ibv_rc_pingpong's exchange) or iWARP (rping through MPA).
+    pub transport: crate::verbs::Transport,
+    /// The exchange's TCP port (iWARP: the rdma_cm listener's).
     pub port: u16,
+    /// iWARP: ask for MPA CRC on every connection.
+    pub mpa_crc: bool,
     /// The UDP port RoCEv2 packets go to and come from (4791).
     pub roce_port: u16,
     /// The local address to test from (default: the one the exchange's TCP uses).
@@ -74,13 +80,43 @@ pub struct Outcome {
     pub seen: Vec<String>,
 }
 
+fn chosen(a: &ConformArgs, name: &str) -> bool {
+    a.only.is_empty() || a.only.iter().any(|o| name.contains(o.as_str()))
+}
+
+/// Runs the iWARP catalogue: each case on a fresh connection to the target's rping.
+fn run_iwarp(a: &ConformArgs) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    for case in iwarp_cases::catalogue().into_iter().filter(|c| chosen(a, c.name)) {
+        let connected = match case.setup {
+            iwarp_cases::Setup::Tcp => iwarp::IwPeer::tcp(a),
+            iwarp_cases::Setup::Mpa => iwarp::IwPeer::connect(a),
+            iwarp_cases::Setup::MpaWithCrc => iwarp::IwPeer::connect(&ConformArgs { mpa_crc: true, ..a.clone() }),
+        };
+        let (verdict, seen) = match connected {
+            Ok(mut peer) => {
+                let v = (case.run)(&mut peer, a);
+                let seen = peer.take_seen();
+                peer.close();
+                (v, seen)
+            }
+            Err(e) => (Verdict::Hung(format!("no fresh connection: {e}")), Vec::new()),
+        };
+        out.push(Outcome { name: case.name, section: case.section, expect: case.expect, verdict, seen });
+        // The target's tool sees the close and starts again.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    out
+}
+
 /// Runs the catalogue (or the cases `a.only` names) against the target.
 pub fn run(a: &ConformArgs) -> Vec<Outcome> {
+    if a.transport == crate::verbs::Transport::Iwarp {
+        return run_iwarp(a);
+    }
     let log = a.pcap.as_ref().and_then(|p| crate::transport::pcap::FrameLog::create(p).ok()).map(std::sync::Arc::new);
     let mut out = Vec::new();
-    for case in
-        catalogue().into_iter().filter(|c| a.only.is_empty() || a.only.iter().any(|o| c.name.contains(o.as_str())))
-    {
+    for case in catalogue().into_iter().filter(|c| chosen(a, c.name)) {
         let (verdict, seen) = match Peer::connect(a, log.clone()) {
             Ok(mut peer) => {
                 let v = (case.run)(&mut peer);
@@ -100,7 +136,7 @@ pub fn run(a: &ConformArgs) -> Vec<Outcome> {
 
 /// The human table.
 pub fn table(outcomes: &[Outcome]) -> String {
-    let mut s = format!("{:<28} {:<14} {:<10} {}\n", "case", "IBTA vol. 1", "verdict", "required / found");
+    let mut s = format!("{:<28} {:<14} {:<10} {}\n", "case", "section", "verdict", "required / found");
     for o in outcomes {
         let (v, why) = match &o.verdict {
             Verdict::Conforms => ("conforms", String::new()),

@@ -236,7 +236,7 @@ impl Peer {
 
 /// The target's exchange, retried until `wait` is over: its tool restarts after each
 /// connection, which takes a while on a slow machine.
-fn connect_within(host: &str, port: u16, wait: Duration) -> Result<std::net::TcpStream, String> {
+pub(super) fn connect_within(host: &str, port: u16, wait: Duration) -> Result<std::net::TcpStream, String> {
     let to = crate::tools::oob::resolve(host, port).map_err(|e| format!("{host}: {e}"))?;
     let deadline = Instant::now() + wait;
     loop {

@@ -70,19 +70,19 @@ pub fn run(args: &BridgeArgs) -> Result<BridgeReport, String> {
     let deadline = args.duration.map(|d| Instant::now() + d);
     while !sys::stop_requested() && deadline.is_none_or(|d| Instant::now() < d) {
         let now = now_ns();
-        let mut out: [Vec<Vec<u8>>; 2] = [vec![], vec![]];
         for (side, frame) in inj.due(now) {
-            out[to_index(side)].push(frame);
+            forward(&ports[to_index(side)].tx, &[frame], now, log.as_ref(), &mut rep);
+            count(&mut rep, to_index(side), 1);
         }
-        for (i, port) in ports.iter_mut().enumerate() {
+        for i in 0..2 {
             let side = if i == 0 { Side::AtoB } else { Side::BtoA };
-            for frame in read_batch(&mut port.rx) {
-                out[to_index(side)].extend(inj.on_frame(now, side, frame));
-            }
-        }
-        for (i, frames) in out.iter().enumerate() {
-            forward(&ports[i].tx, frames, now, log.as_ref(), &mut rep);
-            count(&mut rep, i, frames.len());
+            let frames = read_batch(&mut ports[i].rx);
+            // Each batch is stamped when it was read and forwarded at once, so times
+            // measured at the bridge are as fine as its batches.
+            let at = now_ns();
+            let out: Vec<Vec<u8>> = frames.into_iter().flat_map(|f| inj.on_frame(at, side, f)).collect();
+            forward(&ports[to_index(side)].tx, &out, at, log.as_ref(), &mut rep);
+            count(&mut rep, to_index(side), out.len());
         }
         let wait = inj.next_due_ns().map_or(Duration::from_millis(50), |t| Duration::from_nanos(t.saturating_sub(now)));
         let fds = [ports[0].rx.fd(), ports[1].rx.fd()];

@@ -68,6 +68,8 @@ pub struct Finding {
 const FLOW_WINDOW: i32 = 1 << 16;
 /// The window the rate before and after a CNP is measured over.
 const RATE_WINDOW_NS: u64 = 2_000_000;
+/// What follows a duplicate is read over this long (events are further apart).
+const DUP_WINDOW_NS: u64 = 5_000_000;
 /// CNPs are counted over this long after a mark.
 const CNP_WINDOW_NS: u64 = 20_000_000;
 
@@ -102,10 +104,12 @@ pub fn analyse(all: &[Pkt], applied: &[Applied], released: &[(usize, u64)]) -> V
         .map(|(i, e)| {
             let flow = flow_of(all, e);
             let late_copy = released.iter().find(|r| r.0 == i).map(|r| r.1);
+            // What follows the next event is that event's.
+            let next_event = applied.iter().map(|x| x.time_ns).filter(|&t| t > e.time_ns).min().unwrap_or(u64::MAX);
             let metrics = match e.spec.action {
                 Action::Drop | Action::Corrupt(_) | Action::Delay { .. } => loss_metrics(&flow, e, late_copy),
                 Action::Ecn => ecn_metrics(&flow, e),
-                Action::Duplicate => dup_metrics(&flow, e),
+                Action::Duplicate => dup_metrics(&flow, e, next_event),
             };
             Finding { event: describe_spec(e), packet: describe_packet(e), metrics }
         })
@@ -129,7 +133,8 @@ fn us(ns: u64) -> String {
 fn loss_metrics(f: &FlowView<'_>, e: &Applied, late_copy: Option<u64>) -> Vec<(&'static str, String)> {
     let (t0, psn) = (e.time_ns, Psn::new(e.packet.psn));
     let after = |x: &&&Pkt| x.time_ns > t0;
-    let gap_seen = f.requests.iter().filter(after).find(|x| psn.distance_to(x.psn) > 0).map(|x| x.time_ns);
+    // A later PSN may pass in the event's own batch (the same timestamp).
+    let gap_seen = f.requests.iter().filter(|x| x.time_ns >= t0).find(|x| psn.distance_to(x.psn) > 0).map(|x| x.time_ns);
     let nak = f
         .replies
         .iter()
@@ -199,17 +204,18 @@ fn ecn_metrics(f: &FlowView<'_>, e: &Applied) -> Vec<(&'static str, String)> {
 
 /// A duplicated request: what the receiver said to the copy, and whether the sender
 /// was fooled into retransmitting.
-fn dup_metrics(f: &FlowView<'_>, e: &Applied) -> Vec<(&'static str, String)> {
+fn dup_metrics(f: &FlowView<'_>, e: &Applied, next_event_ns: u64) -> Vec<(&'static str, String)> {
     let (t0, psn) = (e.time_ns, Psn::new(e.packet.psn));
-    let naks = f.replies.iter().filter(|x| x.time_ns >= t0 && matches!(x.syndrome, Some(Syndrome::Nak(_)))).count();
-    let again = f.requests.iter().filter(|x| x.time_ns > t0 && psn.distance_to(x.psn) <= 0).count();
+    let within = |t: u64| t >= t0 && t < (t0 + DUP_WINDOW_NS).min(next_event_ns);
+    let naks = f.replies.iter().filter(|x| within(x.time_ns) && matches!(x.syndrome, Some(Syndrome::Nak(_)))).count();
     // The bridge forwards both copies at t0; anything at or below the PSN after that is a
     // retransmission (the second copy carries the same timestamp).
-    let acks_of_it = f.replies.iter().filter(|x| x.time_ns >= t0 && x.psn == psn).count();
+    let again = f.requests.iter().filter(|x| x.time_ns > t0 && within(x.time_ns) && psn.distance_to(x.psn) <= 0).count();
+    let acks_of_it = f.replies.iter().filter(|x| within(x.time_ns) && x.psn == psn).count();
     vec![
         ("ACKs naming the duplicated PSN", acks_of_it.to_string()),
-        ("NAKs after it", naks.to_string()),
-        ("retransmissions at or below it", again.to_string()),
+        ("NAKs within 5 ms (before the next event)", naks.to_string()),
+        ("retransmissions at or below it within 5 ms", again.to_string()),
     ]
 }
 

@@ -211,3 +211,14 @@ fn an_ecn_mark_shows_its_cnps_and_the_rate_around_them() {
     assert_eq!(metric(f, "closest CNP spacing"), "550 µs");
     assert_eq!(metric(f, "requests 2 ms before / after the CNP"), "11 / 20");
 }
+
+#[test]
+fn what_follows_the_next_event_is_not_the_duplicates() {
+    let nak = Some(Syndrome::Nak(NakCode::PsnSequenceError));
+    let all = [pkt(100, true, 0x07, 10, None), pkt(100, true, 0x07, 10, None), pkt(900, false, 0x11, 20, nak)];
+    let events = [applied("dup@1", 100, 10), applied("drop@9", 800, 20)];
+    let f = &analyse(&all, &events, &[])[0];
+    assert_eq!(metric(f, "NAKs within 5 ms (before the next event)"), "0");
+    let alone = &analyse(&all, &events[..1], &[])[0];
+    assert_eq!(metric(alone, "NAKs within 5 ms (before the next event)"), "1");
+}

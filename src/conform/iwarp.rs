@@ -1,0 +1,252 @@
+//! One iWARP connection to the target for one case: a TCP connection to its rdma_cm
+//! listener (rping's server), MPA setup as an initiator (RFC 5044 §7.1, RFC 6581), then
+//! FPDUs built here (good CRCs when CRC was negotiated, unless a case is about them) and
+//! what comes back, read as MPA, DDP and RDMAP.
+
+use super::ConformArgs;
+use crate::iwarp::setup::{CrcPolicy, Outcome, Policy, RtrKind, Setup};
+use crate::proto::iwarp::ddp::{DdpBuffer, DdpRepr};
+use crate::proto::iwarp::fpdu::{FpduPacket, FpduRepr};
+use crate::proto::iwarp::rdmap::{Body, Control, Layer, MessageRepr, Opcode};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// What the target sent, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IwReply {
+    /// A Terminate: layer, error type, error code (RFC 5040 §4.8).
+    Terminate(Layer, u8, u8),
+    /// An RDMA Read Request: the data source STag and size it asks for.
+    ReadRequest { src_stag: u32, size: u32 },
+    /// Another RDMAP message (its opcode).
+    Other(u8),
+    /// Bytes that are not a well-formed FPDU or RDMAP message.
+    Garbage(String),
+    /// An MPA Reply (rejecting or not) to a Request this side sent by hand.
+    MpaReply { reject: bool },
+    /// The target closed the TCP connection (FIN or RST).
+    Closed,
+}
+
+/// The tester's side of one iWARP connection.
+pub struct IwPeer {
+    stream: TcpStream,
+    /// CRC32c on every FPDU (negotiated).
+    pub crc: bool,
+    /// The MSN of this side's next untagged message on queue 0 (Sends) and 1 (Reads).
+    pub msn: [u32; 2],
+    inbox: Vec<u8>,
+    wait: Duration,
+    gap: Duration,
+    last_sent: Option<Instant>,
+    seen: Vec<String>,
+}
+
+impl IwPeer {
+    /// A TCP connection only (for the MPA cases, which send their own frames).
+    pub fn tcp(a: &ConformArgs) -> Result<IwPeer, String> {
+        let stream = super::peer::connect_within(&a.target, a.port, a.connect_wait)?;
+        let _ = stream.set_nodelay(true);
+        let gap = Duration::from_secs_f64(1.0 / f64::from(a.rate_pps.max(1)));
+        Ok(IwPeer { stream, crc: false, msn: [1, 1], inbox: Vec::new(), wait: a.wait, gap, last_sent: None, seen: vec![] })
+    }
+
+    /// A connection through MPA setup, ready for FPDUs (the RTR sent if the target asked).
+    pub fn connect(a: &ConformArgs) -> Result<IwPeer, String> {
+        let mut p = IwPeer::tcp(a)?;
+        let policy = Policy {
+            crc: if a.mpa_crc { CrcPolicy::Required } else { CrcPolicy::OnRequest },
+            rtr: vec![RtrKind::Write, RtrKind::Send],
+            ..Policy::default()
+        };
+        let mut setup = Setup::initiator(policy, 0);
+        p.write_raw(&setup.take_output());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = [0u8; 4096];
+        while setup.outcome().is_none() {
+            let left = deadline.checked_duration_since(Instant::now()).ok_or("no MPA Reply within 10 s")?;
+            p.stream.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+            let n = p.stream.read(&mut buf).map_err(|e| format!("waiting for the MPA Reply: {e}"))?;
+            if n == 0 {
+                return Err("the target closed the connection during MPA setup".into());
+            }
+            let used = setup.on_bytes(&buf[..n]);
+            p.inbox.extend_from_slice(&buf[used..n]);
+        }
+        match setup.outcome() {
+            Some(Outcome::Established(neg)) => {
+                if neg.markers_tx {
+                    return Err("the target wants MPA markers, which the tester does not send".into());
+                }
+                p.crc = neg.crc;
+                match neg.rtr {
+                    Some(RtrKind::Send) => {
+                        let m = p.send_msg(Opcode::Send, 0, &[]);
+                        p.send_fpdu(&m, false);
+                    }
+                    Some(_) => {
+                        let m = write(0, 0, &[]);
+                        p.send_fpdu(&m, false);
+                    }
+                    None => {}
+                }
+                Ok(p)
+            }
+            other => Err(format!("MPA setup: {other:?}")),
+        }
+    }
+
+    /// An untagged message on queue 0 (or 1 for Read Requests) with the next MSN.
+    pub fn send_msg(&mut self, opcode: Opcode, qn: u32, payload: &[u8]) -> Vec<u8> {
+        let q = (qn as usize).min(1);
+        let msn = self.msn[q];
+        self.msn[q] += 1;
+        untagged(opcode, qn, msn, 0, payload)
+    }
+
+    /// Sends one FPDU around `ulpdu`; `bad_crc` breaks its CRC (or, without CRC, puts a
+    /// nonzero value where the receiver must ignore it).
+    pub fn send_fpdu(&mut self, ulpdu: &[u8], bad_crc: bool) {
+        let f = FpduRepr { ulpdu, pad: [0; 3], with_crc: self.crc };
+        let mut b = vec![0u8; f.buffer_len()];
+        if f.emit(&mut b).is_err() {
+            return;
+        }
+        if bad_crc {
+            let n = b.len();
+            b[n - 1] ^= 0xff;
+        }
+        self.write_raw(&b);
+    }
+
+    /// Writes bytes to the stream (at most `rate_pps` writes a second).
+    pub fn write_raw(&mut self, bytes: &[u8]) {
+        if let Some(t) = self.last_sent {
+            if let Some(d) = (t + self.gap).checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+        }
+        self.last_sent = Some(Instant::now());
+        let _ = self.stream.write_all(bytes);
+    }
+
+    /// What the target sends within the wait (stopping at a close).
+    pub fn replies(&mut self, mpa_reply_expected: bool) -> Vec<IwReply> {
+        let deadline = Instant::now() + self.wait;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        let mut closed = false;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+            let _ = self.stream.set_read_timeout(Some(left));
+            match self.stream.read(&mut buf) {
+                Ok(0) => closed = true,
+                Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+                Err(_) => closed = true,
+            }
+            if closed {
+                break;
+            }
+        }
+        if mpa_reply_expected {
+            out.extend(self.take_mpa_reply());
+        }
+        out.extend(self.take_fpdus());
+        if closed {
+            out.push(IwReply::Closed);
+        }
+        self.seen.extend(out.iter().map(describe));
+        out
+    }
+
+    fn take_mpa_reply(&mut self) -> Option<IwReply> {
+        let b = &self.inbox;
+        if b.len() < 20 || !b.starts_with(crate::proto::iwarp::mpa::KEY_REPLY) {
+            return None;
+        }
+        let len = 20 + usize::from(u16::from_be_bytes([b[18], b[19]]));
+        let reject = b[16] & 0x20 != 0;
+        self.inbox.drain(..len.min(self.inbox.len()));
+        Some(IwReply::MpaReply { reject })
+    }
+
+    fn take_fpdus(&mut self) -> Vec<IwReply> {
+        let mut out = Vec::new();
+        while self.inbox.len() >= 2 {
+            let ulpdu_len = usize::from(u16::from_be_bytes([self.inbox[0], self.inbox[1]]));
+            let total = crate::proto::iwarp::fpdu::fpdu_len(ulpdu_len);
+            if self.inbox.len() < total {
+                break;
+            }
+            let frame: Vec<u8> = self.inbox.drain(..total).collect();
+            out.push(read_fpdu(&frame, self.crc));
+        }
+        out
+    }
+
+    /// What came back during the case, one line per message.
+    pub fn take_seen(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.seen)
+    }
+
+    /// Ends the connection (the target's tool exits and listens again).
+    pub fn close(mut self) {
+        self.shutdown();
+    }
+
+    /// Closes the TCP connection (FIN) and keeps the peer for its record.
+    pub fn shutdown(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn read_fpdu(frame: &[u8], crc: bool) -> IwReply {
+    let Ok(p) = FpduPacket::new_checked(frame) else { return IwReply::Garbage("a short FPDU".into()) };
+    if crc && p.verify_crc().is_err() {
+        return IwReply::Garbage("an FPDU with a bad CRC".into());
+    }
+    match MessageRepr::parse(p.ulpdu()) {
+        Ok(m) => match m.body {
+            Body::Terminate(t) => IwReply::Terminate(t.layer, t.etype, t.ecode),
+            Body::ReadRequest(r) => IwReply::ReadRequest { src_stag: r.src_stag, size: r.size },
+            Body::Data(_) => IwReply::Other(m.control.opcode as u8),
+        },
+        Err(e) => IwReply::Garbage(format!("{e:?}")),
+    }
+}
+
+/// An untagged RDMAP message (RFC 5040 §4, RFC 5041 §4.4), the last of its message.
+pub fn untagged(opcode: Opcode, qn: u32, msn: u32, mo: u32, payload: &[u8]) -> Vec<u8> {
+    message(opcode, DdpBuffer::Untagged { rsvd_ulp: 0, qn, msn, mo }, payload)
+}
+
+/// An RDMA Write segment to `stag` at `to`, the last of its message.
+pub fn write(stag: u32, to: u64, payload: &[u8]) -> Vec<u8> {
+    message(Opcode::Write, DdpBuffer::Tagged { stag, to }, payload)
+}
+
+fn message(opcode: Opcode, buffer: DdpBuffer, payload: &[u8]) -> Vec<u8> {
+    let m = MessageRepr {
+        ddp: DdpRepr { last: true, version: 1, rsvd_ulp: 0, buffer },
+        control: Control { version: 1, opcode },
+        body: Body::Data(payload),
+    };
+    let mut b = vec![0u8; m.buffer_len()];
+    m.emit(&mut b).expect("sized above");
+    b
+}
+
+/// One reply, as the report prints it.
+pub fn describe(r: &IwReply) -> String {
+    match r {
+        IwReply::Terminate(l, t, c) => {
+            format!("Terminate {l:?}/{t}/0x{c:02x} ({})", crate::proto::iwarp::rdmap::describe(*l, *t, *c))
+        }
+        IwReply::ReadRequest { src_stag, size } => format!("Read Request src STag 0x{src_stag:08x} size {size}"),
+        IwReply::Other(op) => format!("RDMAP opcode {op}"),
+        IwReply::Garbage(what) => format!("not RDMAP: {what}"),
+        IwReply::MpaReply { reject } => format!("MPA Reply{}", if *reject { " rejecting" } else { "" }),
+        IwReply::Closed => "connection closed".into(),
+    }
+}
