@@ -111,6 +111,13 @@ enum Command {
         /// Only the cases whose name contains this (repeatable).
         #[arg(long = "case")]
         cases: Vec<String>,
+        /// Random mode (RoCEv2): this many trials of mutated valid traffic instead of the
+        /// catalogue; failures are shrunk to their fewest mutations.
+        #[arg(long)]
+        random: Option<u64>,
+        /// The random mode's seed (default: drawn, and printed).
+        #[arg(long, value_parser = parse_seed)]
+        seed: Option<u64>,
         /// Print one JSON document instead of the table.
         #[arg(long)]
         json: bool,
@@ -375,6 +382,14 @@ enum PcapCommand {
     },
 }
 
+/// A seed in decimal or 0x-hex.
+fn parse_seed(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).map_err(|e| e.to_string()),
+        None => s.parse().map_err(|e: std::num::ParseIntError| e.to_string()),
+    }
+}
+
 fn pcap_plot(file: &Path, out: &Path, min_packets: usize, events: Option<&Path>) -> Result<(), String> {
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let marks = match events {
@@ -442,10 +457,13 @@ fn main() -> ExitCode {
             rate,
             connect_wait_s,
             cases,
+            random,
+            seed,
             json,
             pcap,
         } => {
             let Some(mtu) = mtu_of(mtu) else { return ExitCode::FAILURE };
+            let seed = seed.unwrap_or_else(|| softrdma::engine::rng::Rng::os().next_u64());
             let iwarp = transport == softrdma::verbs::Transport::Iwarp;
             let a = softrdma::conform::ConformArgs {
                 target,
@@ -460,6 +478,7 @@ fn main() -> ExitCode {
                 connect_wait: std::time::Duration::from_secs(connect_wait_s),
                 only: cases,
                 pcap,
+                random: random.map(|n| (n, seed)),
             };
             let outcomes = softrdma::conform::run(&a);
             if json {

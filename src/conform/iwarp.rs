@@ -3,13 +3,16 @@
 //! FPDUs built here (good CRCs when CRC was negotiated, unless a case is about them) and
 //! what comes back, read as MPA, DDP and RDMAP.
 
+use super::tcp_log::TcpLog;
 use super::ConformArgs;
 use crate::iwarp::setup::{CrcPolicy, Outcome, Policy, RtrKind, Setup};
 use crate::proto::iwarp::ddp::{DdpBuffer, DdpRepr};
 use crate::proto::iwarp::fpdu::{FpduPacket, FpduRepr};
 use crate::proto::iwarp::rdmap::{Body, Control, Layer, MessageRepr, Opcode};
+use crate::transport::pcap::FrameLog;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the target sent, read.
@@ -41,23 +44,47 @@ pub struct IwPeer {
     gap: Duration,
     last_sent: Option<Instant>,
     seen: Vec<String>,
+    /// The capture (`--pcap`), and this connection's record in it.
+    log_file: Option<Arc<FrameLog>>,
+    log: Option<TcpLog>,
 }
 
 impl IwPeer {
     /// A TCP connection only (for the MPA cases, which send their own frames).
-    pub fn tcp(a: &ConformArgs) -> Result<IwPeer, String> {
+    pub fn tcp(a: &ConformArgs, log_file: Option<Arc<FrameLog>>) -> Result<IwPeer, String> {
         let stream = super::peer::connect_within(&a.target, a.port, a.connect_wait)?;
         let _ = stream.set_nodelay(true);
         let gap = Duration::from_secs_f64(1.0 / f64::from(a.rate_pps.max(1)));
-        Ok(IwPeer { stream, crc: false, msn: [1, 1], inbox: Vec::new(), wait: a.wait, gap, last_sent: None, seen: vec![] })
+        let log = match (&log_file, stream.local_addr(), stream.peer_addr()) {
+            (Some(f), Ok(l), Ok(r)) => Some(TcpLog::new(f.clone(), l, r)),
+            _ => None,
+        };
+        Ok(IwPeer {
+            stream,
+            crc: false,
+            msn: [1, 1],
+            inbox: Vec::new(),
+            wait: a.wait,
+            gap,
+            last_sent: None,
+            seen: vec![],
+            log_file,
+            log,
+        })
+    }
+
+    /// A new connection like this one (same capture).
+    pub fn another(&self, a: &ConformArgs) -> Result<IwPeer, String> {
+        IwPeer::connect(a, self.log_file.clone())
     }
 
     /// A connection through MPA setup, ready for FPDUs (the RTR sent if the target asked).
-    pub fn connect(a: &ConformArgs) -> Result<IwPeer, String> {
-        let mut p = IwPeer::tcp(a)?;
+    pub fn connect(a: &ConformArgs, log_file: Option<Arc<FrameLog>>) -> Result<IwPeer, String> {
+        let mut p = IwPeer::tcp(a, log_file)?;
         let policy = Policy {
             crc: if a.mpa_crc { CrcPolicy::Required } else { CrcPolicy::OnRequest },
-            rtr: vec![RtrKind::Write, RtrKind::Send],
+            // No peer-to-peer mode, as siw and rdma-core's rping offer by default.
+            rtr: Vec::new(),
             ..Policy::default()
         };
         let mut setup = Setup::initiator(policy, 0);
@@ -70,6 +97,9 @@ impl IwPeer {
             let n = p.stream.read(&mut buf).map_err(|e| format!("waiting for the MPA Reply: {e}"))?;
             if n == 0 {
                 return Err("the target closed the connection during MPA setup".into());
+            }
+            if let Some(l) = &mut p.log {
+                l.received(&buf[..n]);
             }
             let used = setup.on_bytes(&buf[..n]);
             p.inbox.extend_from_slice(&buf[used..n]);
@@ -128,6 +158,9 @@ impl IwPeer {
             }
         }
         self.last_sent = Some(Instant::now());
+        if let Some(l) = &mut self.log {
+            l.sent(bytes);
+        }
         let _ = self.stream.write_all(bytes);
     }
 
@@ -141,7 +174,12 @@ impl IwPeer {
             let _ = self.stream.set_read_timeout(Some(left));
             match self.stream.read(&mut buf) {
                 Ok(0) => closed = true,
-                Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
+                Ok(n) => {
+                    if let Some(l) = &mut self.log {
+                        l.received(&buf[..n]);
+                    }
+                    self.inbox.extend_from_slice(&buf[..n]);
+                }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
                 Err(_) => closed = true,
             }
@@ -155,6 +193,9 @@ impl IwPeer {
         out.extend(self.take_fpdus());
         if closed {
             out.push(IwReply::Closed);
+            if let Some(l) = &mut self.log {
+                l.fin(1);
+            }
         }
         self.seen.extend(out.iter().map(describe));
         out
@@ -197,6 +238,9 @@ impl IwPeer {
 
     /// Closes the TCP connection (FIN) and keeps the peer for its record.
     pub fn shutdown(&mut self) {
+        if let Some(mut l) = self.log.take() {
+            l.fin(0);
+        }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }

@@ -58,14 +58,56 @@ pub fn catalogue() -> Vec<IwCase> {
         c("ddp_msn_range", "RFC 5041 §7.2", "Terminate DDP/untagged/invalid MSN range (1/2/0x03)", Mpa, msn_range),
         c("ddp_message_too_long", "RFC 5041 §7.2", "Terminate DDP/untagged/message too long (1/2/0x05)", Mpa, too_long),
         c("ddp_invalid_mo", "RFC 5041 §7.2", "Terminate DDP/untagged/invalid MO or too long (1/2/0x04-5)", Mpa, bad_mo),
-        c("ddp_invalid_version", "RFC 5041 §7.2", "Terminate DDP/untagged/invalid DDP version (1/2/0x06)", Mpa, ddp_version),
-        c("write_invalid_stag", "RFC 5041 §7.2", "Terminate DDP/tagged/invalid STag (1/1/0x00) or RDMAP's", Mpa, write_stag),
-        c("read_invalid_stag", "RFC 5040 §7.1", "Terminate RDMAP/remote protection/invalid STag (0/1/0x00)", Mpa, read_stag),
-        c("read_response_never_asked", "RFC 5040 §7.1", "a Terminate (unexpected opcode or invalid STag)", Mpa, ghost_resp),
-        c("rdmap_reserved_opcode", "RFC 5040 §7.1", "Terminate RDMAP/remote operation/unexpected opcode (0/2/0x06)", Mpa, bad_op),
-        c("rdmap_invalid_version", "RFC 5040 §7.1", "Terminate RDMAP/remote operation/invalid version (0/2/0x05)", Mpa, rdmap_ver),
+        c(
+            "ddp_invalid_version",
+            "RFC 5041 §7.2",
+            "Terminate DDP/untagged/invalid DDP version (1/2/0x06)",
+            Mpa,
+            ddp_version,
+        ),
+        c(
+            "write_invalid_stag",
+            "RFC 5041 §7.2",
+            "Terminate DDP/tagged/invalid STag (1/1/0x00) or RDMAP's",
+            Mpa,
+            write_stag,
+        ),
+        c(
+            "read_invalid_stag",
+            "RFC 5040 §7.1",
+            "Terminate RDMAP/remote protection/invalid STag (0/1/0x00)",
+            Mpa,
+            read_stag,
+        ),
+        c(
+            "read_response_never_asked",
+            "RFC 5040 §7.1",
+            "a Terminate (unexpected opcode or invalid STag)",
+            Mpa,
+            ghost_resp,
+        ),
+        c(
+            "rdmap_reserved_opcode",
+            "RFC 5040 §7.1",
+            "Terminate RDMAP/remote operation/unexpected opcode (0/2/0x06)",
+            Mpa,
+            bad_op,
+        ),
+        c(
+            "rdmap_invalid_version",
+            "RFC 5040 §7.1",
+            "Terminate RDMAP/remote operation/invalid version (0/2/0x05)",
+            Mpa,
+            rdmap_ver,
+        ),
         c("terminate_is_not_answered", "RFC 5040 §6.1", "no Terminate in return; the stream closed", Mpa, term_quiet),
-        c("mpa_crc_error", "RFC 5044 §8", "the stream closed; a Terminate, if any, names MPA CRC error (2/0/0x02)", MpaWithCrc, crc_err),
+        c(
+            "mpa_crc_error",
+            "RFC 5044 §8",
+            "the stream closed; a Terminate, if any, names MPA CRC error (2/0/0x02)",
+            MpaWithCrc,
+            crc_err,
+        ),
         c("mpa_bad_key", "RFC 5044 §7.1", "no accepting MPA Reply; the connection closed", Tcp, bad_key),
         c("mpa_unknown_revision", "RFC 5044 §7.1", "no accepting MPA Reply; the connection closed", Tcp, bad_rev),
         c("mpa_private_data_too_long", "RFC 5044 §7.1", "no accepting MPA Reply; the connection closed", Tcp, long_pd),
@@ -84,6 +126,21 @@ fn seen(r: &[IwReply]) -> String {
 fn terminated(r: &[IwReply], codes: &[(Layer, u8, u8)]) -> Verdict {
     match r.first() {
         Some(IwReply::Terminate(l, t, c)) if codes.contains(&(*l, *t, *c)) => Verdict::Conforms,
+        Some(IwReply::Terminate(l, t, c)) => {
+            // RFC 5040 §4.8 puts the layer in the high nibble of the first byte and the
+            // error type in the low one; a sender that swaps them is named as such.
+            let swapped = (Layer::from_bits(*t), l.bits(), *c);
+            if codes.contains(&swapped) {
+                let (sl, st, sc) = swapped;
+                let what = crate::proto::iwarp::rdmap::describe(sl, st, sc);
+                let byte = l.bits() << 4 | *t;
+                Verdict::Deviates(format!(
+                    "layer and error type swapped: first byte 0x{byte:02x}, read as {l:?}/{t}; the code                      meant is {sl:?}/{st}/0x{sc:02x} ({what})"
+                ))
+            } else {
+                Verdict::Deviates(format!("got {}", seen(r)))
+            }
+        }
         _ => Verdict::Deviates(format!("got {}", seen(r))),
     }
 }
@@ -240,12 +297,30 @@ fn silent(p: &mut IwPeer, a: &ConformArgs) -> Verdict {
     let _ = p.replies(false);
     p.shutdown();
     std::thread::sleep(std::time::Duration::from_millis(500));
-    match IwPeer::connect(a) {
+    match p.another(a) {
         Ok(mut fresh) => {
             let v = send_ok(&mut fresh, a);
             fresh.close();
             v
         }
         Err(e) => Verdict::Hung(format!("the next initiator: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminate_is_judged_by_its_codes_and_swapped_nibbles_are_named() {
+        let want = [(Layer::Ddp, 2, 0x01)];
+        assert_eq!(terminated(&[IwReply::Terminate(Layer::Ddp, 2, 0x01)], &want), Verdict::Conforms);
+        // DDP (1) / untagged (2) sent as 0x21: read as LLP / 1.
+        match terminated(&[IwReply::Terminate(Layer::Llp, 1, 0x01), IwReply::Closed], &want) {
+            Verdict::Deviates(why) => assert!(why.contains("swapped: first byte 0x21"), "{why}"),
+            v => panic!("{v:?}"),
+        }
+        assert!(matches!(terminated(&[IwReply::Closed], &want), Verdict::Deviates(_)));
+        assert!(matches!(terminated(&[IwReply::Terminate(Layer::Ddp, 2, 0x02)], &want), Verdict::Deviates(_)));
     }
 }

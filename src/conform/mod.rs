@@ -14,6 +14,8 @@ mod cases;
 pub mod iwarp;
 pub mod iwarp_cases;
 mod peer;
+pub mod random;
+mod tcp_log;
 
 pub use cases::{catalogue, Case};
 pub use peer::Peer;
@@ -51,6 +53,8 @@ pub struct ConformArgs {
     pub only: Vec<String>,
     /// Every packet both ways, to this capture.
     pub pcap: Option<PathBuf>,
+    /// Random mode instead of the catalogue: this many trials from this seed.
+    pub random: Option<(u64, u64)>,
 }
 
 /// What a case found.
@@ -69,7 +73,7 @@ pub enum Verdict {
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// The case.
-    pub name: &'static str,
+    pub name: String,
     /// The section it checks.
     pub section: &'static str,
     /// What the section requires.
@@ -86,12 +90,15 @@ fn chosen(a: &ConformArgs, name: &str) -> bool {
 
 /// Runs the iWARP catalogue: each case on a fresh connection to the target's rping.
 fn run_iwarp(a: &ConformArgs) -> Vec<Outcome> {
+    let log = a.pcap.as_ref().and_then(|p| crate::transport::pcap::FrameLog::create(p).ok()).map(std::sync::Arc::new);
     let mut out = Vec::new();
     for case in iwarp_cases::catalogue().into_iter().filter(|c| chosen(a, c.name)) {
         let connected = match case.setup {
-            iwarp_cases::Setup::Tcp => iwarp::IwPeer::tcp(a),
-            iwarp_cases::Setup::Mpa => iwarp::IwPeer::connect(a),
-            iwarp_cases::Setup::MpaWithCrc => iwarp::IwPeer::connect(&ConformArgs { mpa_crc: true, ..a.clone() }),
+            iwarp_cases::Setup::Tcp => iwarp::IwPeer::tcp(a, log.clone()),
+            iwarp_cases::Setup::Mpa => iwarp::IwPeer::connect(a, log.clone()),
+            iwarp_cases::Setup::MpaWithCrc => {
+                iwarp::IwPeer::connect(&ConformArgs { mpa_crc: true, ..a.clone() }, log.clone())
+            }
         };
         let (verdict, seen) = match connected {
             Ok(mut peer) => {
@@ -102,15 +109,21 @@ fn run_iwarp(a: &ConformArgs) -> Vec<Outcome> {
             }
             Err(e) => (Verdict::Hung(format!("no fresh connection: {e}")), Vec::new()),
         };
-        out.push(Outcome { name: case.name, section: case.section, expect: case.expect, verdict, seen });
+        out.push(Outcome { name: case.name.to_string(), section: case.section, expect: case.expect, verdict, seen });
         // The target's tool sees the close and starts again.
         std::thread::sleep(Duration::from_millis(200));
+    }
+    if let Some(l) = log {
+        let _ = l.close();
     }
     out
 }
 
 /// Runs the catalogue (or the cases `a.only` names) against the target.
 pub fn run(a: &ConformArgs) -> Vec<Outcome> {
+    if let (Some((trials, seed)), crate::verbs::Transport::RoceV2) = (a.random, a.transport) {
+        return random::run(a, trials, seed);
+    }
     if a.transport == crate::verbs::Transport::Iwarp {
         return run_iwarp(a);
     }
@@ -126,7 +139,7 @@ pub fn run(a: &ConformArgs) -> Vec<Outcome> {
             }
             Err(e) => (Verdict::Hung(format!("no fresh connection: {e}")), Vec::new()),
         };
-        out.push(Outcome { name: case.name, section: case.section, expect: case.expect, verdict, seen });
+        out.push(Outcome { name: case.name.to_string(), section: case.section, expect: case.expect, verdict, seen });
     }
     if let Some(l) = log {
         let _ = l.close();

@@ -60,6 +60,8 @@ pub struct Peer {
     seen: Vec<String>,
     /// Messages of the target's this side has acknowledged.
     target_msn: u32,
+    /// Datagrams from the target with a bad ICRC or that do not parse.
+    pub malformed: usize,
     _stream: std::net::TcpStream,
 }
 
@@ -106,6 +108,7 @@ impl Peer {
             log,
             seen: Vec::new(),
             target_msn: 0,
+            malformed: 0,
             _stream: stream,
         })
     }
@@ -178,10 +181,12 @@ impl Peer {
             let local = (self.local, self.port);
             if !matches!(check_datagram(&mut cache, from, local, 0, p), DatagramCheck::Good { .. }) {
                 self.seen.push("a datagram with a bad ICRC".into());
+                self.malformed += 1;
                 continue;
             }
             let Ok(r) = RocePacket::new_checked(p).and_then(|pk| RoceRepr::parse(&pk)) else {
                 self.seen.push("a datagram that does not parse".into());
+                self.malformed += 1;
                 continue;
             };
             let mad = (r.bth.dest_qp == 1 && r.payload.len() >= 36).then(|| {

@@ -134,7 +134,8 @@ fn loss_metrics(f: &FlowView<'_>, e: &Applied, late_copy: Option<u64>) -> Vec<(&
     let (t0, psn) = (e.time_ns, Psn::new(e.packet.psn));
     let after = |x: &&&Pkt| x.time_ns > t0;
     // A later PSN may pass in the event's own batch (the same timestamp).
-    let gap_seen = f.requests.iter().filter(|x| x.time_ns >= t0).find(|x| psn.distance_to(x.psn) > 0).map(|x| x.time_ns);
+    let gap_seen =
+        f.requests.iter().filter(|x| x.time_ns >= t0).find(|x| psn.distance_to(x.psn) > 0).map(|x| x.time_ns);
     let nak = f
         .replies
         .iter()
@@ -210,7 +211,8 @@ fn dup_metrics(f: &FlowView<'_>, e: &Applied, next_event_ns: u64) -> Vec<(&'stat
     let naks = f.replies.iter().filter(|x| within(x.time_ns) && matches!(x.syndrome, Some(Syndrome::Nak(_)))).count();
     // The bridge forwards both copies at t0; anything at or below the PSN after that is a
     // retransmission (the second copy carries the same timestamp).
-    let again = f.requests.iter().filter(|x| x.time_ns > t0 && within(x.time_ns) && psn.distance_to(x.psn) <= 0).count();
+    let again =
+        f.requests.iter().filter(|x| x.time_ns > t0 && within(x.time_ns) && psn.distance_to(x.psn) <= 0).count();
     let acks_of_it = f.replies.iter().filter(|x| within(x.time_ns) && x.psn == psn).count();
     vec![
         ("ACKs naming the duplicated PSN", acks_of_it.to_string()),

@@ -182,7 +182,8 @@ pub enum Layer {
 }
 
 impl Layer {
-    fn from_bits(v: u8) -> Layer {
+    /// The layer a 4-bit value names.
+    pub fn from_bits(v: u8) -> Layer {
         match v {
             0 => Layer::Rdmap,
             1 => Layer::Ddp,
@@ -190,7 +191,8 @@ impl Layer {
             v => Layer::Reserved(v),
         }
     }
-    fn bits(self) -> u8 {
+    /// The 4-bit value of the layer.
+    pub fn bits(self) -> u8 {
         match self {
             Layer::Rdmap => 0,
             Layer::Ddp => 1,
