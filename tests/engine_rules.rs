@@ -77,6 +77,20 @@ fn short_first_packet_is_an_invalid_request() {
     assert_eq!(syndrome_of(&out), vec![(0x11, e.value(), Syndrome::Nak(NakCode::InvalidRequest))]);
 }
 
+// IBTA 9.7.5.1.4 before 9.7.5.1.5: a WRITE ONLY whose payload is not its DMA length is an
+// invalid request even when its R_Key is bad too (found by `softrdma conform`).
+#[test]
+fn write_length_is_checked_before_the_rkey() {
+    let mut p = pair(Attrs::default());
+    let e = p.b_epsn();
+    let mut w = request(&p, 0x0a, e, &[0; 16]);
+    w.reth = Some(RethRepr { va: p.mb.addr, rkey: p.mb.rkey ^ 0x100, dma_len: 4096 });
+    let out = p.inject_to_b(&w);
+    assert_eq!(syndrome_of(&out), vec![(0x11, e.value(), Syndrome::Nak(NakCode::InvalidRequest))]);
+    assert_eq!(p.sim.devices[1].qp_state(p.qb), Some(QpState::Err));
+    assert_eq!(p.mb.mem.to_vec()[..16], [0u8; 16]);
+}
+
 // IBTA 9.7.5.1.1: a duplicate SEND is acknowledged again and not delivered twice.
 #[test]
 fn duplicate_send_is_reacked_not_redelivered() {

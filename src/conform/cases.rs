@@ -25,6 +25,8 @@ pub struct Case {
     pub expect: &'static str,
     /// Sends its packets on a fresh connection and judges what comes back.
     pub run: fn(&mut Peer) -> Verdict,
+    /// This side's first PSN on the case's connection (random when `None`).
+    pub start_psn: Option<u32>,
 }
 
 const SEND_FIRST: u8 = 0x00;
@@ -45,74 +47,181 @@ const FATAL_ACCESS: &str = "NAK remote access error (or invalid request: the QP 
 /// Every case, in the order they run.
 pub fn catalogue() -> Vec<Case> {
     vec![
-        Case { name: "send_only_is_acked", section: "9.7.5.2.1", expect: "ACK of its PSN", run: send_only_is_acked },
+        Case {
+            name: "send_only_is_acked",
+            section: "9.7.5.2.1",
+            expect: "ACK of its PSN",
+            run: send_only_is_acked,
+            start_psn: None,
+        },
         Case {
             name: "psn_ahead_naks_once",
             section: "9.7.5.1.1",
             expect: "one NAK PSN sequence error at the expected PSN",
             run: psn_ahead_naks_once,
+            start_psn: None,
         },
         Case {
             name: "duplicate_send_is_reacked",
             section: "9.7.5.1.1",
             expect: "ACK again, nothing executed twice",
             run: duplicate_send_is_reacked,
+            start_psn: None,
         },
         Case {
             name: "middle_without_first",
             section: "9.7.5.1.2",
             expect: "NAK invalid request, QP to error",
             run: middle_without_first,
+            start_psn: None,
         },
         Case {
             name: "last_without_first",
             section: "9.7.5.1.2",
             expect: "NAK invalid request, QP to error",
             run: last_without_first,
+            start_psn: None,
         },
         Case {
             name: "first_after_first",
             section: "9.7.5.1.2",
             expect: "NAK invalid request, QP to error",
             run: first_after_first,
+            start_psn: None,
         },
         Case {
             name: "payload_beyond_mtu",
             section: "9.7.5.1.4",
             expect: "NAK invalid request, QP to error",
             run: payload_beyond_mtu,
+            start_psn: None,
         },
         Case {
             name: "short_first",
             section: "9.7.5.1.4",
             expect: "NAK invalid request, QP to error",
             run: short_first,
+            start_psn: None,
         },
-        Case { name: "write_with_a_bad_rkey", section: "9.7.5.1.5", expect: FATAL_ACCESS, run: write_with_a_bad_rkey },
-        Case { name: "read_with_a_bad_rkey", section: "9.7.5.1.5", expect: FATAL_ACCESS, run: read_with_a_bad_rkey },
-        Case { name: "tver_not_zero", section: "9.6.1", expect: "dropped silently, QP unharmed", run: tver_not_zero },
-        Case { name: "wrong_pkey", section: "10.9.3", expect: "dropped silently, QP unharmed", run: wrong_pkey },
-        Case { name: "unknown_qp", section: "9.6.1", expect: "dropped silently, QP unharmed", run: unknown_qp },
-        Case { name: "bad_icrc", section: "A17.3.3", expect: "dropped silently, QP unharmed", run: bad_icrc },
+        Case {
+            name: "write_with_a_bad_rkey",
+            section: "9.7.5.1.5",
+            expect: FATAL_ACCESS,
+            run: write_with_a_bad_rkey,
+            start_psn: None,
+        },
+        Case {
+            name: "read_with_a_bad_rkey",
+            section: "9.7.5.1.5",
+            expect: FATAL_ACCESS,
+            run: read_with_a_bad_rkey,
+            start_psn: None,
+        },
+        Case {
+            name: "tver_not_zero",
+            section: "9.6.1",
+            expect: "dropped silently, QP unharmed",
+            run: tver_not_zero,
+            start_psn: None,
+        },
+        Case {
+            name: "wrong_pkey",
+            section: "10.9.3",
+            expect: "dropped silently, QP unharmed",
+            run: wrong_pkey,
+            start_psn: None,
+        },
+        Case {
+            name: "unknown_qp",
+            section: "9.6.1",
+            expect: "dropped silently, QP unharmed",
+            run: unknown_qp,
+            start_psn: None,
+        },
+        Case {
+            name: "bad_icrc",
+            section: "A17.3.3",
+            expect: "dropped silently, QP unharmed",
+            run: bad_icrc,
+            start_psn: None,
+        },
         Case {
             name: "ack_for_psn_never_sent",
             section: "9.7.5.2.8",
             expect: "ignored (a ghost ACK), QP unharmed",
             run: ghost_ack,
+            start_psn: None,
         },
         Case {
             name: "qp1_req_for_no_listener",
             section: "12.6.7",
             expect: "a CM REJ, reason 8 (invalid ServiceID), from QP1",
             run: qp1_req_for_no_listener,
+            start_psn: None,
         },
         Case {
             name: "qp1_wrong_qkey",
             section: "13.5.3",
             expect: "the same REQ with a Q_Key other than 0x80010000: dropped silently",
             run: qp1_wrong_qkey,
+            start_psn: None,
         },
-        Case { name: "cnp_to_a_responder", section: "A17.9.3", expect: "no reply, QP unharmed", run: cnp },
+        Case {
+            name: "cnp_to_a_responder",
+            section: "A17.9.3",
+            expect: "no reply, QP unharmed",
+            run: cnp,
+            start_psn: None,
+        },
+        Case {
+            name: "psn_wraps",
+            section: "9.7.1",
+            expect: "SENDs at PSN 0xfffffe, 0xffffff and 0 each ACKed (modulo 2^24)",
+            run: psn_wraps,
+            start_psn: Some(0xff_fffe),
+        },
+        Case {
+            name: "duplicate_two_packet_send",
+            section: "9.7.5.1.1",
+            expect: "a FIRST+LAST SEND sent again: ACKed again, nothing executed twice",
+            run: duplicate_two_packet_send,
+            start_psn: None,
+        },
+        Case {
+            name: "stale_psn",
+            section: "9.7.5.1.1",
+            expect: "a SEND 100000 PSNs behind: a duplicate, ACKed or ignored, nothing executed, QP unharmed",
+            run: stale_psn,
+            start_psn: None,
+        },
+        Case {
+            name: "write_length_mismatch",
+            section: "9.7.5.1.4",
+            expect: "WRITE ONLY with DMA length 4096 and 16 bytes: NAK invalid request, QP to error",
+            run: write_length_mismatch,
+            start_psn: None,
+        },
+        Case {
+            name: "read_response_never_asked",
+            section: "9.7.5.2.8",
+            expect: "a READ RESPONSE ONLY the target never asked for: ignored, QP unharmed",
+            run: ghost_read_response,
+            start_psn: None,
+        },
+        Case {
+            name: "nak_for_psn_never_sent",
+            section: "9.7.5.2.8",
+            expect: "a sequence-error NAK for a PSN the target never sent: ignored, QP unharmed",
+            run: ghost_nak,
+            start_psn: None,
+        },
+        Case {
+            name: "qp1_junk_mad",
+            section: "13.4.7",
+            expect: "a CM-class MAD with an unknown attribute: no crash; QP1 still answers a REQ with REJ 8",
+            run: qp1_junk_mad,
+            start_psn: None,
+        },
     ]
 }
 
@@ -403,5 +512,105 @@ fn qp1_wrong_qkey(p: &mut Peer) -> Verdict {
         Verdict::Conforms
     } else {
         Verdict::Deviates(format!("answered: {}", seen(&r)))
+    }
+}
+
+fn psn_wraps(p: &mut Peer) -> Verdict {
+    for _ in 0..3 {
+        let psn = p.epsn;
+        send(p, SEND_ONLY, psn, 16);
+        let r = p.replies();
+        if !acked(&r, psn) {
+            return Verdict::Deviates(format!("the SEND at PSN 0x{:06x} got {}", psn.value(), seen(&r)));
+        }
+        p.epsn = psn.next();
+    }
+    Verdict::Conforms
+}
+
+fn duplicate_two_packet_send(p: &mut Peer) -> Verdict {
+    let (e, mtu) = (p.epsn, p.mtu.bytes());
+    let twice = |p: &mut Peer| {
+        send(p, SEND_FIRST, e, mtu);
+        send(p, SEND_LAST, e.next(), 8);
+        p.replies()
+    };
+    let first = twice(p);
+    if !first.iter().any(|x| x.psn == e.next().value() && matches!(x.syndrome(), Some(Syndrome::Ack { .. }))) {
+        return Verdict::Deviates(format!("the message got {}", seen(&first)));
+    }
+    let again = twice(p);
+    let nak = again.iter().any(|x| matches!(x.syndrome(), Some(Syndrome::Nak(_))));
+    let acked_again = again.iter().any(|x| matches!(x.syndrome(), Some(Syndrome::Ack { .. })));
+    if nak || !acked_again {
+        return Verdict::Deviates(format!("the duplicate message got {}", seen(&again)));
+    }
+    p.epsn = e.add(2);
+    still_works(p)
+}
+
+fn stale_psn(p: &mut Peer) -> Verdict {
+    let old = Psn::new(p.epsn.value().wrapping_sub(100_000) & 0xff_ffff);
+    send(p, SEND_ONLY, old, 16);
+    let r = p.replies();
+    if r.iter().any(|x| !matches!(x.syndrome(), Some(Syndrome::Ack { .. }))) {
+        return Verdict::Deviates(format!("got {}", seen(&r)));
+    }
+    still_works(p)
+}
+
+fn write_length_mismatch(p: &mut Peer) -> Verdict {
+    let e = p.epsn;
+    let payload = [0xa5u8; 16];
+    let reth = RethRepr { va: 0x1000, rkey: 0xdead_beef, dma_len: 4096 };
+    let mut r: RoceRepr<'_> = crate::engine::qp::requester::bare(p.bth(WRITE_ONLY, e, 16), Some(reth), None);
+    r.payload = &payload;
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+    let replies = p.replies();
+    nak_then_dead(p, &replies, NakCode::InvalidRequest, e)
+}
+
+/// An acknowledgement-class packet to the target's QP at a PSN it never sent.
+fn ghost_reply(p: &mut Peer, opcode: u8, syndrome: Syndrome, payload: &'static [u8]) -> Vec<Reply> {
+    let psn = Psn::new(p.epsn.value() ^ 0x40_0000);
+    let mut r = crate::engine::qp::requester::bare(p.bth(opcode, psn, payload.len()), None, None);
+    r.bth.ack_req = false;
+    r.aeth = Some(crate::proto::roce::ext::AethRepr { syndrome, msn: 3 });
+    r.payload = payload;
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+    p.replies()
+}
+
+fn ghost_read_response(p: &mut Peer) -> Verdict {
+    let r = ghost_reply(p, 0x10, Syndrome::Ack { credits: 31 }, &[0x66; 64]);
+    silent_then_alive(p, &r)
+}
+
+fn ghost_nak(p: &mut Peer) -> Verdict {
+    let r = ghost_reply(p, ACK, Syndrome::Nak(NakCode::PsnSequenceError), &[]);
+    silent_then_alive(p, &r)
+}
+
+fn qp1_junk_mad(p: &mut Peer) -> Verdict {
+    let mut mad = [0u8; 256];
+    // Base version 1, CM class (0x07), class version 2, method Get (0x01), attribute 0xffff.
+    mad[..4].copy_from_slice(&[1, 0x07, 2, 0x01]);
+    mad[8..16].copy_from_slice(&0x5eed_0000_0000_0001u64.to_be_bytes());
+    mad[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+    let mut bth = p.bth(0x64, Psn::new(0), mad.len());
+    bth.dest_qp = crate::proto::cm::GSI_QPN;
+    let mut r = crate::engine::qp::requester::bare(bth, None, None);
+    r.deth =
+        Some(crate::proto::roce::ext::DethRepr { qkey: crate::proto::cm::GSI_QKEY, src_qp: crate::proto::cm::GSI_QPN });
+    r.payload = &mad[..];
+    let b = p.build(&r, |_| {});
+    p.send(&b);
+    let _ = p.replies();
+    let r = req_to_qp1(p, crate::proto::cm::GSI_QKEY);
+    match &r[..] {
+        [x] if x.mad == Some((0x0012, 8)) => Verdict::Conforms,
+        _ => Verdict::Deviates(format!("after the junk MAD, a REQ got {}", seen(&r))),
     }
 }

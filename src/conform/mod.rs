@@ -130,7 +130,7 @@ pub fn run(a: &ConformArgs) -> Vec<Outcome> {
     let log = a.pcap.as_ref().and_then(|p| crate::transport::pcap::FrameLog::create(p).ok()).map(std::sync::Arc::new);
     let mut out = Vec::new();
     for case in catalogue().into_iter().filter(|c| chosen(a, c.name)) {
-        let (verdict, seen) = match Peer::connect(a, log.clone()) {
+        let (verdict, seen) = match Peer::connect(a, log.clone(), case.start_psn) {
             Ok(mut peer) => {
                 let v = (case.run)(&mut peer);
                 let seen = peer.take_seen();

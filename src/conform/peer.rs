@@ -67,7 +67,8 @@ pub struct Peer {
 
 impl Peer {
     /// The exchange as ibv_rc_pingpong's client: address out, the target's in, "done".
-    pub fn connect(a: &ConformArgs, log: Option<Arc<FrameLog>>) -> Result<Peer, String> {
+    /// `start_psn`: this side's first PSN (random when `None`).
+    pub fn connect(a: &ConformArgs, log: Option<Arc<FrameLog>>, start_psn: Option<u32>) -> Result<Peer, String> {
         let mut stream = connect_within(&a.target, a.port, a.connect_wait)?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
         let local = match a.bind {
@@ -80,7 +81,7 @@ impl Peer {
         let mine = PpDest {
             lid: 0,
             qpn: 16 + rng.below(0xff_ff00) as u32,
-            psn: rng.below(1 << 24) as u32,
+            psn: start_psn.unwrap_or(rng.below(1 << 24) as u32) & 0xff_ffff,
             gid: ip_to_gid(local),
         };
         stream.write_all(&mine.to_msg()).map_err(|e| e.to_string())?;

@@ -158,7 +158,7 @@ fn packet(p: &Peer, t: &Trial) -> (Vec<u8>, Psn) {
 
 /// Runs one trial on a fresh connection; `Err` says which part of the oracle broke.
 fn run_trial(a: &ConformArgs, t: &Trial) -> Result<(), String> {
-    let mut p = Peer::connect(a, None).map_err(|e| format!("HUNG: no fresh connection: {e}"))?;
+    let mut p = Peer::connect(a, None, None).map_err(|e| format!("HUNG: no fresh connection: {e}"))?;
     let (bytes, sent) = packet(&p, t);
     p.send(&bytes);
     let replies = p.replies();

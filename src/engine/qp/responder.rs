@@ -383,6 +383,12 @@ impl Responder {
 
     pub(crate) fn exec_write(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         if let Some(reth) = r.reth {
+            // IBTA 9.7.5.1.4 comes before 9.7.5.1.5: a length that cannot match the RETH is
+            // an invalid request whatever the key (the responder's checks are ordered).
+            let remaining = reth.dma_len as usize;
+            if (pos == Position::Only && r.payload.len() != remaining) || r.payload.len() > remaining {
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            }
             // IBTA 9.7.5.1.5 (C9-88): rkey, PD, access and bounds; nothing is written otherwise.
             if !self.access.remote_write {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError));
@@ -391,10 +397,6 @@ impl Responder {
                 .mrs
                 .resolve(reth.rkey, q.pd, reth.va, reth.dma_len as usize, Need::RemoteWrite)
                 .map_err(access_nak)?;
-            let remaining = reth.dma_len as usize;
-            if pos == Position::Only && r.payload.len() != remaining {
-                return Err(Refusal::Nak(NakCode::InvalidRequest));
-            }
             self.cur = Some(Inbound::Write { mem, offset, remaining });
         }
         let Some(Inbound::Write { mem, offset, remaining }) = &mut self.cur else {
