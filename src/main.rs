@@ -90,6 +90,9 @@ enum Command {
         /// iWARP: ask for MPA CRC on every connection.
         #[arg(long = "mpa-crc")]
         mpa_crc: bool,
+        /// iWARP: ms between the MPA Reply and a case's first FPDU (one case always uses 0).
+        #[arg(long = "settle-ms", default_value_t = 300)]
+        settle_ms: u64,
         /// UDP port of RoCEv2 on both sides.
         #[arg(long = "roce-port", default_value_t = 4791)]
         roce_port: u16,
@@ -450,6 +453,7 @@ fn main() -> ExitCode {
             transport,
             port,
             mpa_crc,
+            settle_ms,
             roce_port,
             bind,
             mtu,
@@ -470,6 +474,7 @@ fn main() -> ExitCode {
                 transport,
                 port: port.unwrap_or(if iwarp { 7174 } else { 18515 }),
                 mpa_crc,
+                settle: std::time::Duration::from_millis(settle_ms),
                 roce_port,
                 bind,
                 mtu,

@@ -80,6 +80,19 @@ impl IwPeer {
 
     /// A connection through MPA setup, ready for FPDUs (the RTR sent if the target asked).
     pub fn connect(a: &ConformArgs, log_file: Option<Arc<FrameLog>>) -> Result<IwPeer, String> {
+        // A listener whose tool is exiting rejects; its next instance will not.
+        let deadline = Instant::now() + a.connect_wait;
+        loop {
+            match IwPeer::connect_once(a, log_file.clone()) {
+                Err(e) if e.contains("Rejected") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn connect_once(a: &ConformArgs, log_file: Option<Arc<FrameLog>>) -> Result<IwPeer, String> {
         let mut p = IwPeer::tcp(a, log_file)?;
         let policy = Policy {
             crc: if a.mpa_crc { CrcPolicy::Required } else { CrcPolicy::OnRequest },
@@ -110,6 +123,9 @@ impl IwPeer {
                     return Err("the target wants MPA markers, which the tester does not send".into());
                 }
                 p.crc = neg.crc;
+                // Each case tests its own rule, not how soon the target is ready after its
+                // Reply (one case tests that: it connects with no settle time).
+                std::thread::sleep(a.settle);
                 match neg.rtr {
                     Some(RtrKind::Send) => {
                         let m = p.send_msg(Opcode::Send, 0, &[]);

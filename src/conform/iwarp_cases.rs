@@ -102,6 +102,13 @@ pub fn catalogue() -> Vec<IwCase> {
         ),
         c("terminate_is_not_answered", "RFC 5040 §6.1", "no Terminate in return; the stream closed", Mpa, term_quiet),
         c(
+            "ddp_error_right_after_reply",
+            "RFC 5044 §7.1",
+            "5 times, a bad-QN Send at once after the MPA Reply: a Terminate each time",
+            Mpa,
+            at_once,
+        ),
+        c(
             "mpa_crc_error",
             "RFC 5044 §8",
             "the stream closed; a Terminate, if any, names MPA CRC error (2/0/0x02)",
@@ -251,6 +258,31 @@ fn crc_err(p: &mut IwPeer, _: &ConformArgs) -> Verdict {
         Verdict::Conforms
     } else {
         Verdict::Deviates(format!("the stream stayed open: {}", seen(&r)))
+    }
+}
+
+/// Five connections, each sending an erroneous Send the moment the MPA Reply is in (the
+/// initiator may send then: the responder is ready once it has replied).
+fn at_once(p: &mut IwPeer, a: &ConformArgs) -> Verdict {
+    p.shutdown();
+    let eager = ConformArgs { settle: std::time::Duration::ZERO, ..a.clone() };
+    let mut silent = 0;
+    for _ in 0..5 {
+        let mut c = match p.another(&eager) {
+            Ok(c) => c,
+            Err(e) => return Verdict::Hung(format!("no fresh connection: {e}")),
+        };
+        c.send_fpdu(&untagged(Opcode::Send, 5, 1, 0, &rping_info(64)), false);
+        let r = c.replies(false);
+        if !matches!(r.first(), Some(IwReply::Terminate(..))) {
+            silent += 1;
+        }
+        c.close();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    match silent {
+        0 => Verdict::Conforms,
+        n => Verdict::Deviates(format!("{n} of 5 got no Terminate (with a settle time they all do)")),
     }
 }
 

@@ -36,6 +36,8 @@ pub struct ConformArgs {
     pub port: u16,
     /// iWARP: ask for MPA CRC on every connection.
     pub mpa_crc: bool,
+    /// iWARP: how long to wait after the MPA Reply before a case's first FPDU.
+    pub settle: Duration,
     /// The UDP port RoCEv2 packets go to and come from (4791).
     pub roce_port: u16,
     /// The local address to test from (default: the one the exchange's TCP uses).

@@ -117,7 +117,10 @@ pub fn analyse(all: &[Pkt], applied: &[Applied], released: &[(usize, u64)]) -> V
 }
 
 fn describe_spec(e: &Applied) -> String {
-    format!("{} of request {}", e.spec.action, e.spec.nth)
+    match e.spec.run {
+        1 => format!("{} of request {}", e.spec.action, e.spec.nth),
+        n => format!("{} of requests {} to {}", e.spec.action, e.spec.nth, e.spec.nth + n - 1),
+    }
 }
 
 fn describe_packet(e: &Applied) -> String {

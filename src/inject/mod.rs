@@ -46,13 +46,16 @@ pub struct EventSpec {
     pub opcode: Option<u8>,
     /// Only packets from this address.
     pub from: Option<IpAddr>,
+    /// The event hits this many matching packets in a row from the Nth (a run of ECN
+    /// marks shows CNP spacing; a run of drops, a burst loss).
+    pub run: u64,
 }
 
 impl std::str::FromStr for EventSpec {
     type Err = String;
 
-    /// `KIND@N[,qp=HEX][,op=HEX][,from=ADDR][,us=N][,byte=N]`, KIND one of drop, ecn,
-    /// corrupt, delay, dup: e.g. `drop@200`, `delay@50,us=2000`, `ecn@10,op=0x07`.
+    /// `KIND@N[,qp=HEX][,op=HEX][,from=ADDR][,us=N][,byte=N][,count=N]`, KIND one of drop,
+    /// ecn, corrupt, delay, dup: e.g. `drop@200`, `delay@50,us=2000`, `ecn@10,count=100`.
     fn from_str(s: &str) -> Result<EventSpec, String> {
         let mut parts = s.split(',');
         let head = parts.next().unwrap_or_default();
@@ -61,7 +64,7 @@ impl std::str::FromStr for EventSpec {
         if nth == 0 {
             return Err(format!("{s}: N counts from 1"));
         }
-        let mut spec = EventSpec { action: Action::Drop, nth, qpn: None, opcode: None, from: None };
+        let mut spec = EventSpec { action: Action::Drop, nth, qpn: None, opcode: None, from: None, run: 1 };
         let (mut us, mut byte) = (1000u64, None);
         for kv in parts {
             let (k, v) = kv.split_once('=').ok_or(format!("{s}: expected key=value, got {kv}"))?;
@@ -73,6 +76,7 @@ impl std::str::FromStr for EventSpec {
                 "from" => spec.from = Some(v.parse().map_err(|_| format!("{s}: from={v}"))?),
                 "us" => us = v.parse().map_err(|_| format!("{s}: us={v}"))?,
                 "byte" => byte = Some(v.parse().map_err(|_| format!("{s}: byte={v}"))?),
+                "count" => spec.run = v.parse().ok().filter(|&n| n >= 1).ok_or(format!("{s}: count={v}"))?,
                 _ => return Err(format!("{s}: unknown key {k}")),
             }
         }
@@ -168,9 +172,12 @@ impl Injector {
     /// side), after any event it triggers.
     pub fn on_frame(&mut self, now_ns: u64, side: Side, mut frame: Vec<u8>) -> Vec<Vec<u8>> {
         let Some(id) = roce_id(&frame) else { return vec![frame] };
-        let Some(i) = self.trigger(&id) else { return vec![frame] };
+        let Some((i, first)) = self.trigger(&id) else { return vec![frame] };
         let spec = self.specs[i].0.clone();
-        self.applied.push(Applied { spec: spec.clone(), time_ns: now_ns, packet: id });
+        // A run of packets is one event, placed at its first.
+        if first {
+            self.applied.push(Applied { spec: spec.clone(), time_ns: now_ns, packet: id });
+        }
         match spec.action {
             Action::Drop => vec![],
             Action::Ecn => {
@@ -194,16 +201,18 @@ impl Injector {
         }
     }
 
-    /// The first event whose count this packet completes (each event fires once).
-    fn trigger(&mut self, id: &RoceId) -> Option<usize> {
+    /// The first event whose run this packet falls in (each event fires once), and
+    /// whether it is the run's first packet.
+    fn trigger(&mut self, id: &RoceId) -> Option<(usize, bool)> {
         let mut hit = None;
         for (i, (spec, count)) in self.specs.iter_mut().enumerate() {
-            if *count >= spec.nth || !matches(spec, id) {
+            let last = spec.nth + spec.run - 1;
+            if *count >= last || !matches(spec, id) {
                 continue;
             }
             *count += 1;
-            if *count == spec.nth && hit.is_none() {
-                hit = Some(i);
+            if *count >= spec.nth && hit.is_none() {
+                hit = Some((i, *count == spec.nth));
             }
         }
         hit
@@ -247,7 +256,7 @@ impl Injector {
 
     /// Events declared that never found their packet.
     pub fn unmet(&self) -> Vec<EventSpec> {
-        self.specs.iter().filter(|(s, c)| *c < s.nth).map(|(s, _)| s.clone()).collect()
+        self.specs.iter().filter(|(s, c)| *c < s.nth + s.run - 1).map(|(s, _)| s.clone()).collect()
     }
 }
 

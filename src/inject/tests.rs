@@ -82,6 +82,18 @@ fn drop_takes_the_nth_request_and_nothing_else() {
 }
 
 #[test]
+fn a_run_marks_its_packets_and_counts_as_one_event() {
+    let mut inj = Injector::new(vec!["ecn@2,count=3".parse().unwrap()]);
+    let marked: Vec<bool> =
+        (0..6).map(|psn| inj.on_frame(0, Side::AtoB, write_middle(psn)).pop().unwrap()[15] & 3 == 3).collect();
+    assert_eq!(marked, [false, true, true, true, false, false]);
+    assert_eq!(inj.applied().len(), 1);
+    assert_eq!(inj.applied()[0].packet.psn, 1);
+    assert!(inj.unmet().is_empty());
+    assert!("ecn@2,count=0".parse::<EventSpec>().is_err());
+}
+
+#[test]
 fn qp_and_opcode_filters_pick_their_packets() {
     let mut inj = Injector::new(vec!["drop@1,qp=0x999".parse().unwrap(), "dup@2,op=0x08".parse().unwrap()]);
     for psn in 0..4 {
@@ -132,6 +144,7 @@ fn held_frames_stop_at_their_limit() {
         qpn: None,
         opcode: None,
         from: None,
+        run: 1,
     });
     let mut inj = Injector::new(specs.collect());
     let mut passed = 0;
