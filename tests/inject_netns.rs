@@ -74,7 +74,7 @@ fn events_on_a_write_stream_show_go_back_n_cnps_and_drops() {
     let Some(s) = stage("events_on_a_write_stream") else { return };
     s.end_addr(0, "10.81.0.1/24").unwrap();
     s.end_addr(1, "10.81.0.2/24").unwrap();
-    let events = ["drop@1000", "ecn@3000", "corrupt@5000", "dup@7000", "delay@9000,us=2000"];
+    let events = ["drop@1000", "ecn@3000,count=200", "corrupt@5000", "dup@7000", "delay@9000,us=2000"];
     let tool = ["write-bw", "-s", "65536", "-n", "200", "-m", "1024", "--cc"];
     let rep = through(&s, &events, &tool, "bw");
     assert_eq!(rep["applied"].as_array().unwrap().len(), 5, "{rep}");
@@ -87,10 +87,17 @@ fn events_on_a_write_stream_show_go_back_n_cnps_and_drops() {
     assert!(corrupt["retransmission after the event"].is_string(), "{corrupt}");
     let ecn = finding(&rep, "ECN");
     let cnps: u64 = ecn["CNPs within 20 ms"].as_str().unwrap().parse().unwrap();
-    assert!(cnps >= 1, "{ecn}");
+    assert!(cnps >= 2, "{ecn}");
+    // The notification point sends at most one CNP per QP per 50 µs (A17.9.3); the
+    // bridge's kernel timestamps see that, less the jitter of two sends (tens of µs on a
+    // busy host). Without the limit, 200 marks in a row come back as CNPs µs apart.
+    let spacing: u64 = ecn["closest CNP spacing"].as_str().unwrap().trim_end_matches(" µs").parse().unwrap();
+    assert!(spacing >= 10, "{ecn}");
     assert_eq!(finding(&rep, "duplicate")["retransmissions at or below it within 5 ms"], "0");
     let delay = finding(&rep, "delay");
-    assert!(delay["retransmission after the event"].as_str().unwrap().ends_with("(NAK)"), "{delay}");
+    // Later packets passed the held one: the gap is NAKed and repaired at once. (If the
+    // sender had nothing more in flight, nothing passed it and nothing is resent.)
+    assert!(delay["retransmission after the event"].as_str().is_none_or(|r| r.ends_with("(NAK)")), "{delay}");
 }
 
 #[test]

@@ -54,6 +54,8 @@ struct Port {
 fn open(iface: &str) -> Result<Port, String> {
     let (ifindex, _) = sys::interface_info(iface).map_err(|e| format!("interface {iface}: {e}"))?;
     let (tx, rx) = packet_socket(ifindex).map_err(|e| format!("packet socket on {iface} (needs CAP_NET_RAW): {e}"))?;
+    // Times are the kernel's receive times, not when the bridge read a batch.
+    sys::set_receive_timestamps(rx.fd()).map_err(|e| format!("timestamps on {iface}: {e}"))?;
     Ok(Port { tx, rx })
 }
 
@@ -76,12 +78,17 @@ pub fn run(args: &BridgeArgs) -> Result<BridgeReport, String> {
         }
         for i in 0..2 {
             let side = if i == 0 { Side::AtoB } else { Side::BtoA };
-            let frames = read_batch(&mut ports[i].rx);
-            // Each batch is stamped when it was read and forwarded at once, so times
-            // measured at the bridge are as fine as its batches.
-            let at = now_ns();
-            let out: Vec<Vec<u8>> = frames.into_iter().flat_map(|f| inj.on_frame(at, side, f)).collect();
-            forward(&ports[to_index(side)].tx, &out, at, log.as_ref(), &mut rep);
+            let mut out = Vec::new();
+            for (frame, at) in read_batch(&mut ports[i].rx) {
+                let n = out.len();
+                out.extend(inj.on_frame(at, side, frame));
+                for f in &out[n..] {
+                    record(f, at, log.as_ref(), &mut rep);
+                }
+            }
+            if !out.is_empty() {
+                ports[to_index(side)].tx.send(&out);
+            }
             count(&mut rep, to_index(side), out.len());
         }
         let wait = inj.next_due_ns().map_or(Duration::from_millis(50), |t| Duration::from_nanos(t.saturating_sub(now)));
@@ -111,8 +118,10 @@ fn to_index(side: Side) -> usize {
     }
 }
 
-fn read_batch(rx: &mut PacketSocketRx) -> Vec<Vec<u8>> {
+/// The frames waiting, each with the time the kernel received it.
+fn read_batch(rx: &mut PacketSocketRx) -> Vec<(Vec<u8>, u64)> {
     let n = rx.recv().unwrap_or(0);
+    let read_at = now_ns();
     (0..n)
         .filter_map(|i| {
             let mut f = rx.frame(i)?.to_vec();
@@ -121,7 +130,7 @@ fn read_batch(rx: &mut PacketSocketRx) -> Vec<Vec<u8>> {
             if rx.checksum_partial(i) {
                 complete_partial_checksum(&mut f);
             }
-            Some(f)
+            Some((f, rx.timestamp_ns(i).unwrap_or(read_at)))
         })
         .collect()
 }
@@ -138,12 +147,17 @@ fn forward(
     }
     tx.send(frames);
     for f in frames {
-        if let Some(l) = log {
-            l.record_frame(f, now);
-        }
-        if rep.packets.len() < MAX_RECORDED_PACKETS {
-            rep.packets.extend(packet_of(f, now));
-        }
+        record(f, now, log, rep);
+    }
+}
+
+/// Notes a forwarded frame: in the capture, and for the analysis.
+fn record(f: &[u8], at: u64, log: Option<&crate::transport::pcap::FrameLog>, rep: &mut BridgeReport) {
+    if let Some(l) = log {
+        l.record_frame(f, at);
+    }
+    if rep.packets.len() < MAX_RECORDED_PACKETS {
+        rep.packets.extend(packet_of(f, at));
     }
 }
 
@@ -175,7 +189,11 @@ fn packet_of(frame: &[u8], time_ns: u64) -> Option<Pkt> {
 
 /// The report's findings, table and JSON (events, unmet events, findings).
 pub fn findings(rep: &BridgeReport) -> Vec<micro::Finding> {
-    micro::analyse(&rep.packets, &rep.applied, &rep.released)
+    // Frames are stamped by the kernel as they arrive on either port; read both ports'
+    // in time order.
+    let mut packets = rep.packets.clone();
+    packets.sort_by_key(|p| p.time_ns);
+    micro::analyse(&packets, &rep.applied, &rep.released)
 }
 
 /// The run as JSON: frames forwarded, events applied (with the packet each hit), events

@@ -55,7 +55,8 @@ pub fn set_buffers(fd: RawFd, bytes: usize) {
     }
 }
 
-const CMSG_SPACE: usize = 64;
+// Room for a packet socket's auxdata and a receive timestamp together.
+const CMSG_SPACE: usize = 128;
 
 /// Room for the ancillary data of one datagram, aligned as the kernel and the CMSG macros
 /// expect a `cmsghdr` to be.
@@ -74,7 +75,7 @@ pub struct RecvBatch {
     cmsgs: Vec<CmsgBuf>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    meta: Vec<(usize, SocketAddr, u8, u32)>,
+    meta: Vec<(usize, SocketAddr, u8, u32, Option<u64>)>,
 }
 
 // SAFETY: the raw pointers in `iovs` and `hdrs` are scratch space, rewritten from the owned
@@ -108,7 +109,7 @@ impl RecvBatch {
 
     /// Datagram `i` of the last call: its bytes, source and TOS byte.
     pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr, u8)> {
-        let &(len, src, tos, _) = self.meta.get(i)?;
+        let &(len, src, tos, _, _) = self.meta.get(i)?;
         Some((&self.bufs[i][..len], src, tos))
     }
 
@@ -116,6 +117,12 @@ impl RecvBatch {
     /// host with its transport checksum still partial (offloaded, `TP_STATUS_CSUMNOTREADY`).
     pub fn checksum_partial(&self, i: usize) -> bool {
         self.meta.get(i).is_some_and(|m| m.3 & TP_STATUS_CSUMNOTREADY != 0)
+    }
+
+    /// When the kernel received datagram `i` (ns since the Unix epoch), on a socket with
+    /// [`set_receive_timestamps`].
+    pub fn timestamp_ns(&self, i: usize) -> Option<u64> {
+        self.meta.get(i).and_then(|m| m.4)
     }
 
     /// Receives what is queued without blocking; returns the number of datagrams.
@@ -148,8 +155,8 @@ impl RecvBatch {
             let src = sockaddr_to_std(&self.addrs[i]).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
             // The kernel never reports more than the iovec's length; clamp all the same.
             let len = (h.msg_len as usize).min(self.bufs[i].len());
-            let (tos, status) = ancillary_of(&h.msg_hdr);
-            self.meta.push((len, src, tos, status));
+            let (tos, status, stamp) = ancillary_of(&h.msg_hdr);
+            self.meta.push((len, src, tos, status, stamp));
         }
         Ok(got)
     }
@@ -177,10 +184,16 @@ pub fn set_packet_auxdata(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::SOL_PACKET, PACKET_AUXDATA, 1)
 }
 
-/// The TOS byte (IP sockets) and the packet status (packet sockets) in a message's
-/// ancillary data.
-fn ancillary_of(h: &libc::msghdr) -> (u8, u32) {
-    let (mut tos, mut status) = (0, 0);
+/// Asks for each datagram's kernel receive time (`SO_TIMESTAMPNS`, the real-time clock):
+/// what a bridge that measures reaction times must stamp, rather than when it read a batch.
+pub fn set_receive_timestamps(fd: RawFd) -> io::Result<()> {
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+}
+
+/// The TOS byte (IP sockets), the packet status (packet sockets) and the receive time (with
+/// [`set_receive_timestamps`]) in a message's ancillary data.
+fn ancillary_of(h: &libc::msghdr) -> (u8, u32, Option<u64>) {
+    let (mut tos, mut status, mut stamp) = (0, 0, None);
     // SAFETY: the kernel filled msg_control with well-formed cmsgs of msg_controllen bytes;
     // the CMSG macros walk them within those bounds, and each payload is read unaligned
     // with the type its level and type say it holds.
@@ -195,11 +208,14 @@ fn ancillary_of(h: &libc::msghdr) -> (u8, u32) {
                 tos = (data.cast::<libc::c_int>().read_unaligned()) as u8;
             } else if level == libc::SOL_PACKET && ty == PACKET_AUXDATA {
                 status = data.cast::<TpacketAuxdata>().read_unaligned().tp_status;
+            } else if level == libc::SOL_SOCKET && ty == libc::SCM_TIMESTAMPNS {
+                let t = data.cast::<libc::timespec>().read_unaligned();
+                stamp = Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64);
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    (tos, status)
+    (tos, status, stamp)
 }
 
 fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {

@@ -31,6 +31,10 @@ pub trait FrameRx: Send {
     fn checksum_partial(&self, _i: usize) -> bool {
         false
     }
+    /// When the kernel received frame `i` (ns since the Unix epoch), if it was asked to say.
+    fn timestamp_ns(&self, _i: usize) -> Option<u64> {
+        None
+    }
 }
 
 /// A link, opened: both ways of moving frames and the interface's MTU (IP bytes).
@@ -115,5 +119,9 @@ impl FrameRx for PacketSocketRx {
 
     fn checksum_partial(&self, i: usize) -> bool {
         self.batch.checksum_partial(i)
+    }
+
+    fn timestamp_ns(&self, i: usize) -> Option<u64> {
+        self.batch.timestamp_ns(i)
     }
 }
