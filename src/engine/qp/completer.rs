@@ -198,8 +198,13 @@ impl Requester {
         let expected = w.first_psn.add(w.done_pkts);
         if psn != expected {
             ctx.stats.out_of_order_responses += 1;
-            // A response is missing (IBTA 9.7.5.2.4): ask again for the rest at once.
-            if expected.serial_cmp(psn).is_lt() && !self.already_resending(expected) {
+            // A response is missing (IBTA 9.7.5.2.4): ask again for the rest at once, once:
+            // responses of the earlier request still in flight arrive out of order too, and
+            // answering each with a new request would restart the whole response each time.
+            if expected.serial_cmp(psn).is_lt()
+                && !self.already_resending(expected)
+                && self.rewound_to != Some(expected)
+            {
                 self.rewind(expected);
             }
             return;
