@@ -149,6 +149,53 @@ fn duplicate_read_is_reexecuted_from_its_resource() {
     assert_eq!(p.b_epsn(), e.add(3), "a duplicate does not move the expected PSN");
 }
 
+// IBTA 9.7.5.2.4: a missing READ response is asked for again at once, and once: the later
+// responses of the first request, still arriving out of order, must not each ask again
+// (each new request restarts the whole response; with reordering that was a flood).
+#[test]
+fn a_missing_read_response_is_asked_for_once() {
+    // With the loss window the drivers ship, as the swarm seed that found it had.
+    let cc = softrdma::engine::cc::CcConfig {
+        loss_window_max_packets: 256,
+        loss_window_initial_packets: 4,
+        ..Default::default()
+    };
+    let mk = |i: u8| {
+        let gid = gid_from_ipv4([10, 0, 0, i]);
+        softrdma::engine::Device::new(softrdma::engine::DeviceConfig {
+            gid,
+            seed: Some(u64::from(i)),
+            max_qps: 8,
+            max_mrs: 8,
+            cc,
+        })
+    };
+    let mut sim = softrdma::sim::Sim::new(vec![mk(1), mk(2)], softrdma::sim::Faults::none(), 7);
+    let cqs = [sim.devices[0].create_cq(64), sim.devices[1].create_cq(64)];
+    let q = connect_qps(&mut sim, QpType::Rc, &Attrs::default(), cqs, None, None);
+    let ma = sim.devices[0].reg_mr(softrdma::engine::mem::Pd(1), 1 << 16, softrdma::engine::mem::Access::ALL).unwrap();
+    let mb = sim.devices[1].reg_mr(softrdma::engine::mem::Pd(1), 1 << 16, softrdma::engine::mem::Access::ALL).unwrap();
+    let mut p = Pair { sim, qa: q[0], qb: q[1], cqa: cqs[0], cqb: cqs[1], ma, mb };
+    let (a, b) = (p.sim.devices[0].gid(), p.sim.devices[1].gid());
+    let read = wr(1, SendOp::Read(remote(&p.mb, 0)), vec![sge(&p.ma, 0, 2048)]);
+    p.sim.devices[0].post_send(p.qa, read).unwrap();
+    let now = p.sim.now;
+    let take = |d: &mut softrdma::engine::Device| {
+        std::iter::from_fn(|| d.poll_transmit(now)).map(|t| t.packet).collect::<Vec<_>>()
+    };
+    let request = take(&mut p.sim.devices[0]);
+    assert_eq!(request.len(), 1);
+    p.sim.devices[1].handle_packet(now, a, &request[0]);
+    let responses = take(&mut p.sim.devices[1]);
+    assert_eq!(responses.len(), 8, "2048 bytes at MTU 256");
+    let mut asked = 0;
+    for r in &responses[1..] {
+        p.sim.devices[0].handle_packet(now, b, r);
+        asked += drain(&mut p.sim.devices[0], now).iter().filter(|x| x.bth.opcode == 0x0c).count();
+    }
+    assert_eq!(asked, 1, "the first response is missing: one new READ for the rest");
+}
+
 // IBTA 9.7.5.2.8 and Table 45: an RNR NAK makes the requester wait the advertised time,
 // then retry; a receive posted meanwhile lets it through.
 #[test]
