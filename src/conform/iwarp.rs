@@ -15,6 +15,12 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Bytes the tester holds from a target in one case; a target that sends more is judged on
+/// what came first (a hostile target cannot make the tester grow without bound).
+pub const MAX_INBOX_BYTES: usize = 16 << 20;
+/// Replies kept per case, for the same reason.
+pub const MAX_REPLIES: usize = 4096;
+
 /// What the target sent, read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IwReply {
@@ -194,6 +200,10 @@ impl IwPeer {
                     if let Some(l) = &mut self.log {
                         l.received(&buf[..n]);
                     }
+                    if self.inbox.len() + n > MAX_INBOX_BYTES {
+                        out.push(IwReply::Garbage(format!("the target sent more than {MAX_INBOX_BYTES} bytes")));
+                        break;
+                    }
                     self.inbox.extend_from_slice(&buf[..n]);
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
@@ -207,6 +217,7 @@ impl IwPeer {
             out.extend(self.take_mpa_reply());
         }
         out.extend(self.take_fpdus());
+        self.inbox.clear();
         if closed {
             out.push(IwReply::Closed);
             if let Some(l) = &mut self.log {
@@ -230,7 +241,7 @@ impl IwPeer {
 
     fn take_fpdus(&mut self) -> Vec<IwReply> {
         let mut out = Vec::new();
-        while self.inbox.len() >= 2 {
+        while self.inbox.len() >= 2 && out.len() < MAX_REPLIES {
             let ulpdu_len = usize::from(u16::from_be_bytes([self.inbox[0], self.inbox[1]]));
             let total = crate::proto::iwarp::fpdu::fpdu_len(ulpdu_len);
             if self.inbox.len() < total {
@@ -308,5 +319,52 @@ pub fn describe(r: &IwReply) -> String {
         IwReply::Garbage(what) => format!("not RDMAP: {what}"),
         IwReply::MpaReply { reject } => format!("MPA Reply{}", if *reject { " rejecting" } else { "" }),
         IwReply::Closed => "connection closed".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(port: u16) -> ConformArgs {
+        ConformArgs {
+            target: "127.0.0.1".into(),
+            transport: crate::verbs::Transport::Iwarp,
+            port,
+            mpa_crc: false,
+            settle: Duration::ZERO,
+            roce_port: 4791,
+            bind: None,
+            mtu: crate::engine::verbs::Mtu::M1024,
+            wait: Duration::from_millis(1500),
+            rate_pps: 1000,
+            connect_wait: Duration::from_secs(5),
+            only: vec![],
+            pcap: None,
+            random: None,
+        }
+    }
+
+    #[test]
+    fn a_flooding_target_is_read_up_to_the_limits() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let flood = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            // Zero-length FPDUs (8 bytes each), past the byte limit.
+            let chunk = vec![0u8; 1 << 20];
+            for _ in 0..(MAX_INBOX_BYTES >> 20) + 2 {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut p = IwPeer::tcp(&args(port), None).unwrap();
+        let r = p.replies(false);
+        assert!(r.len() <= MAX_REPLIES + 2, "{}", r.len());
+        assert!(r.iter().any(|x| matches!(x, IwReply::Garbage(w) if w.contains("more than"))));
+        assert!(p.inbox.is_empty());
+        p.close();
+        flood.join().unwrap();
     }
 }
