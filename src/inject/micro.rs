@@ -5,10 +5,8 @@
 //! and how far apart (A17.9.3), and how the sender's rate moved after them.
 
 use super::{is_request, Action, Applied};
-use crate::capture::frame::{dissect, Dissected};
-use crate::capture::reader::read_frames;
 use crate::proto::roce::ext::{NakCode, Syndrome};
-use crate::proto::roce::{Psn, RocePacket, RoceRepr};
+use crate::proto::roce::Psn;
 use std::net::IpAddr;
 
 /// One forwarded RoCEv2 packet.
@@ -28,29 +26,6 @@ pub struct Pkt {
     pub psn: Psn,
     /// AETH syndrome, if any.
     pub syndrome: Option<Syndrome>,
-}
-
-/// The RoCEv2 packets of a capture, in order.
-pub fn packets(capture: &[u8]) -> Result<Vec<Pkt>, String> {
-    let frames = read_frames(capture).map_err(|e| format!("{e:?}"))?.frames;
-    let mut out = Vec::new();
-    for f in &frames {
-        let Dissected::Udp(d) = dissect(f) else { continue };
-        if d.dst_port != crate::proto::roce::UDP_PORT {
-            continue;
-        }
-        let Ok(r) = RocePacket::new_checked(d.payload).and_then(|p| RoceRepr::parse(&p)) else { continue };
-        out.push(Pkt {
-            time_ns: f.time_ns,
-            src: d.src,
-            dst: d.dst,
-            opcode: r.bth.opcode,
-            dest_qp: r.bth.dest_qp,
-            psn: r.bth.psn,
-            syndrome: r.aeth.map(|a| a.syndrome),
-        });
-    }
-    Ok(out)
 }
 
 /// What was read around one event: (metric, value) pairs, values with their units.
