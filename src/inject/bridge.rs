@@ -73,23 +73,15 @@ pub fn run(args: &BridgeArgs) -> Result<BridgeReport, String> {
     while !sys::stop_requested() && deadline.is_none_or(|d| Instant::now() < d) {
         let now = now_ns();
         for (side, frame) in inj.due(now) {
-            forward(&ports[to_index(side)].tx, &[frame], now, log.as_ref(), &mut rep);
-            count(&mut rep, to_index(side), 1);
+            forward(&ports, to_index(side), vec![(frame, now)], log.as_ref(), &mut rep);
         }
         for i in 0..2 {
             let side = if i == 0 { Side::AtoB } else { Side::BtoA };
             let mut out = Vec::new();
             for (frame, at) in read_batch(&mut ports[i].rx) {
-                let n = out.len();
-                out.extend(inj.on_frame(at, side, frame));
-                for f in &out[n..] {
-                    record(f, at, log.as_ref(), &mut rep);
-                }
+                out.extend(inj.on_frame(at, side, frame).into_iter().map(|f| (f, at)));
             }
-            if !out.is_empty() {
-                ports[to_index(side)].tx.send(&out);
-            }
-            count(&mut rep, to_index(side), out.len());
+            forward(&ports, to_index(side), out, log.as_ref(), &mut rep);
         }
         let wait = inj.next_due_ns().map_or(Duration::from_millis(50), |t| Duration::from_nanos(t.saturating_sub(now)));
         let fds = [ports[0].rx.fd(), ports[1].rx.fd()];
@@ -98,8 +90,7 @@ pub fn run(args: &BridgeArgs) -> Result<BridgeReport, String> {
     // Frames still held go out: the bridge never keeps what it was given.
     let now = now_ns();
     for (side, frame) in inj.flush(now) {
-        forward(&ports[to_index(side)].tx, &[frame], now, log.as_ref(), &mut rep);
-        count(&mut rep, to_index(side), 1);
+        forward(&ports, to_index(side), vec![(frame, now)], log.as_ref(), &mut rep);
     }
     if let Some(l) = log {
         l.close().map_err(|e| format!("the capture: {e}"))?;
@@ -135,20 +126,28 @@ fn read_batch(rx: &mut PacketSocketRx) -> Vec<(Vec<u8>, u64)> {
         .collect()
 }
 
+/// Sends `frames` out of port `out`, each recorded and counted with the time it came in.
 fn forward(
-    tx: &PacketSocketTx,
-    frames: &[Vec<u8>],
-    now: u64,
+    ports: &[Port; 2],
+    out: usize,
+    frames: Vec<(Vec<u8>, u64)>,
     log: Option<&crate::transport::pcap::FrameLog>,
     rep: &mut BridgeReport,
 ) {
     if frames.is_empty() {
         return;
     }
-    tx.send(frames);
-    for f in frames {
-        record(f, now, log, rep);
+    for (f, at) in &frames {
+        record(f, *at, log, rep);
     }
+    let n = frames.len() as u64;
+    if out == 1 {
+        rep.forwarded.0 += n;
+    } else {
+        rep.forwarded.1 += n;
+    }
+    let bytes: Vec<Vec<u8>> = frames.into_iter().map(|(f, _)| f).collect();
+    ports[out].tx.send(&bytes);
 }
 
 /// Notes a forwarded frame: in the capture, and for the analysis.
@@ -158,15 +157,6 @@ fn record(f: &[u8], at: u64, log: Option<&crate::transport::pcap::FrameLog>, rep
     }
     if rep.packets.len() < MAX_RECORDED_PACKETS {
         rep.packets.extend(packet_of(f, at));
-    }
-}
-
-/// Frames forwarded out of port `out` (1 = B, so A to B).
-fn count(rep: &mut BridgeReport, out: usize, n: usize) {
-    if out == 1 {
-        rep.forwarded.0 += n as u64;
-    } else {
-        rep.forwarded.1 += n as u64;
     }
 }
 
