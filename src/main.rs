@@ -50,6 +50,10 @@ enum Command {
         /// Print one JSON document instead of the table.
         #[arg(long)]
         json: bool,
+        /// Only these rows, comma-separated: write_bw, read_bw, send_bw, write_lat,
+        /// read_lat, send_lat, the same with an iwarp_ prefix, and scale (with --qps).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
         /// Instead: RoCEv2 across a veth pair between two namespaces the demo makes and
         /// removes (root), over kernel UDP sockets, AF_PACKET and AF_XDP, next to plain UDP.
         #[arg(long)]
@@ -503,11 +507,11 @@ fn main() -> ExitCode {
         }
         Command::Sim { seed: Some(seed), .. } => sim_one(seed),
         Command::Sim { seed: None, seeds, from, .. } => sim_many(from, seeds),
-        Command::Demo { qps, seconds, json, veth } => {
+        Command::Demo { qps, seconds, json, only, veth } => {
             let out = if veth {
                 softrdma::tools::demo_veth::run(seconds, json)
             } else {
-                softrdma::tools::demo::run(&softrdma::tools::demo::DemoArgs { qps, seconds, json })
+                softrdma::tools::demo::run(&softrdma::tools::demo::DemoArgs { qps, seconds, json, only })
             };
             match out {
                 Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,7 @@
 
 use super::bench::{self, BwResult, Endpoint, LatResult, Params, Test};
 use crate::transport::udp::ROCE_PORT;
-use crate::verbs::{ConnParam, Context, Mtu, OpenConfig, Transport};
+use crate::verbs::{Context, Mtu, OpenConfig};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -19,10 +19,19 @@ pub struct DemoArgs {
     pub seconds: f64,
     /// JSON instead of the table.
     pub json: bool,
+    /// Only these rows (e.g. `write_lat`, `iwarp_send_bw`, `scale`); empty: every row.
+    pub only: Vec<String>,
 }
 
-const A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
-const B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+impl DemoArgs {
+    /// Whether the rows named `key` are to run.
+    pub fn wants(&self, key: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == key)
+    }
+}
+
+pub(super) const A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+pub(super) const B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 
 /// Opens the two devices: on port 4791 when it is free, else on free ports.
 fn open_pair() -> std::io::Result<(Context, Context)> {
@@ -153,7 +162,7 @@ fn connect(x: &Endpoint<'_>, y: &Endpoint<'_>, mtu: Mtu) -> Result<(), String> {
 }
 
 /// Iterations that take about `secs` at `bytes_per_s`.
-fn iters_for(size: usize, secs: f64, guess_bytes_per_s: f64) -> u64 {
+pub(super) fn iters_for(size: usize, secs: f64, guess_bytes_per_s: f64) -> u64 {
     ((guess_bytes_per_s * secs / size as f64) as u64).clamp(200, 2_000_000)
 }
 
@@ -184,14 +193,20 @@ pub fn rdma_bw_mtu(
 }
 
 /// Runs one bandwidth test from connected endpoint `x` to `y` (SEND: `y` receives).
-fn bw_between(x: &Endpoint<'_>, y: &Endpoint<'_>, p: &Params) -> Result<BwResult, String> {
+pub(super) fn bw_between(x: &Endpoint<'_>, y: &Endpoint<'_>, p: &Params) -> Result<BwResult, String> {
     if p.test == Test::SendBw {
         let server = bench::SendServer::post(y, p)?;
+        // Timed from the client's first post to the server's last receive: the server's
+        // own clock starts at its first completion, which may come in a burst with the rest.
+        let start = Instant::now();
         return std::thread::scope(|s| {
-            let h = s.spawn(|| server.run(y, &x.dests(0), p));
+            let h = s.spawn(|| server.run(y, &x.dests(0), p).map(|r| (r, Instant::now())));
             let c = bench::run_bw_client(x, &y.dests(0), p);
-            let srv = h.join().map_err(|_| "server thread panicked".to_string())?;
-            c.and(srv)
+            let (mut srv, end) = h.join().map_err(|_| "server thread panicked".to_string())??;
+            let secs = end.duration_since(start).as_secs_f64().max(1e-9);
+            srv.avg_bytes_per_s = srv.iters as f64 * p.size as f64 / secs;
+            srv.msg_per_s = srv.iters as f64 / secs;
+            c.map(|_| srv)
         });
     }
     bench::run_bw_client(x, &y.dests(0), p)
@@ -218,19 +233,24 @@ pub fn rdma_lat_mtu(
     let (x, y) =
         (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
     connect(&x, &y, p.mtu)?;
+    lat_between(&x, &y, &p)
+}
+
+/// Runs one latency test between connected endpoints `x` (the client) and `y`.
+pub(super) fn lat_between(x: &Endpoint<'_>, y: &Endpoint<'_>, p: &Params) -> Result<LatResult, String> {
     let (dx, dy) = (x.dests(0), y.dests(0));
-    match test {
-        Test::ReadLat => bench::run_lat_read(&x, &dy[0], &p),
+    match p.test {
+        Test::ReadLat => bench::run_lat_read(x, &dy[0], p),
         Test::WriteLat => std::thread::scope(|s| {
-            let h = s.spawn(|| bench::run_lat_write(&y, &dx[0], &p, true));
-            let c = bench::run_lat_write(&x, &dy[0], &p, false);
+            let h = s.spawn(|| bench::run_lat_write(y, &dx[0], p, true));
+            let c = bench::run_lat_write(x, &dy[0], p, false);
             h.join().map_err(|_| "peer thread panicked".to_string())?.and(c)
         }),
         _ => {
-            let (px, py) = (bench::SendLat::post(&x, &p)?, bench::SendLat::post(&y, &p)?);
+            let (px, py) = (bench::SendLat::post(x, p)?, bench::SendLat::post(y, p)?);
             std::thread::scope(|s| {
-                let h = s.spawn(|| py.run(&y, &dx[0], &p, true));
-                let c = px.run(&x, &dy[0], &p, false);
+                let h = s.spawn(|| py.run(y, &dx[0], p, true));
+                let c = px.run(x, &dy[0], p, false);
                 h.join().map_err(|_| "peer thread panicked".to_string())?.and(c)
             })
         }
@@ -264,96 +284,37 @@ fn idle_qp_bytes(a: &Context, b: &Context, n: usize) -> Result<f64, String> {
     Ok(after.saturating_sub(before) as f64 / (2 * n) as f64)
 }
 
-/// Plain TCP on the same path: one connection, one thread writing `size`-byte buffers,
-/// another reading; bytes per second at the reader.
-pub fn tcp_bandwidth(size: usize, secs: f64) -> std::io::Result<f64> {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind((B, 0))?;
-    let to = l.local_addr()?;
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let sender = s.spawn(|| -> std::io::Result<()> {
-            let mut tx = std::net::TcpStream::connect(to)?;
-            let buf = vec![0x5au8; size];
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                tx.write_all(&buf)?;
-            }
-            Ok(())
-        });
-        let (mut rx, _) = l.accept()?;
-        rx.set_read_timeout(Some(Duration::from_secs(2)))?;
-        let mut buf = vec![0u8; 1 << 20];
-        rx.read_exact(&mut buf[..size])?;
-        let start = Instant::now();
-        let mut got = 0u64;
-        while start.elapsed().as_secs_f64() < secs {
-            got += rx.read(&mut buf)? as u64;
-        }
-        let elapsed = start.elapsed().as_secs_f64();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        drop(rx);
-        let _ = sender.join();
-        Ok(got as f64 / elapsed)
-    })
+pub(super) struct Row {
+    pub(super) test: &'static str,
+    pub(super) size: usize,
+    pub(super) iters: u64,
+    pub(super) value: f64,
+    pub(super) baseline: f64,
 }
 
-/// Connects the QPs of `x` (on one iWARP device) to those of `y` (on `yctx`) through a
-/// listener, as rdma_cm does.
-fn iwarp_connect(x: &Endpoint<'_>, y: &Endpoint<'_>, yctx: &Context, depth: u16) -> Result<(), String> {
-    let l = yctx.listen(SocketAddr::new(yctx.ip(), 0)).map_err(|e| format!("listen: {e}"))?;
-    let to = l.local_addr();
-    let p = ConnParam { private_data: Vec::new(), responder_resources: depth, initiator_depth: depth };
-    std::thread::scope(|s| {
-        let h = s.spawn(|| -> Result<(), String> {
-            for qp in &x.qps {
-                qp.connect(to, &p, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        });
-        for qp in &y.qps {
-            let req = l.get_request(Duration::from_secs(10)).ok_or("no connection request")?;
-            req.accept(qp, &p).map_err(|e| e.to_string())?;
-        }
-        h.join().map_err(|_| "connecting thread panicked".to_string())?
-    })
-}
-
-/// One iWARP bandwidth row.
-fn iwarp_bw(a: &Context, b: &Context, test: Test, size: usize, secs: f64) -> Result<BwResult, String> {
-    let mut p = Params::defaults(test);
-    p.size = size;
-    p.iters = iters_for(size, secs, 3e8);
-    let (x, y) =
-        (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
-    iwarp_connect(&x, &y, b, if test == Test::ReadBw { 16 } else { 0 })?;
-    bw_between(&x, &y, &p)
-}
-
-/// The iWARP rows: bandwidth of each operation next to plain TCP.
-fn iwarp_rows(secs: f64) -> Result<(f64, Vec<Row>), String> {
-    let open = |ip: Ipv4Addr| {
-        let mut c = OpenConfig::new(IpAddr::V4(ip));
-        c.transport = Transport::Iwarp;
-        Context::open(c).map_err(|e| format!("cannot open an iWARP device on {ip}: {e}"))
-    };
-    let (a, b) = (open(A)?, open(B)?);
-    let tcp = tcp_bandwidth(65536, secs).map_err(|e| format!("TCP baseline: {e}"))?;
-    let mut rows = Vec::new();
+/// The RoCEv2 rows `args` asks for: bandwidth next to plain UDP, latency next to the
+/// spinning UDP ping-pong.
+fn roce_rows(a: &Context, b: &Context, args: &DemoArgs, udp_bw: f64, udp_lat: f64) -> Result<RoceRows, String> {
+    let mut bw = Vec::new();
     for (test, name) in [(Test::WriteBw, "write_bw"), (Test::ReadBw, "read_bw"), (Test::SendBw, "send_bw")] {
-        for size in [65536, 1 << 20] {
-            let r = iwarp_bw(&a, &b, test, size, secs)?;
-            rows.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: tcp });
+        for size in [4096, 65536, 1 << 20].into_iter().filter(|_| args.wants(name)) {
+            let r = rdma_bw(a, b, test, size, 1, args.seconds)?;
+            bw.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: udp_bw });
         }
     }
-    Ok((tcp, rows))
+    let mut lat = Vec::new();
+    for (test, name) in [(Test::WriteLat, "write_lat"), (Test::ReadLat, "read_lat"), (Test::SendLat, "send_lat")] {
+        for size in [8, 4096].into_iter().filter(|_| args.wants(name)) {
+            let r = rdma_lat(a, b, test, size, 5000)?;
+            lat.push((Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: udp_lat }, r));
+        }
+    }
+    Ok(RoceRows { bw, lat })
 }
 
-struct Row {
-    test: &'static str,
-    size: usize,
-    iters: u64,
-    value: f64,
-    baseline: f64,
+struct RoceRows {
+    bw: Vec<Row>,
+    lat: Vec<(Row, LatResult)>,
 }
 
 /// Runs the demo and prints its table.
@@ -364,66 +325,21 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     let udp_lat_blocking = udp_latency(8, 20_000, false).map_err(|e| format!("UDP baseline: {e}"))?;
     // The latency tools spin; so does this baseline, which makes it the one to compare with.
     let udp_lat = udp_latency(8, 20_000, true).map_err(|e| format!("UDP baseline: {e}"))?;
-    let mut bw_rows = Vec::new();
-    for (test, name) in [(Test::WriteBw, "write_bw"), (Test::ReadBw, "read_bw"), (Test::SendBw, "send_bw")] {
-        for size in [4096, 65536, 1 << 20] {
-            let r = rdma_bw(&a, &b, test, size, 1, args.seconds)?;
-            bw_rows.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: udp_bw });
-        }
-    }
-    let mut lat_rows = Vec::new();
-    for (test, name) in [(Test::WriteLat, "write_lat"), (Test::ReadLat, "read_lat"), (Test::SendLat, "send_lat")] {
-        for size in [8, 4096] {
-            let r = rdma_lat(&a, &b, test, size, 5000)?;
-            lat_rows.push((
-                Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: udp_lat.typical() },
-                r,
-            ));
-        }
-    }
-    let scale = if args.qps > 0 {
-        let r = scale_rows(&a, &b, args);
-        let r = r.map_err(|e| format!("{e}\n{:?}\n{:?}", a.stats(), b.stats()))?;
-        Some(r)
+    let roce = roce_rows(&a, &b, args, udp_bw, udp_lat.typical())?;
+    let scale = if args.qps > 0 && args.wants("scale") {
+        Some(scale_rows(&a, &b, args).map_err(|e| format!("{e}\n{:?}\n{:?}", a.stats(), b.stats()))?)
     } else {
         None
     };
     let stats = [a.stats(), b.stats()];
-    let (tcp_bw, iw_rows) = iwarp_rows(args.seconds)?;
+    let iw = super::demo_iwarp::rows(args)?;
     if args.json {
-        let bw: Vec<_> = bw_rows
-            .iter()
-            .map(|r| {
-                json!({"test": r.test, "bytes": r.size, "iterations": r.iters,
-            "bw_avg_bytes_per_s": r.value, "udp_bytes_per_s": r.baseline, "ratio": r.value / r.baseline})
-            })
-            .collect();
-        let lat: Vec<_> = lat_rows
-            .iter()
-            .map(|(r, l)| {
-                json!({"test": r.test, "result": super::perf::lat_json(l),
-            "udp_t_typical_us": r.baseline, "ratio": r.value / r.baseline})
-            })
-            .collect();
-        let scale = scale.map(
-            |s| json!({"qps": args.qps, "idle_qp_bytes": s.0, "one_qp_bytes_per_s": s.1, "all_qps_bytes_per_s": s.2}),
-        );
-        let iw: Vec<_> = iw_rows
-            .iter()
-            .map(|r| {
-                json!({"test": r.test, "bytes": r.size, "iterations": r.iters,
-            "bw_avg_bytes_per_s": r.value, "tcp_bytes_per_s": r.baseline, "ratio": r.value / r.baseline})
-            })
-            .collect();
-        let doc = json!({"iwarp": {"tcp_bytes_per_s": tcp_bw, "bandwidth": iw}, "udp_bytes_per_s": udp_bw, "udp_t_typical_us": udp_lat.typical(),
-            "udp_blocking_t_typical_us": udp_lat_blocking.typical(), "bandwidth": bw, "latency": lat,
-            "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
-            "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad});
+        let doc = json_doc(args, &roce, [&udp_lat, &udp_lat_blocking], udp_bw, scale, &stats, &iw);
         println!("{doc}");
         return Ok(());
     }
-    print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking], datagram, &bw_rows, &lat_rows);
-    print_iwarp(tcp_bw, &iw_rows);
+    print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking], datagram, &roce.bw, &roce.lat);
+    super::demo_iwarp::print(&iw);
     if let Some((idle, one, all)) = scale {
         println!(
             " {} QPs on one device: {:.2} KiB per idle connected QP (registered memory excluded)",
@@ -433,7 +349,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         println!(
             " write_bw 65536 over {} QPs: {:.2} MB/sec, {:.2}x one QP ({:.2} MB/sec)",
             args.qps,
-            all / 1e6 * 1e6 / f64::from(1 << 20),
+            all / f64::from(1 << 20),
             all / one,
             one / f64::from(1 << 20)
         );
@@ -452,6 +368,42 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The whole run as one JSON document.
+fn json_doc(
+    args: &DemoArgs,
+    roce: &RoceRows,
+    udp_lat: [&LatResult; 2],
+    udp_bw: f64,
+    scale: Option<(f64, f64, f64)>,
+    stats: &[crate::verbs::DeviceStats; 2],
+    iw: &super::demo_iwarp::IwarpRows,
+) -> serde_json::Value {
+    let bw: Vec<_> = roce
+        .bw
+        .iter()
+        .map(|r| {
+            json!({"test": r.test, "bytes": r.size, "iterations": r.iters,
+            "bw_avg_bytes_per_s": r.value, "udp_bytes_per_s": r.baseline, "ratio": r.value / r.baseline})
+        })
+        .collect();
+    let lat: Vec<_> = roce
+        .lat
+        .iter()
+        .map(|(r, l)| {
+            json!({"test": r.test, "result": super::perf::lat_json(l),
+            "udp_t_typical_us": r.baseline, "ratio": r.value / r.baseline})
+        })
+        .collect();
+    let scale = scale.map(|s| {
+        json!({"qps": args.qps, "idle_qp_bytes": s.0, "one_qp_bytes_per_s": s.1, "all_qps_bytes_per_s": s.2,
+            "ratio": s.2 / s.1})
+    });
+    json!({"iwarp": super::demo_iwarp::json(iw), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": udp_lat[0].typical(),
+        "udp_blocking_t_typical_us": udp_lat[1].typical(), "bandwidth": bw, "latency": lat,
+        "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
+        "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad})
+}
+
 /// Memory per idle QP, then WRITE bandwidth over one QP and over `args.qps`.
 fn scale_rows(a: &Context, b: &Context, args: &DemoArgs) -> Result<(f64, f64, f64), String> {
     let idle = idle_qp_bytes(a, b, args.qps)?;
@@ -466,27 +418,6 @@ fn scale_rows(a: &Context, b: &Context, args: &DemoArgs) -> Result<(f64, f64, f6
     connect(&x, &y, p.mtu)?;
     let all = bench::run_bw_client(&x, &y.dests(0), &p)?.avg_bytes_per_s;
     Ok((idle, one, all))
-}
-
-fn print_iwarp(tcp_bw: f64, rows: &[Row]) {
-    let mb = |x: f64| x / f64::from(1 << 20);
-    println!(" iWARP (RDMAP/DDP/MPA over kernel TCP) between two iWARP devices on the same addresses;");
-    println!(
-        " baseline, plain TCP on the same path, this run: one connection, 65536-byte writes: {:.2} MB/sec",
-        mb(tcp_bw)
-    );
-    println!(" test        #bytes     #iterations    BW average[MB/sec]    of TCP");
-    for r in rows {
-        println!(
-            " {:<10}  {:<9}  {:<13}  {:<20.2}  {:>5.2}",
-            r.test,
-            r.size,
-            r.iters,
-            mb(r.value),
-            r.value / r.baseline
-        );
-    }
-    println!("{}", "-".repeat(87));
 }
 
 fn print_table(

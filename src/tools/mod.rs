@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod demo_iwarp;
 pub mod demo_veth;
 pub mod netns;
 pub mod oob;
