@@ -54,7 +54,10 @@ fn every_operation_over_loopback_udp_with_data_checked() {
     assert_eq!((qa.state, qb.state), (QpState::Err, QpState::Err));
     assert_eq!((qb.rq_psn + 1) & 0xff_ffff, qa.sq_psn, "B still expects the refused WRITE's PSN");
     let sa = a.ctx.stats();
-    assert_eq!((sa.rx_icrc_bad, sa.rx_ipv4_ident_nonzero, sa.tx_errors), (0, 0, 0), "{sa:?}");
+    assert_eq!((sa.rx_icrc_bad, sa.tx_errors), (0, 0), "{sa:?}");
+    // On loopback the devices send runs of equal-sized packets as one GSO send, whose
+    // segments Linux numbers 0, 1, 2…: B's ACKs came in such runs.
+    assert!(sa.rx_ipv4_ident_nonzero > 0, "{sa:?}");
     assert!(b.ctx.stats().rx_datagrams >= 1024, "a 1 MiB WRITE is 1024 packets at MTU 1024");
 }
 

@@ -3,7 +3,7 @@
 
 use crate::engine::verbs::Wc;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,9 @@ pub const MAX_CQE: usize = 1 << 22;
 pub struct CqQueue {
     entries: Mutex<VecDeque<Wc>>,
     ready: Condvar,
+    /// Threads in [`CqQueue::wait`]: a delivery wakes them only if there are any, because a
+    /// condition variable's wake-up is a system call even with nobody to wake.
+    waiters: AtomicUsize,
     capacity: usize,
     /// A completion found the queue full (IBTA 11.4.2.1 "CQ overrun"): the CQ is in error.
     overrun: AtomicBool,
@@ -26,6 +29,7 @@ impl CqQueue {
         CqQueue {
             entries: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
+            waiters: AtomicUsize::new(0),
             capacity: capacity.clamp(1, MAX_CQE),
             overrun: AtomicBool::new(false),
         }
@@ -58,8 +62,13 @@ impl CqQueue {
             self.set_overrun();
         }
         q.extend(wcs.into_iter().take(room));
+        // A waiter registers under the queue's lock before it looks, so one that found the
+        // queue empty is counted by now.
+        let waiting = self.waiters.load(Ordering::Acquire) > 0;
         drop(q);
-        self.ready.notify_all();
+        if waiting {
+            self.ready.notify_all();
+        }
     }
 
     /// Up to `max` completions, without waiting.
@@ -73,12 +82,15 @@ impl CqQueue {
     pub fn wait(&self, timeout: Duration) -> Option<Wc> {
         let deadline = Instant::now() + timeout;
         let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let got = loop {
             if let Some(wc) = q.pop_front() {
-                return Some(wc);
+                break Some(wc);
             }
-            let left = deadline.checked_duration_since(Instant::now())?;
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else { break None };
             q = self.ready.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
-        }
+        };
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        got
     }
 }

@@ -8,6 +8,7 @@ use crate::iwarp::device::{ConnId, IwarpDevice};
 use crate::iwarp::setup::PeerRequest;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -103,22 +104,44 @@ pub fn get_request(
     Some((r, req, port.peer_addr(r)))
 }
 
+/// A condition variable that wakes only when someone waits: `Condvar::notify_all` is a
+/// system call even with nobody to wake, and a driver signals after every piece of work.
+#[derive(Default)]
+pub(super) struct Changed {
+    cv: Condvar,
+    waiters: AtomicUsize,
+}
+
+impl Changed {
+    /// Wakes the waiters, if any. Call it after releasing the lock the waiters wait with.
+    pub(super) fn notify(&self) {
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            self.cv.notify_all();
+        }
+    }
+}
+
 /// A driver's `IwarpPort::wait`: checks `done` on the device in `guard`'s core after every
 /// change signalled on `changed` (and at least every `tick`), until it holds or `timeout`.
 pub(super) fn wait_until<C>(
-    mut guard: MutexGuard<'_, C>,
-    changed: &Condvar,
+    guard: MutexGuard<'_, C>,
+    changed: &Changed,
     dev: impl Fn(&mut C) -> &mut IwarpDevice,
     done: &mut dyn FnMut(&mut IwarpDevice) -> bool,
     timeout: Duration,
     tick: Duration,
 ) -> bool {
     let deadline = Instant::now() + timeout;
-    loop {
+    // Counted under the lock before the first look, so a change made after it is signalled.
+    changed.waiters.fetch_add(1, Ordering::AcqRel);
+    let mut guard = guard;
+    let held = loop {
         if done(dev(&mut guard)) {
-            return true;
+            break true;
         }
-        let Some(left) = deadline.checked_duration_since(Instant::now()) else { return false };
-        guard = changed.wait_timeout(guard, left.min(tick)).unwrap_or_else(|e| e.into_inner()).0;
-    }
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else { break false };
+        guard = changed.cv.wait_timeout(guard, left.min(tick)).unwrap_or_else(|e| e.into_inner()).0;
+    };
+    changed.waiters.fetch_sub(1, Ordering::AcqRel);
+    held
 }

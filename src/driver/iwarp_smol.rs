@@ -24,7 +24,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -142,7 +142,7 @@ struct Core {
 /// The iWARP device on smoltcp, shared by the application's handles and the poll thread.
 pub struct IwarpSmol {
     core: Mutex<Core>,
-    changed: Condvar,
+    changed: super::iwarp::Changed,
     waker: Waker,
     stop: AtomicBool,
     ip: IpAddr,
@@ -222,7 +222,7 @@ impl IwarpSmol {
         };
         let driver = Arc::new(IwarpSmol {
             core: Mutex::new(core),
-            changed: Condvar::new(),
+            changed: super::iwarp::Changed::default(),
             waker: Waker::new()?,
             stop: AtomicBool::new(false),
             ip: link.ip,
@@ -253,7 +253,7 @@ impl IwarpSmol {
         core.now_ns = now_ns;
         core.pump(now);
         drop(core);
-        self.changed.notify_all();
+        self.changed.notify();
         out
     }
 

@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ struct Core {
 /// The device on kernel TCP, shared by the application's handles and the poll thread.
 pub struct IwarpTcp {
     core: Mutex<Core>,
-    changed: Condvar,
+    changed: super::iwarp::Changed,
     waker: Waker,
     stop: AtomicBool,
     ip: IpAddr,
@@ -61,7 +61,7 @@ impl IwarpTcp {
         };
         let driver = Arc::new(IwarpTcp {
             core: Mutex::new(core),
-            changed: Condvar::new(),
+            changed: super::iwarp::Changed::default(),
             waker,
             stop: AtomicBool::new(false),
             ip,
@@ -84,7 +84,7 @@ impl IwarpTcp {
         let out = f(&mut core);
         core.settle();
         drop(core);
-        self.changed.notify_all();
+        self.changed.notify();
         out
     }
 

@@ -144,6 +144,21 @@ impl RoceDriver {
         out
     }
 
+    /// As [`RoceDriver::with_core`] for calls that send nothing themselves (posting a
+    /// receive): replies a busy-polling caller holds stay held for its next send or look,
+    /// so an ACK and the request that follows leave together.
+    pub fn with_core_holding<T>(&self, f: impl FnOnce(&mut Device) -> T) -> T {
+        let mut core = self.lock();
+        let out = f(&mut core.dev);
+        if self.replies_held.load(Ordering::Acquire) {
+            self.hand_out(&mut core);
+        } else {
+            let now = self.now_ns();
+            self.settle(&mut core, now);
+        }
+        out
+    }
+
     /// As [`RoceDriver::with_core`], with the device's clock (ns) for calls that take it.
     pub fn with_core_at<T>(&self, f: impl FnOnce(&mut Device, u64) -> T) -> T {
         let mut core = self.lock();

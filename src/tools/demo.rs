@@ -332,14 +332,20 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         None
     };
     let stats = [a.stats(), b.stats()];
-    let iw = super::demo_iwarp::rows(args)?;
+    let iw = if args.only.is_empty() || args.only.iter().any(|o| o.starts_with("iwarp_")) {
+        Some(super::demo_iwarp::rows(args)?)
+    } else {
+        None
+    };
     if args.json {
         let doc = json_doc(args, &roce, [&udp_lat, &udp_lat_blocking], udp_bw, scale, &stats, &iw);
         println!("{doc}");
         return Ok(());
     }
     print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking], datagram, &roce.bw, &roce.lat);
-    super::demo_iwarp::print(&iw);
+    if let Some(iw) = &iw {
+        super::demo_iwarp::print(iw);
+    }
     if let Some((idle, one, all)) = scale {
         println!(
             " {} QPs on one device: {:.2} KiB per idle connected QP (registered memory excluded)",
@@ -376,7 +382,7 @@ fn json_doc(
     udp_bw: f64,
     scale: Option<(f64, f64, f64)>,
     stats: &[crate::verbs::DeviceStats; 2],
-    iw: &super::demo_iwarp::IwarpRows,
+    iw: &Option<super::demo_iwarp::IwarpRows>,
 ) -> serde_json::Value {
     let bw: Vec<_> = roce
         .bw
@@ -398,7 +404,7 @@ fn json_doc(
         json!({"qps": args.qps, "idle_qp_bytes": s.0, "one_qp_bytes_per_s": s.1, "all_qps_bytes_per_s": s.2,
             "ratio": s.2 / s.1})
     });
-    json!({"iwarp": super::demo_iwarp::json(iw), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": udp_lat[0].typical(),
+    json!({"iwarp": iw.as_ref().map(super::demo_iwarp::json), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": udp_lat[0].typical(),
         "udp_blocking_t_typical_us": udp_lat[1].typical(), "bandwidth": bw, "latency": lat,
         "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
         "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad})

@@ -1,6 +1,7 @@
 //! Transports that carry the engine's packets: kernel UDP sockets (unprivileged), and the
 //! capture log every transport can write.
 
+pub mod gso;
 pub mod headers;
 pub mod link;
 pub mod pcap;

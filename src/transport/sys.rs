@@ -75,7 +75,7 @@ pub struct RecvBatch {
     cmsgs: Vec<CmsgBuf>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    meta: Vec<(usize, SocketAddr, u8, u32, Option<u64>)>,
+    meta: Vec<(usize, SocketAddr, u8, u32, Option<u64>, u16)>,
 }
 
 // SAFETY: the raw pointers in `iovs` and `hdrs` are scratch space, rewritten from the owned
@@ -109,7 +109,7 @@ impl RecvBatch {
 
     /// Datagram `i` of the last call: its bytes, source and TOS byte.
     pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr, u8)> {
-        let &(len, src, tos, _, _) = self.meta.get(i)?;
+        let &(len, src, tos, _, _, _) = self.meta.get(i)?;
         Some((&self.bufs[i][..len], src, tos))
     }
 
@@ -117,6 +117,12 @@ impl RecvBatch {
     /// host with its transport checksum still partial (offloaded, `TP_STATUS_CSUMNOTREADY`).
     pub fn checksum_partial(&self, i: usize) -> bool {
         self.meta.get(i).is_some_and(|m| m.3 & TP_STATUS_CSUMNOTREADY != 0)
+    }
+
+    /// The segment size of buffer `i` when the kernel coalesced several datagrams into it
+    /// (on a socket with [`set_udp_gro`]): every datagram but the last is that long.
+    pub fn segment_bytes(&self, i: usize) -> Option<usize> {
+        self.meta.get(i).and_then(|m| (m.5 > 0).then_some(m.5 as usize))
     }
 
     /// When the kernel received datagram `i` (ns since the Unix epoch), on a socket with
@@ -155,8 +161,8 @@ impl RecvBatch {
             let src = sockaddr_to_std(&self.addrs[i]).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
             // The kernel never reports more than the iovec's length; clamp all the same.
             let len = (h.msg_len as usize).min(self.bufs[i].len());
-            let (tos, status, stamp) = ancillary_of(&h.msg_hdr);
-            self.meta.push((len, src, tos, status, stamp));
+            let a = ancillary_of(&h.msg_hdr);
+            self.meta.push((len, src, a.tos, a.status, a.stamp, a.segment));
         }
         Ok(got)
     }
@@ -192,8 +198,17 @@ pub fn set_receive_timestamps(fd: RawFd) -> io::Result<()> {
 
 /// The TOS byte (IP sockets), the packet status (packet sockets) and the receive time (with
 /// [`set_receive_timestamps`]) in a message's ancillary data.
-fn ancillary_of(h: &libc::msghdr) -> (u8, u32, Option<u64>) {
-    let (mut tos, mut status, mut stamp) = (0, 0, None);
+/// What a received datagram's ancillary data said.
+#[derive(Default)]
+struct Ancillary {
+    tos: u8,
+    status: u32,
+    stamp: Option<u64>,
+    segment: u16,
+}
+
+fn ancillary_of(h: &libc::msghdr) -> Ancillary {
+    let mut a = Ancillary::default();
     // SAFETY: the kernel filled msg_control with well-formed cmsgs of msg_controllen bytes;
     // the CMSG macros walk them within those bounds, and each payload is read unaligned
     // with the type its level and type say it holds.
@@ -203,19 +218,21 @@ fn ancillary_of(h: &libc::msghdr) -> (u8, u32, Option<u64>) {
             let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
             let data = libc::CMSG_DATA(c);
             if level == libc::IPPROTO_IP && ty == libc::IP_TOS {
-                tos = *data;
+                a.tos = *data;
             } else if level == libc::IPPROTO_IPV6 && ty == libc::IPV6_TCLASS {
-                tos = (data.cast::<libc::c_int>().read_unaligned()) as u8;
+                a.tos = (data.cast::<libc::c_int>().read_unaligned()) as u8;
             } else if level == libc::SOL_PACKET && ty == PACKET_AUXDATA {
-                status = data.cast::<TpacketAuxdata>().read_unaligned().tp_status;
+                a.status = data.cast::<TpacketAuxdata>().read_unaligned().tp_status;
             } else if level == libc::SOL_SOCKET && ty == libc::SCM_TIMESTAMPNS {
                 let t = data.cast::<libc::timespec>().read_unaligned();
-                stamp = Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64);
+                a.stamp = Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64);
+            } else if level == libc::SOL_UDP && ty == UDP_GRO {
+                a.segment = data.cast::<libc::c_int>().read_unaligned().clamp(0, 65535) as u16;
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    (tos, status, stamp)
+    a
 }
 
 fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
@@ -275,6 +292,73 @@ pub fn send_batch(fd: RawFd, msgs: &[(SocketAddr, &[u8])]) -> io::Result<usize> 
     }
     // SAFETY: the headers point at addresses and buffers alive for the call; sendmmsg only
     // reads the payloads.
+    let rc = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as u32, 0) };
+    check(rc).map(|n| n as usize)
+}
+
+/// `UDP_SEGMENT` and `UDP_GRO` (linux/udp.h, level `SOL_UDP`), which libc does not
+/// define for glibc targets.
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Most segments one UDP GSO send may carry (`UDP_MAX_SEGMENTS` in Linux 6.1).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes one UDP GSO send may carry: an IP datagram's limit less the largest IP
+/// and UDP headers.
+pub const GSO_MAX_BYTES: usize = 65535 - 40 - 8;
+
+/// Asks a UDP socket to hand over datagrams the kernel coalesced (GRO, and whole GSO
+/// sends on loopback) as one buffer with their segment size ([`RecvBatch::segment_bytes`]).
+pub fn set_udp_gro(fd: RawFd) -> io::Result<()> {
+    set_int_option(fd, libc::SOL_UDP, UDP_GRO, 1)
+}
+
+/// One message of [`send_segmented`]: datagrams for one destination, every one as long
+/// as the first except the last, which may be shorter; sent as one UDP GSO send when
+/// there are several.
+pub struct Segmented<'a> {
+    /// Where they go.
+    pub dst: SocketAddr,
+    /// The datagrams, in order.
+    pub datagrams: &'a [&'a [u8]],
+}
+
+/// Sends each message with one `sendmmsg`, a message of several datagrams as one GSO send
+/// (`UDP_SEGMENT`); returns how many messages went out.
+pub fn send_segmented(fd: RawFd, msgs: &[Segmented<'_>]) -> io::Result<usize> {
+    let mut addrs: Vec<(libc::sockaddr_storage, u32)> = msgs.iter().map(|m| std_to_sockaddr(&m.dst)).collect();
+    let mut iovs: Vec<libc::iovec> = msgs
+        .iter()
+        .flat_map(|m| m.datagrams.iter())
+        .map(|d| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() })
+        .collect();
+    let mut cmsgs = vec![CmsgBuf([0u8; CMSG_SPACE]); msgs.len()];
+    // SAFETY: mmsghdr is plain data; all-zero is a valid value.
+    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { zeroed() }).collect();
+    let mut first_iov = 0;
+    for (i, (h, m)) in hdrs.iter_mut().zip(msgs).enumerate() {
+        h.msg_hdr.msg_name = (&mut addrs[i].0 as *mut libc::sockaddr_storage).cast();
+        h.msg_hdr.msg_namelen = addrs[i].1;
+        h.msg_hdr.msg_iov = &mut iovs[first_iov];
+        h.msg_hdr.msg_iovlen = m.datagrams.len();
+        first_iov += m.datagrams.len();
+        if m.datagrams.len() > 1 {
+            let segment = m.datagrams[0].len() as u16;
+            h.msg_hdr.msg_control = cmsgs[i].0.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE of a u16 is far below the buffer's CMSG_SPACE bytes.
+            h.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+            // SAFETY: msg_control points at an aligned buffer of msg_controllen bytes, so the
+            // first header and its data lie inside it.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                libc::CMSG_DATA(c).cast::<u16>().write_unaligned(segment);
+            }
+        }
+    }
+    // SAFETY: the headers point at addresses, iovecs and control buffers alive for the
+    // call; sendmmsg only reads the payloads.
     let rc = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as u32, 0) };
     check(rc).map(|n| n as usize)
 }

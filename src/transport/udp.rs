@@ -12,6 +12,7 @@
 //! the ICRC ([`icrc::recover_ipv4`]), which leaves 15 of its 32 bits to detect corruption, on
 //! top of the UDP checksum the kernel has verified.
 
+use super::gso;
 use super::headers::udp_header;
 pub use super::headers::{gid_to_ip, ip_header, ip_to_gid};
 use super::link::{LinkStats, PacketRx, PacketTx};
@@ -32,6 +33,8 @@ pub const ROCE_PORT: u16 = 4791;
 
 /// Datagrams read per `recvmmsg`.
 const RX_BATCH: usize = 32;
+/// Packets queued before a send (two full GSO sends of the smallest packets).
+const TX_BATCH: usize = 128;
 /// Largest datagram accepted (4096-byte MTU plus every header, with room for jumbo frames).
 const RX_DATAGRAM_MAX: usize = 9216;
 /// Socket buffer size asked for: room for a full loss window of 4 KiB packets on many QPs.
@@ -46,6 +49,14 @@ pub fn active_mtu(addr: IpAddr) -> Option<crate::engine::verbs::Mtu> {
     Some(super::raw::path_mtu_for_link(link))
 }
 
+/// Whether UDP offloads are on by default for a device on `addr`: on loopback, where a
+/// GSO send crosses the stack whole. On other links they stay off, because a veth hands a
+/// GSO send to its peer unsegmented, and a packet socket there (softrdma's raw transport,
+/// `softrdma inject`, a capture) would see one oversized frame.
+pub fn offload_by_default(addr: IpAddr) -> bool {
+    addr.is_loopback() || sys::interface_of_address(addr).is_ok_and(|i| i == "lo")
+}
+
 /// How an endpoint's UDP sockets are set up.
 #[derive(Debug, Clone)]
 pub struct UdpConfig {
@@ -55,12 +66,15 @@ pub struct UdpConfig {
     pub port: u16,
     /// Sockets QPs send from (at least 1).
     pub source_ports: usize,
+    /// UDP segmentation and receive offload (GSO, GRO): runs of equal-sized datagrams to
+    /// one peer leave as one send, and come in as one buffer.
+    pub offload: bool,
 }
 
 impl UdpConfig {
-    /// Port 4791 on `addr`, with 8 source ports.
+    /// Port 4791 on `addr`, with 8 source ports, offloads as [`offload_by_default`].
     pub fn new(addr: IpAddr) -> Self {
-        UdpConfig { addr, port: ROCE_PORT, source_ports: 8 }
+        UdpConfig { addr, port: ROCE_PORT, source_ports: 8, offload: offload_by_default(addr) }
     }
 }
 
@@ -86,6 +100,10 @@ fn open_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
 /// halves.
 pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, UdpRx)> {
     let rx = open_socket(SocketAddr::new(cfg.addr, cfg.port))?;
+    // Without GRO the kernel cuts a GSO send back into datagrams for us; with it, one
+    // buffer holds them all, which needs room for a whole GSO send.
+    let offload = cfg.offload && sys::set_udp_gro(rx.as_raw_fd()).is_ok();
+    let rx_buffer = if offload { 65536 } else { RX_DATAGRAM_MAX };
     let mut tx = Vec::new();
     for _ in 0..cfg.source_ports.max(1) {
         let s = open_socket(SocketAddr::new(cfg.addr, 0))?;
@@ -101,12 +119,13 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
         log: log.clone(),
         peer_ports: HashMap::new(),
         batch: Vec::new(),
+        offload,
     };
     let rx_half = UdpRx {
         sockets,
         stats,
         log,
-        batch: RecvBatch::new(RX_BATCH, RX_DATAGRAM_MAX),
+        batch: RecvBatch::new(RX_BATCH, rx_buffer),
         recovery: icrc::RecoveryCache::default(),
     };
     Ok((tx_half, rx_half))
@@ -118,7 +137,16 @@ pub struct UdpTx {
     stats: Arc<LinkStats>,
     log: Option<Arc<FrameLog>>,
     peer_ports: HashMap<IpAddr, u16>,
-    batch: Vec<(SocketAddr, Vec<u8>, usize)>,
+    batch: Vec<Pending>,
+    offload: bool,
+}
+
+/// A packet queued to send, its ICRC not yet filled (it depends on the IPv4
+/// Identification, which depends on its place in a GSO send).
+struct Pending {
+    dst: SocketAddr,
+    packet: Vec<u8>,
+    socket: usize,
 }
 
 impl UdpTx {
@@ -142,58 +170,106 @@ impl UdpTx {
     pub fn flush(&mut self, dev: &mut Device, now_ns: u64) {
         while let Some(t) = dev.poll_transmit(now_ns) {
             self.queue(t);
-            if self.batch.len() >= RX_BATCH {
+            if self.batch.len() >= TX_BATCH {
                 self.send_queued();
             }
         }
         self.send_queued();
     }
 
-    fn queue(&mut self, mut t: Transmit) {
+    fn queue(&mut self, t: Transmit) {
         let dst = gid_to_ip(&t.dst);
         let slot = (t.src_qpn as usize).wrapping_mul(0x9e37_79b9) >> 8;
         let socket = slot % self.sockets.tx.len();
-        let sport = self.sockets.tx[socket].1;
         let dport = self.peer_ports.get(&dst).copied().unwrap_or(self.sockets.port);
-        let udp = udp_header(sport, dport, t.packet.len());
-        let (ip, ip_len) = ip_header(self.sockets.local, dst, 8 + t.packet.len(), 0, true, 0);
-        let ip_ref = if ip_len == 20 { IpHeader::V4(&ip[..20]) } else { IpHeader::V6(&ip[..40]) };
-        if icrc::fill(ip_ref, &udp, &mut t.packet).is_err() {
-            self.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if let Some(log) = &self.log {
-            log.record(&ip[..ip_len], &udp, &t.packet);
-        }
-        self.batch.push((SocketAddr::new(dst, dport), t.packet, socket));
+        self.batch.push(Pending { dst: SocketAddr::new(dst, dport), packet: t.packet, socket });
     }
 
+    /// Fills the ICRC of `p` over the IP and UDP headers the kernel will build for it, with
+    /// IPv4 Identification `ident`; false (counted) if it cannot be.
+    fn seal(&self, p: &mut Pending, ident: u16) -> bool {
+        let sport = self.sockets.tx[p.socket].1;
+        let udp = udp_header(sport, p.dst.port(), p.packet.len());
+        let (ip, ip_len) = ip_header(self.sockets.local, p.dst.ip(), 8 + p.packet.len(), ident, true, 0);
+        let ip_ref = if ip_len == 20 { IpHeader::V4(&ip[..20]) } else { IpHeader::V6(&ip[..40]) };
+        if icrc::fill(ip_ref, &udp, &mut p.packet).is_err() {
+            self.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if let Some(log) = &self.log {
+            log.record(&ip[..ip_len], &udp, &p.packet);
+        }
+        true
+    }
+
+    /// Sends the queue: one `sendmmsg` per run of packets leaving from one socket, and with
+    /// offloads, one GSO send per run of equal-sized packets to one peer in it.
     fn send_queued(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
         let mut start = 0;
-        while start < self.batch.len() {
-            // One sendmmsg per run of datagrams leaving from the same socket.
-            let socket = self.batch[start].2;
-            let end = start + self.batch[start..].iter().take_while(|b| b.2 == socket).count();
-            let msgs: Vec<(SocketAddr, &[u8])> = self.batch[start..end].iter().map(|(a, p, _)| (*a, &p[..])).collect();
-            let fd = self.sockets.tx[socket].0.as_raw_fd();
-            let mut sent = 0;
-            while sent < msgs.len() {
-                match sys::send_batch(fd, &msgs[sent..]) {
-                    Ok(n) => sent += n.max(1),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        let _ = sys::wait_writable(fd);
-                    }
-                    Err(_) => {
-                        // The datagram is lost, as on a wire; the engine's retransmission covers it.
-                        self.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
-                        sent += 1;
-                    }
-                }
-            }
-            self.stats.tx_datagrams.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        while start < batch.len() {
+            let socket = batch[start].socket;
+            let end = start + batch[start..].iter().take_while(|b| b.socket == socket).count();
+            self.send_run(&mut batch[start..end]);
             start = end;
         }
-        self.batch.clear();
+        batch.clear();
+        self.batch = batch;
+    }
+
+    /// Seals and sends `run` (one socket's packets).
+    fn send_run(&mut self, run: &mut [Pending]) {
+        let mut chunks = Vec::new();
+        let mut i = 0;
+        while i < run.len() {
+            let dst = run[i].dst;
+            let same = run[i..].iter().take_while(|p| p.dst == dst).count();
+            if self.offload {
+                gso::responses_last(&mut run[i..i + same], |p| gso::is_response(&p.packet));
+            }
+            let mut j = i;
+            while j < i + same {
+                let n = if self.offload { gso::chunk_len(run[j..i + same].iter().map(|p| p.packet.len())) } else { 1 };
+                chunks.push((j, n));
+                j += n;
+            }
+            i += same;
+        }
+        let mut sealed = Vec::with_capacity(chunks.len());
+        for &(at, n) in &chunks {
+            let ok = (0..n).all(|k| self.seal(&mut run[at + k], gso::segment_ident(k)));
+            sealed.push(ok);
+        }
+        let datagrams: Vec<Vec<&[u8]>> =
+            chunks.iter().map(|&(at, n)| run[at..at + n].iter().map(|p| &p.packet[..]).collect()).collect();
+        let msgs: Vec<sys::Segmented<'_>> = chunks
+            .iter()
+            .zip(&datagrams)
+            .zip(&sealed)
+            .filter(|(_, &ok)| ok)
+            .map(|((&(at, _), d), _)| sys::Segmented { dst: run[at].dst, datagrams: d })
+            .collect();
+        self.send_messages(run[0].socket, &msgs);
+    }
+
+    fn send_messages(&self, socket: usize, msgs: &[sys::Segmented<'_>]) {
+        let fd = self.sockets.tx[socket].0.as_raw_fd();
+        let mut sent = 0;
+        while sent < msgs.len() {
+            match sys::send_segmented(fd, &msgs[sent..]) {
+                Ok(n) => sent += n.max(1),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let _ = sys::wait_writable(fd);
+                }
+                Err(_) => {
+                    // The datagrams are lost, as on a wire; the engine's retransmission covers them.
+                    self.stats.tx_errors.fetch_add(msgs[sent].datagrams.len() as u64, Ordering::Relaxed);
+                    sent += 1;
+                }
+            }
+        }
+        let count: usize = msgs.iter().map(|m| m.datagrams.len()).sum();
+        self.stats.tx_datagrams.fetch_add(count as u64, Ordering::Relaxed);
     }
 }
 
@@ -290,17 +366,26 @@ impl UdpRx {
     /// Reads what is queued (up to one batch) without blocking; returns the count.
     pub fn recv(&mut self) -> io::Result<usize> {
         let n = self.batch.recv(self.sockets.rx.as_raw_fd())?;
-        self.stats.rx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(n)
+        let datagrams: usize = (0..n)
+            .filter_map(|i| {
+                self.batch.get(i).map(|b| b.0.len().div_ceil(self.batch.segment_bytes(i).unwrap_or(usize::MAX)))
+            })
+            .map(|k| k.max(1))
+            .sum();
+        self.stats.rx_datagrams.fetch_add(datagrams as u64, Ordering::Relaxed);
+        Ok(datagrams)
     }
 
     /// Checks every datagram of the last [`UdpRx::recv`] and hands the good ones to `dev`.
     pub fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
         let batch = std::mem::replace(&mut self.batch, RecvBatch::new(0, 0));
         for i in 0..batch.len() {
-            let Some((payload, src, tos)) = batch.get(i) else { break };
-            if let RxVerdict::Good { src, ce } = self.check(src, tos, payload) {
-                dev.handle_packet_ecn(now_ns, src, ce, payload);
+            let Some((bytes, src, tos)) = batch.get(i) else { break };
+            let segment = batch.segment_bytes(i).unwrap_or(bytes.len()).max(1);
+            for payload in bytes.chunks(segment) {
+                if let RxVerdict::Good { src, ce } = self.check(src, tos, payload) {
+                    dev.handle_packet_ecn(now_ns, src, ce, payload);
+                }
             }
         }
         self.batch = batch;

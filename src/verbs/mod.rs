@@ -143,6 +143,9 @@ pub struct OpenConfig {
     pub cc: CcConfig,
     /// UDP source ports QPs spread over.
     pub source_ports: usize,
+    /// UDP segmentation and receive offload on the kernel UDP sockets; by default
+    /// ([`udp::offload_by_default`]) on loopback only.
+    pub udp_offload: bool,
     /// RoCEv2 on raw Ethernet frames on a network interface, with an address of its own
     /// (`addr` is then `raw.ip`); `None`: kernel UDP sockets.
     pub raw: Option<RawConfig>,
@@ -169,6 +172,7 @@ impl OpenConfig {
                 ..CcConfig::default()
             },
             source_ports: 8,
+            udp_offload: udp::offload_by_default(addr),
             raw: None,
         }
     }
@@ -269,7 +273,12 @@ impl Context {
                 Link { tx: Box::new(tx), rx: Box::new(rx), stats, log }
             }
             None => {
-                let ucfg = UdpConfig { addr: cfg.addr, port: cfg.port, source_ports: cfg.source_ports };
+                let ucfg = UdpConfig {
+                    addr: cfg.addr,
+                    port: cfg.port,
+                    source_ports: cfg.source_ports,
+                    offload: cfg.udp_offload,
+                };
                 let (tx, rx) = udp::open(&ucfg, log.clone())?;
                 let stats = tx.stats().clone();
                 Link { tx: Box::new(tx), rx: Box::new(rx), stats, log }
@@ -747,7 +756,7 @@ impl QueuePair {
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         match &self.backend {
-            Backend::Roce(s) => s.with_core(|d| d.post_recv(self.qpn, wr)),
+            Backend::Roce(s) => s.with_core_holding(|d| d.post_recv(self.qpn, wr)),
             Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.post_recv(self.qpn, wr)),
         }
     }
