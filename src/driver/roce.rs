@@ -47,6 +47,8 @@ pub struct RoceDriver {
     busy_pollers: AtomicUsize,
     /// A busy-polling caller left replies in the engine for its next call to send.
     replies_held: AtomicBool,
+    /// The process may run on one CPU only: a spinning poll thread yields at every look.
+    one_cpu: bool,
 }
 
 /// A transport, opened: both halves, their counters and the capture they write.
@@ -84,6 +86,7 @@ impl RoceDriver {
             rx: Mutex::new(link.rx),
             busy_pollers: AtomicUsize::new(0),
             replies_held: AtomicBool::new(false),
+            one_cpu: std::thread::available_parallelism().map_or(true, |n| n.get() == 1),
         });
         let d = driver.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || d.poll_loop())?;
@@ -168,22 +171,56 @@ impl RoceDriver {
         out
     }
 
-    /// The poll thread: sleeps until a packet, a wake-up or the engine's next deadline.
-    /// While an application thread busy-polls, it leaves the socket to that thread and
-    /// keeps only the timers.
+    /// The poll thread: sleeps until a packet, a wake-up or the engine's next deadline,
+    /// then busy-polls for a while after traffic ([`SpinBudget`]). While an application
+    /// thread busy-polls, it leaves the socket to that thread and keeps only the timers.
     fn poll_loop(self: Arc<Self>) {
         let rx_fd = self.rx.lock().unwrap_or_else(|e| e.into_inner()).fd();
         let waker_fd = self.waker.as_raw_fd();
+        let mut spin = SpinBudget::default();
         while !self.stop.load(Ordering::Acquire) {
             let armed = self.armed_ns.load(Ordering::Acquire);
             let timeout = (armed != u64::MAX).then(|| Duration::from_nanos(armed.saturating_sub(self.now_ns())));
             let busy = self.busy_pollers.load(Ordering::Acquire) > 0;
             let fds: &[std::os::fd::RawFd] = if busy { &[waker_fd] } else { &[rx_fd, waker_fd] };
+            let slept_at = self.now_ns();
             if wait_readable(fds, timeout).is_err() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             self.waker.clear();
-            while self.progress(false) > 0 {}
+            let mut handled = 0;
+            while let n @ 1.. = self.progress(false) {
+                handled += n;
+            }
+            if handled > 0 {
+                spin.woken_after(self.now_ns().saturating_sub(slept_at));
+                self.spin(&mut spin);
+            }
+        }
+    }
+
+    /// Busy-polls the socket for up to the spin budget, starting over after each packet, so
+    /// that a peer's next request (a ping-pong's, a READ's) is answered with no wake-up.
+    /// It yields the CPU between looks, so an application thread on a one-CPU machine runs.
+    fn spin(&self, spin: &mut SpinBudget) {
+        let mut since = self.now_ns();
+        let yield_every = if self.one_cpu { 1 } else { 16 };
+        let mut looks = 0u32;
+        while spin.budget_ns > 0 && !self.stop.load(Ordering::Acquire) {
+            if self.busy_pollers.load(Ordering::Acquire) > 0 {
+                return;
+            }
+            if self.progress(false) > 0 {
+                spin.hit();
+                since = self.now_ns();
+            } else if self.now_ns().saturating_sub(since) > spin.budget_ns {
+                spin.miss();
+                return;
+            }
+            looks = looks.wrapping_add(1);
+            if looks.is_multiple_of(yield_every) {
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -250,5 +287,63 @@ impl RoceDriver {
         if let Some(log) = &self.log {
             let _ = log.close();
         }
+    }
+}
+
+/// How long the poll thread busy-polls after traffic, adapted to what it finds: the
+/// whole [`SPIN_MAX_NS`] after a spin that found a packet, or a sleep that a packet ended
+/// within it; half as long after each spin that found none, down to none at all. A device
+/// with a peer in a ping-pong spins; an idle one, or one hearing from peers every few
+/// milliseconds, sleeps.
+#[derive(Debug, Default)]
+struct SpinBudget {
+    budget_ns: u64,
+}
+
+/// The longest the poll thread busy-polls after traffic: about two wake-ups of a sleeping
+/// thread on a busy host, so that spinning pays only when it saves one.
+const SPIN_MAX_NS: u64 = 50_000;
+/// Below this, a spin is not worth a look.
+const SPIN_MIN_NS: u64 = 2_000;
+
+impl SpinBudget {
+    fn hit(&mut self) {
+        self.budget_ns = SPIN_MAX_NS;
+    }
+
+    fn miss(&mut self) {
+        self.budget_ns /= 2;
+        if self.budget_ns < SPIN_MIN_NS {
+            self.budget_ns = 0;
+        }
+    }
+
+    /// A sleep of `slept_ns` ended with traffic: had the thread spun, would it have caught it?
+    fn woken_after(&mut self, slept_ns: u64) {
+        if slept_ns <= SPIN_MAX_NS {
+            self.hit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spin_budget_follows_the_traffic() {
+        let mut s = SpinBudget::default();
+        assert_eq!(s.budget_ns, 0, "an idle device does not spin");
+        s.woken_after(30_000);
+        assert_eq!(s.budget_ns, SPIN_MAX_NS, "traffic came within a spin's reach");
+        let misses = (0..10).take_while(|_| {
+            s.miss();
+            s.budget_ns > 0
+        });
+        assert_eq!(misses.count(), 4, "50, 25, 12.5, 6.25, 3.1 us, then none");
+        s.woken_after(5_000_000);
+        assert_eq!(s.budget_ns, 0, "a packet every 5 ms is not worth spinning for");
+        s.hit();
+        assert_eq!(s.budget_ns, SPIN_MAX_NS);
     }
 }
