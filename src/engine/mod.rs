@@ -110,6 +110,8 @@ pub struct DeviceConfig {
 
 /// Packets a QP may send per turn of `poll_transmit`.
 const BURST: usize = 16;
+/// Packets one pass over the QPs queues before it stops ([`Device::poll_transmit`]).
+const FILL_PACKETS: usize = 64;
 
 /// A software RDMA device.
 pub struct Device {
@@ -551,21 +553,30 @@ impl Device {
         self.out.pop_front()
     }
 
-    /// Lets each QP in turn queue a burst of packets, starting after the last one served.
+    /// Lets each QP in turn queue a burst of packets, starting after the last one served,
+    /// until [`FILL_PACKETS`] are queued or every QP had its turn: one pass over the QPs
+    /// serves all that have something to send, so a device with many idle or blocked QPs
+    /// does not look at each of them again for every packet.
     fn fill(&mut self, now: u64) {
         let cursor = self.cursor;
         let (qps, mut ctx) = self.split(now);
         let mut served = None;
-        for (&qpn, qp) in qps.range_mut(cursor + 1..) {
-            if pump_qp(qp, &mut ctx) > 0 {
+        let mut turn = |qpn: u32, qp: &mut Qp, ctx: &mut Ctx<'_>| {
+            if pump_qp(qp, ctx) > 0 {
                 served = Some(qpn);
+            }
+            ctx.out.len() >= FILL_PACKETS
+        };
+        let mut full = false;
+        for (&qpn, qp) in qps.range_mut(cursor.saturating_add(1)..) {
+            if turn(qpn, qp, &mut ctx) {
+                full = true;
                 break;
             }
         }
-        if served.is_none() {
+        if !full {
             for (&qpn, qp) in qps.range_mut(..=cursor) {
-                if pump_qp(qp, &mut ctx) > 0 {
-                    served = Some(qpn);
+                if turn(qpn, qp, &mut ctx) {
                     break;
                 }
             }

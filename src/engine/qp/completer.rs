@@ -69,8 +69,27 @@ impl Requester {
     fn progress(&mut self, now: u64) {
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
-        let pending = self.wqes.iter().any(|w| w.started && w.done.is_none());
+        let pending = self.awaiting_response();
         self.timer = if pending { super::ack_timeout_ns(self.timeout).map(|t| now + t) } else { None };
+    }
+
+    /// True while a message is sent and not complete, or part of one is sent and not yet
+    /// acknowledged: what the retransmit timer covers (IBTA 9.7.6.1.3). A message the loss
+    /// window holds back halfway, with everything sent of it acknowledged, waits for
+    /// nothing from the responder and must not time out.
+    pub(super) fn awaiting_response(&self) -> bool {
+        self.wqes.iter().any(|w| {
+            if !w.started || w.done.is_some() || w.next_pkt == 0 {
+                return false;
+            }
+            // A message sent whole waits for its ACK, even one whose PSNs an ACK already
+            // covered while a READ ahead of it was unfinished.
+            if w.wr.op.is_read_or_atomic() || w.next_pkt >= w.npkts {
+                return true;
+            }
+            let last_sent = w.first_psn.add(w.next_pkt - 1);
+            self.acked.is_none_or(|a| a.serial_cmp(last_sent).is_lt())
+        })
     }
 
     /// True when `psn` is at or before the last PSN sent: an acknowledgement of it is real.

@@ -256,8 +256,7 @@ impl Requester {
         }
         // Whatever is outstanding is covered by the timer (IBTA 9.7.6.1.3), whether it was
         // sent just now or before an RNR wait.
-        let outstanding = self.wqes.iter().any(|w| w.started && w.done.is_none());
-        if outstanding && self.timer.is_none() {
+        if self.awaiting_response() && self.timer.is_none() {
             self.timer = super::ack_timeout_ns(self.timeout).map(|t| ctx.now + t);
         }
         sent
