@@ -182,9 +182,16 @@ impl Peer {
                 continue;
             }
             let p = &buf[..n];
-            self.record(from.ip(), self.local, from.port(), p);
             let local = (self.local, self.port);
-            if !matches!(check_datagram(&mut cache, from, local, 0, p), DatagramCheck::Good { .. }) {
+            let checked = check_datagram(&mut cache, from, local, 0, p);
+            // Recorded with the IPv4 Identification the ICRC was made over: a sender with
+            // UDP segmentation offload numbers its segments 0, 1, 2…
+            let ident = match checked {
+                DatagramCheck::Good { ident, .. } => ident,
+                _ => 0,
+            };
+            self.record_with(from.ip(), self.local, from.port(), p, ident);
+            if !matches!(checked, DatagramCheck::Good { .. }) {
                 self.seen.push("a datagram with a bad ICRC".into());
                 self.malformed += 1;
                 continue;
@@ -230,10 +237,14 @@ impl Peer {
     }
 
     fn record(&self, src: IpAddr, dst: IpAddr, sport: u16, packet: &[u8]) {
+        self.record_with(src, dst, sport, packet, 0);
+    }
+
+    fn record_with(&self, src: IpAddr, dst: IpAddr, sport: u16, packet: &[u8], ident: u16) {
         if let Some(log) = &self.log {
             let dport = if src == self.local { self.target.port() } else { self.port };
             let udp = udp_header(sport, dport, packet.len());
-            let (ip, n) = ip_header(src, dst, 8 + packet.len(), 0, true, 0);
+            let (ip, n) = ip_header(src, dst, 8 + packet.len(), ident, true, 0);
             log.record(&ip[..n], &udp, packet);
         }
     }
