@@ -320,16 +320,21 @@ struct RoceRows {
 /// Runs the demo and prints its table.
 pub fn run(args: &DemoArgs) -> Result<(), String> {
     let (a, b) = open_pair().map_err(|e| format!("cannot open the two devices on 127.0.0.1/127.0.0.2: {e}"))?;
+    // Memory per idle QP is RSS growth: measured before any other row frees memory that
+    // the QPs would then reuse unseen.
+    let scaled = args.qps > 0 && args.wants("scale");
+    let idle = if scaled { Some(idle_qp_bytes(&a, &b, args.qps)?) } else { None };
     let datagram = 4096 + 16; // a middle WRITE packet at MTU 4096: BTH, payload, ICRC
     let udp_bw = udp_bandwidth(datagram, args.seconds).map_err(|e| format!("UDP baseline: {e}"))?;
     let udp_lat_blocking = udp_latency(8, 20_000, false).map_err(|e| format!("UDP baseline: {e}"))?;
     // The latency tools spin; so does this baseline, which makes it the one to compare with.
     let udp_lat = udp_latency(8, 20_000, true).map_err(|e| format!("UDP baseline: {e}"))?;
     let roce = roce_rows(&a, &b, args, udp_bw, udp_lat.typical())?;
-    let scale = if args.qps > 0 && args.wants("scale") {
-        Some(scale_rows(&a, &b, args).map_err(|e| format!("{e}\n{:?}\n{:?}", a.stats(), b.stats()))?)
-    } else {
-        None
+    let scale = match idle {
+        Some(idle) => {
+            Some(scale_rows(&a, &b, args, idle).map_err(|e| format!("{e}\n{:?}\n{:?}", a.stats(), b.stats()))?)
+        }
+        None => None,
     };
     let stats = [a.stats(), b.stats()];
     let iw = if args.only.is_empty() || args.only.iter().any(|o| o.starts_with("iwarp_")) {
@@ -410,9 +415,9 @@ fn json_doc(
         "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad})
 }
 
-/// Memory per idle QP, then WRITE bandwidth over one QP and over `args.qps`.
-fn scale_rows(a: &Context, b: &Context, args: &DemoArgs) -> Result<(f64, f64, f64), String> {
-    let idle = idle_qp_bytes(a, b, args.qps)?;
+/// Memory per idle QP (measured first, `idle`), then WRITE bandwidth over one QP and over
+/// `args.qps`.
+fn scale_rows(a: &Context, b: &Context, args: &DemoArgs, idle: f64) -> Result<(f64, f64, f64), String> {
     let one = rdma_bw(a, b, Test::WriteBw, 65536, 1, args.seconds)?.avg_bytes_per_s;
     let mut p = Params::defaults(Test::WriteBw);
     p.qps = args.qps;
