@@ -41,6 +41,7 @@ impl Device {
         let (qps, ctx, cm) = self.split_cm(now);
         let out = f(cm, &mut QpsOf { qps, ctx });
         self.send_mads();
+        self.touch_all();
         out
     }
 

@@ -16,6 +16,7 @@ pub mod gsi;
 pub mod mem;
 pub mod qp;
 pub mod rng;
+pub mod schedule;
 pub mod srq;
 pub mod verbs;
 
@@ -128,6 +129,10 @@ pub struct Device {
     gids: Vec<Gid>,
     events: VecDeque<srq::AsyncEvent>,
     cursor: u32,
+    /// The QPs to visit: ready to send, or with a deadline.
+    schedule: schedule::Schedule,
+    /// Scratch list of QPNs, kept to spare an allocation per visit.
+    visit: Vec<u32>,
     /// The connection manager, reached through QP1.
     cm: crate::cm::Cm,
     /// The PSN of QP1's next MAD.
@@ -165,6 +170,8 @@ impl Device {
             next_srq: 1,
             events: VecDeque::new(),
             cursor: 0,
+            schedule: schedule::Schedule::default(),
+            visit: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -320,6 +327,7 @@ impl Device {
     pub fn destroy_qp_at(&mut self, now: u64, qpn: u32) -> Result<(), VerbsError> {
         self.with_cm(now, |cm, qps| cm.qp_destroyed(now, qpn, qps));
         self.qps.remove(&qpn).map(|_| ()).ok_or(VerbsError::NotFound)?;
+        self.schedule.remove(qpn);
         self.share_window_budget();
         Ok(())
     }
@@ -334,6 +342,23 @@ impl Device {
         let share = (cc.loss_window_device_packets / n).clamp(1, cc.loss_window_max_packets);
         for w in self.qps.values_mut().filter_map(|q| q.req.window.as_mut()) {
             w.set_max(share);
+        }
+        // A larger share may let a QP the window held back send again.
+        self.touch_all();
+    }
+
+    /// QP `qpn` was operated on: it may have something to send, and its deadline may
+    /// have moved ([`schedule::Schedule`]).
+    fn touch(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get(&qpn) {
+            self.schedule.touch(qpn, qp.deadline());
+        }
+    }
+
+    /// Every QP was (or may have been) operated on: after the CM's calls.
+    fn touch_all(&mut self) {
+        for (&qpn, qp) in &self.qps {
+            self.schedule.touch(qpn, qp.deadline());
         }
     }
 
@@ -412,11 +437,12 @@ impl Device {
         };
         let (qps, mut ctx) = self.split(0);
         let qp = qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
-        qp.modify(attr, &mut ctx)?;
-        if let Some(g) = sgid {
+        let out = qp.modify(attr, &mut ctx);
+        if let (Some(g), true) = (sgid, out.is_ok()) {
             qp.path.src_gid = g;
         }
-        Ok(())
+        self.touch(qpn);
+        out
     }
 
     /// Posts a send work request (IBTA 11.4.1.1).
@@ -431,6 +457,7 @@ impl Device {
         if let Some(qp) = qps.get_mut(&qpn) {
             settle(qp, &mut ctx);
         }
+        self.touch(qpn);
         Ok(())
     }
 
@@ -474,6 +501,12 @@ impl Device {
         if r.bth.dest_qp == crate::proto::cm::GSI_QPN {
             return self.gsi_receive(now, src, &r);
         }
+        self.receive_on_qp(now, src, ce, &r);
+        self.touch(r.bth.dest_qp);
+    }
+
+    /// A parsed packet for QP `r.bth.dest_qp` (not QP1).
+    fn receive_on_qp(&mut self, now: u64, src: Gid, ce: bool, r: &RoceRepr<'_>) {
         let cc = self.cfg.cc;
         let (qps, mut ctx) = self.split(now);
         let Some(qp) = qps.get_mut(&r.bth.dest_qp) else {
@@ -507,7 +540,7 @@ impl Device {
         }
         // 12.9.7: a packet on a QP in RTR tells the CM its peer is in RTS.
         let first = connected && qp.state == QpState::Rtr;
-        dispatch(qp, &r, src, &mut ctx);
+        dispatch(qp, r, src, &mut ctx);
         if first {
             self.with_cm(now, |cm, qps| cm.qp_received(r.bth.dest_qp, qps));
         }
@@ -520,8 +553,11 @@ impl Device {
             self.with_cm(now, |cm, qps| cm.handle_timeout(now, qps));
         }
         let cc = self.cfg.cc;
+        let mut due = std::mem::take(&mut self.visit);
+        self.schedule.due(now, &mut due);
         let (qps, mut ctx) = self.split(now);
-        for qp in qps.values_mut() {
+        for qpn in &due {
+            let Some(qp) = qps.get_mut(qpn) else { continue };
             if qp.state == QpState::Err {
                 continue;
             }
@@ -534,11 +570,15 @@ impl Device {
                 settle(qp, &mut ctx);
             }
         }
+        for &qpn in &due {
+            self.touch(qpn);
+        }
+        self.visit = due;
     }
 
     /// The earliest deadline of any QP.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let qps = self.qps.values().filter_map(|q| q.deadline()).min();
+        let qps = self.schedule.first_deadline();
         match (qps, self.cm.poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -558,32 +598,27 @@ impl Device {
     /// serves all that have something to send, so a device with many idle or blocked QPs
     /// does not look at each of them again for every packet.
     fn fill(&mut self, now: u64) {
-        let cursor = self.cursor;
+        let mut order = std::mem::take(&mut self.visit);
+        self.schedule.ready_from(self.cursor, &mut order);
         let (qps, mut ctx) = self.split(now);
-        let mut served = None;
-        let mut turn = |qpn: u32, qp: &mut Qp, ctx: &mut Ctx<'_>| {
-            if pump_qp(qp, ctx) > 0 {
-                served = Some(qpn);
-            }
-            ctx.out.len() >= FILL_PACKETS
-        };
-        let mut full = false;
-        for (&qpn, qp) in qps.range_mut(cursor.saturating_add(1)..) {
-            if turn(qpn, qp, &mut ctx) {
-                full = true;
+        let mut turns = Vec::with_capacity(order.len().min(FILL_PACKETS));
+        for &qpn in &order {
+            let Some(qp) = qps.get_mut(&qpn) else { continue };
+            let sent = pump_qp(qp, &mut ctx);
+            turns.push((qpn, sent, qp.deadline()));
+            if ctx.out.len() >= FILL_PACKETS {
                 break;
             }
         }
-        if !full {
-            for (&qpn, qp) in qps.range_mut(..=cursor) {
-                if turn(qpn, qp, &mut ctx) {
-                    break;
-                }
+        for (qpn, sent, deadline) in turns {
+            self.schedule.file(qpn, deadline);
+            if sent == 0 {
+                self.schedule.idle(qpn);
+            } else {
+                self.cursor = qpn;
             }
         }
-        if let Some(q) = served {
-            self.cursor = q;
-        }
+        self.visit = order;
     }
 }
 

@@ -292,6 +292,9 @@ pub(super) struct Row {
     pub(super) baseline: f64,
 }
 
+/// The names of the RoCEv2 rows.
+const ROCE_ROWS: [&str; 6] = ["write_bw", "read_bw", "send_bw", "write_lat", "read_lat", "send_lat"];
+
 /// The RoCEv2 rows `args` asks for: bandwidth next to plain UDP, latency next to the
 /// spinning UDP ping-pong.
 fn roce_rows(a: &Context, b: &Context, args: &DemoArgs, udp_bw: f64, udp_lat: f64) -> Result<RoceRows, String> {
@@ -325,10 +328,16 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     let scaled = args.qps > 0 && args.wants("scale");
     let idle = if scaled { Some(idle_qp_bytes(&a, &b, args.qps)?) } else { None };
     let datagram = 4096 + 16; // a middle WRITE packet at MTU 4096: BTH, payload, ICRC
-    let udp_bw = udp_bandwidth(datagram, args.seconds).map_err(|e| format!("UDP baseline: {e}"))?;
-    let udp_lat_blocking = udp_latency(8, 20_000, false).map_err(|e| format!("UDP baseline: {e}"))?;
+    let roce_rows_wanted = ROCE_ROWS.iter().any(|r| args.wants(r));
+    let udp_bw = if roce_rows_wanted {
+        udp_bandwidth(datagram, args.seconds).map_err(|e| format!("UDP baseline: {e}"))?
+    } else {
+        f64::NAN
+    };
+    let iters = if roce_rows_wanted { 20_000 } else { 2 };
+    let udp_lat_blocking = udp_latency(8, iters, false).map_err(|e| format!("UDP baseline: {e}"))?;
     // The latency tools spin; so does this baseline, which makes it the one to compare with.
-    let udp_lat = udp_latency(8, 20_000, true).map_err(|e| format!("UDP baseline: {e}"))?;
+    let udp_lat = udp_latency(8, iters, true).map_err(|e| format!("UDP baseline: {e}"))?;
     let roce = roce_rows(&a, &b, args, udp_bw, udp_lat.typical())?;
     let scale = match idle {
         Some(idle) => {

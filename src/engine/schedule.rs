@@ -1,0 +1,109 @@
+//! Which QPs the device must visit, so that no call visits every QP: the QPs that may have
+//! something to send (the ready set, which `poll_transmit` serves round-robin), and each
+//! QP's next deadline (ordered by time, so `poll_timeout` is the first and `handle_timeout`
+//! walks only what is due).
+//!
+//! The device touches a QP after every operation on it (a packet, a post, a modify, a
+//! timer, a turn at sending): the QP goes into the ready set and its deadline is filed
+//! again. A QP leaves the ready set when a turn finds it with nothing to send; only an
+//! operation on it can give it something again.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// The ready set and the deadline index of one device.
+#[derive(Debug, Default)]
+pub struct Schedule {
+    ready: BTreeSet<u32>,
+    by_time: BTreeSet<(u64, u32)>,
+    deadline_of: HashMap<u32, u64>,
+}
+
+impl Schedule {
+    /// QP `qpn` was operated on: it may have something to send, and its next deadline is
+    /// `deadline`.
+    pub fn touch(&mut self, qpn: u32, deadline: Option<u64>) {
+        self.ready.insert(qpn);
+        self.file(qpn, deadline);
+    }
+
+    /// Files QP `qpn`'s next deadline, replacing the one filed before.
+    pub fn file(&mut self, qpn: u32, deadline: Option<u64>) {
+        if let Some(old) = self.deadline_of.remove(&qpn) {
+            self.by_time.remove(&(old, qpn));
+        }
+        if let Some(d) = deadline {
+            self.by_time.insert((d, qpn));
+            self.deadline_of.insert(qpn, d);
+        }
+    }
+
+    /// A turn found QP `qpn` with nothing to send.
+    pub fn idle(&mut self, qpn: u32) {
+        self.ready.remove(&qpn);
+    }
+
+    /// QP `qpn` is gone.
+    pub fn remove(&mut self, qpn: u32) {
+        self.idle(qpn);
+        self.file(qpn, None);
+    }
+
+    /// The ready QPs in round-robin order, starting after `cursor`, into `out`.
+    pub fn ready_from(&self, cursor: u32, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(self.ready.range(cursor.saturating_add(1)..));
+        out.extend(self.ready.range(..=cursor));
+    }
+
+    /// The earliest deadline filed.
+    pub fn first_deadline(&self) -> Option<u64> {
+        self.by_time.first().map(|&(d, _)| d)
+    }
+
+    /// The QPs whose deadline is at or before `now`, earliest first, into `out`.
+    pub fn due(&self, now: u64, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(self.by_time.range(..=(now, u32::MAX)).map(|&(_, q)| q));
+    }
+
+    /// QPs in the ready set (for tests and reports).
+    pub fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_are_filed_once_and_walked_in_time_order() {
+        let mut s = Schedule::default();
+        s.touch(7, Some(300));
+        s.touch(3, Some(100));
+        s.touch(7, Some(50)); // refiled earlier: the old entry goes
+        s.touch(9, None);
+        assert_eq!(s.first_deadline(), Some(50));
+        let mut due = Vec::new();
+        s.due(100, &mut due);
+        assert_eq!(due, [7, 3]);
+        s.remove(7);
+        s.due(1000, &mut due);
+        assert_eq!(due, [3]);
+    }
+
+    #[test]
+    fn the_ready_set_is_served_round_robin_from_the_cursor() {
+        let mut s = Schedule::default();
+        for q in [5, 1, 9, 3] {
+            s.touch(q, None);
+        }
+        let mut order = Vec::new();
+        s.ready_from(3, &mut order);
+        assert_eq!(order, [5, 9, 1, 3]);
+        s.idle(9);
+        s.ready_from(u32::MAX, &mut order);
+        assert_eq!(order, [1, 3, 5]);
+        assert_eq!(s.ready_len(), 3);
+    }
+}
