@@ -70,7 +70,7 @@ impl Requester {
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
         let pending = self.awaiting_response();
-        self.timer = if pending { super::ack_timeout_ns(self.timeout).map(|t| now + t) } else { None };
+        self.timer = if pending { self.retransmit_timeout_ns().map(|t| now + t) } else { None };
     }
 
     /// True while a message is sent and not complete, or part of one is sent and not yet
@@ -114,6 +114,7 @@ impl Requester {
         }
         match syndrome {
             Syndrome::Ack { .. } => {
+                self.rtt.acked(psn, ctx.now);
                 if self.ack_through(psn) {
                     self.progress(ctx.now);
                 }
@@ -281,6 +282,7 @@ impl Requester {
         }
         self.retry_left -= 1;
         ctx.stats.retransmit_timeouts += 1;
+        self.rtt.timed_out();
         if let Some(win) = self.window.as_mut() {
             win.on_timeout();
         }

@@ -4,6 +4,7 @@
 pub mod completer;
 pub mod requester;
 pub mod responder;
+pub mod rtt;
 pub mod state;
 pub mod unreliable;
 

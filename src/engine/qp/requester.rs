@@ -97,6 +97,10 @@ pub struct Requester {
     pub paced_until: Option<u64>,
     /// The loss window on unacknowledged packets, when the device has one.
     pub window: Option<crate::engine::cc::LossWindow>,
+    /// The measured round trip, which stretches the retransmission timer on a busy path.
+    pub rtt: super::rtt::RttEstimate,
+    /// The highest PSN sent so far: a packet beyond it is sent for the first time.
+    max_sent: Option<Psn>,
     caps: QpCaps,
 }
 
@@ -120,6 +124,8 @@ impl Requester {
             limiter: None,
             paced_until: None,
             window: None,
+            rtt: super::rtt::RttEstimate::default(),
+            max_sent: None,
             caps,
         }
     }
@@ -239,6 +245,13 @@ impl Requester {
             }
             let before = ctx.out.back().map(|t| t.packet.len());
             build_and_send(w, path, ctx, ack_at_edge);
+            if !w.wr.op.is_read_or_atomic() {
+                let psn = w.first_psn.add(w.next_pkt);
+                if self.max_sent.is_none_or(|m| m.serial_cmp(psn).is_lt()) {
+                    self.max_sent = Some(psn);
+                    self.rtt.sent(psn, ctx.now);
+                }
+            }
             if let Some(l) = self.limiter.as_mut() {
                 let bytes = ctx.out.back().map_or(0, |t| t.packet.len());
                 l.sent(ctx.now, bytes.max(before.unwrap_or(0)));
@@ -257,7 +270,7 @@ impl Requester {
         // Whatever is outstanding is covered by the timer (IBTA 9.7.6.1.3), whether it was
         // sent just now or before an RNR wait.
         if self.awaiting_response() && self.timer.is_none() {
-            self.timer = super::ack_timeout_ns(self.timeout).map(|t| ctx.now + t);
+            self.timer = self.retransmit_timeout_ns().map(|t| ctx.now + t);
         }
         sent
     }
@@ -279,8 +292,15 @@ impl Requester {
         true
     }
 
+    /// How long the retransmit timer runs: the Local ACK Timeout, stretched by the
+    /// measured round trip ([`super::rtt`]); `None` when the timeout is infinite.
+    pub fn retransmit_timeout_ns(&self) -> Option<u64> {
+        super::ack_timeout_ns(self.timeout).map(|base| self.rtt.timeout_ns(base))
+    }
+
     /// Go-back-N (IBTA 9.7.4.1.5): resend from `psn`, which lies in a started WQE.
     pub fn rewind(&mut self, psn: Psn) {
+        self.rtt.resent();
         let Some(i) =
             self.wqes.iter().position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts))
         else {

@@ -1,6 +1,8 @@
-//! Many RC connections between two devices sharing the loss window the UDP driver ships,
-//! over a simulated link with a finite rate: every message completes and, the link being
-//! lossless, no retransmission timer fires.
+//! Busy but lossless paths, with the loss window the UDP driver ships: many RC connections
+//! sharing it over a simulated link with a finite rate, and one connection whose queue
+//! holds more than its Local ACK Timeout. Every message completes and no retransmission
+//! timer fires: a busy path is not mistaken for loss (IBTA 9.7.6.1.3, timer stretched by
+//! the measured round trip, `engine/qp/rtt.rs`).
 
 mod common;
 use common::*;
@@ -72,4 +74,42 @@ fn a_thousand_connections_share_the_window_with_no_timeout() {
     let (done, timeouts, ns) = run(1000);
     // 459 MB at 1 GB/s: about half a second of link time.
     assert_eq!((done, timeouts), (7000, 0), "after {} ms", ns / 1_000_000);
+}
+
+#[test]
+fn a_queue_longer_than_the_ack_timeout_is_not_mistaken_for_loss() {
+    // 10 MB/s. One connection streams 1 MiB WRITEs, so its loss window's packets queue
+    // for about 100 ms, past the 67 ms Local ACK Timeout of timeout 14; a second one
+    // writes 1 KiB at a time behind them, each waiting for the last.
+    let faults = Faults { rate_bytes_per_us: Some(10), ..Faults::none() };
+    let mut sim = Sim::new(vec![shipped_device(1, 2), shipped_device(2, 2)], faults, 5);
+    let cqs = [sim.devices[0].create_cq(64), sim.devices[1].create_cq(64)];
+    let at = Attrs { mtu: Mtu::M4096, timeout: 14, ..Attrs::default() };
+    let bulk = connect_qps(&mut sim, QpType::Rc, &at, cqs, None, None);
+    let ping = connect_qps(&mut sim, QpType::Rc, &at, cqs, None, None);
+    let ma = sim.devices[0].reg_mr(Pd(1), 1 << 20, Access::ALL).unwrap();
+    let mb = sim.devices[1].reg_mr(Pd(1), 1 << 20, Access::ALL).unwrap();
+    for k in 0..8 {
+        let w = wr(k, SendOp::Write(remote(&mb, 0)), vec![sge(&ma, 0, 1 << 20)]);
+        sim.devices[0].post_send(bulk[0], w).unwrap();
+    }
+    let small = |k: u64| wr(100 + k, SendOp::Write(remote(&mb, 0)), vec![sge(&ma, 0, 1024)]);
+    sim.devices[0].post_send(ping[0], small(0)).unwrap();
+    let (mut bulk_done, mut pings) = (0, 0);
+    while (bulk_done < 8 || pings < 12) && sim.step() && sim.now < 60_000_000_000 {
+        for w in sim.devices[0].poll_cq(cqs[0], usize::MAX) {
+            assert_eq!(w.status, WcStatus::Success);
+            if w.wr_id < 100 {
+                bulk_done += 1;
+            } else if bulk_done < 8 {
+                pings += 1;
+                sim.devices[0].post_send(ping[0], small(pings)).unwrap();
+            }
+        }
+    }
+    let queued_ms = sim.stats.max_backlog_ns / 1_000_000;
+    assert!(queued_ms > 67, "the path must queue past the timeout for this to test anything: {queued_ms} ms");
+    assert!(pings >= 12, "{pings} small WRITEs done behind the queue");
+    // The first small WRITE may time out, before any round trip was measured.
+    assert!(sim.devices[0].stats.retransmit_timeouts <= 1, "{:?}", sim.devices[0].stats);
 }

@@ -1,0 +1,114 @@
+//! The requester's round-trip estimate and the retransmission timeout it gives.
+//!
+//! IBTA 9.7.6.1.3 sets the transport timer from the QP's Local ACK Timeout (4.096 µs ×
+//! 2^timeout). A fixed timer mistakes a path that is only busy (a deep queue, a slow
+//! receiver) for loss, retransmits into the queue, and makes it deeper. So, as TCP does
+//! (RFC 6298), the requester measures round trips of packets sent once (Karn's rule) and
+//! waits srtt + 4 × rttvar, never less than the QP's timeout and at most four times it, so
+//! a peer that is gone is still found gone within a bound the application set. Each
+//! timeout doubles the wait until a round trip is measured again (RFC 6298 §5.5): with
+//! Karn's rule alone, a path slower than the timeout would never yield a sample.
+
+use crate::proto::roce::Psn;
+
+/// Most the measured round trip may stretch the timer, as a multiple of the QP's timeout.
+pub const RTO_STRETCH_MAX: u64 = 4;
+
+/// Smoothed round trip and its variation, ns, and the packet being timed.
+#[derive(Debug, Clone, Default)]
+pub struct RttEstimate {
+    srtt_ns: Option<u64>,
+    rttvar_ns: u64,
+    /// The packet being timed and when it left; one at a time.
+    probe: Option<(Psn, u64)>,
+    /// Timeouts since the last sample, each doubling the wait (capped).
+    backoffs: u32,
+}
+
+impl RttEstimate {
+    /// A packet `psn` sent for the first time at `now`: timed if no other is.
+    pub fn sent(&mut self, psn: Psn, now: u64) {
+        if self.probe.is_none() {
+            self.probe = Some((psn, now));
+        }
+    }
+
+    /// Everything through `psn` is acknowledged at `now`: the timed packet's round trip
+    /// is a sample (RFC 6298 §2: rttvar ← ¾ rttvar + ¼ |srtt − r|, srtt ← ⅞ srtt + ⅛ r).
+    pub fn acked(&mut self, psn: Psn, now: u64) {
+        let Some((p, at)) = self.probe else { return };
+        if p.serial_cmp(psn).is_gt() {
+            return;
+        }
+        self.probe = None;
+        self.backoffs = 0;
+        let r = now.saturating_sub(at);
+        match self.srtt_ns {
+            None => {
+                self.srtt_ns = Some(r);
+                self.rttvar_ns = r / 2;
+            }
+            Some(s) => {
+                self.rttvar_ns = (3 * self.rttvar_ns + s.abs_diff(r)) / 4;
+                self.srtt_ns = Some((7 * s + r) / 8);
+            }
+        }
+    }
+
+    /// A retransmission: the packet being timed may be answered for its copy (Karn's rule).
+    pub fn resent(&mut self) {
+        self.probe = None;
+    }
+
+    /// The timer fired: wait twice as long next time, until a round trip is measured.
+    pub fn timed_out(&mut self) {
+        self.backoffs = (self.backoffs + 1).min(RTO_STRETCH_MAX.trailing_zeros());
+    }
+
+    /// The retransmission timeout for a QP whose Local ACK Timeout is `base_ns`.
+    pub fn timeout_ns(&self, base_ns: u64) -> u64 {
+        let measured = self.srtt_ns.map_or(0, |s| s + 4 * self.rttvar_ns);
+        let backed_off = base_ns.saturating_mul(1 << self.backoffs);
+        measured.max(backed_off).clamp(base_ns, base_ns.saturating_mul(RTO_STRETCH_MAX))
+    }
+
+    /// The smoothed round trip, once measured.
+    pub fn srtt_ns(&self) -> Option<u64> {
+        self.srtt_ns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeout_follows_the_round_trip_within_one_to_four_times_the_qps() {
+        let base = 67_108_864; // timeout 14
+        let mut e = RttEstimate::default();
+        assert_eq!(e.timeout_ns(base), base, "no sample yet: the QP's own timeout");
+        e.sent(Psn::new(10), 0);
+        e.sent(Psn::new(11), 5); // one probe at a time
+        e.acked(Psn::new(9), 1_000);
+        assert_eq!(e.srtt_ns(), None, "an ACK short of the probe is no sample");
+        e.acked(Psn::new(11), 100_000_000);
+        assert_eq!(e.srtt_ns(), Some(100_000_000));
+        assert_eq!(e.timeout_ns(base), 4 * base, "300 ms measured, capped at 4x");
+        for k in 0..40 {
+            e.sent(Psn::new(20 + k), 1_000_000 * u64::from(k));
+            e.acked(Psn::new(20 + k), 1_000_000 * u64::from(k) + 10_000);
+        }
+        assert_eq!(e.timeout_ns(base), base, "a fast path: never below the QP's timeout");
+        e.sent(Psn::new(100), 0);
+        e.resent();
+        e.acked(Psn::new(100), 900_000_000);
+        assert!(e.srtt_ns().unwrap() < 1_000_000, "a resent packet is not timed");
+        e.timed_out();
+        assert_eq!(e.timeout_ns(base), 2 * base, "a timeout doubles the wait");
+        (0..5).for_each(|_| e.timed_out());
+        assert_eq!(e.timeout_ns(base), 4 * base, "up to 4x");
+        e.sent(Psn::new(200), 0);
+        e.acked(Psn::new(200), 10_000);
+        assert_eq!(e.timeout_ns(base), base, "a sample ends the backing off");
+    }
+}
