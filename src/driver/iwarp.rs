@@ -36,6 +36,15 @@ pub trait IwarpPort: Send + Sync {
     fn peer_addr(&self, t: ConnId) -> Option<SocketAddr>;
     /// Stops the poll thread.
     fn stop(&self);
+    /// Reads what has arrived on the caller's thread, without waiting; the bytes read
+    /// (a busy-polling caller's look). A stack without it leaves reading to its thread.
+    fn progress(&self) -> usize {
+        0
+    }
+    /// A caller starts busy-polling: the poll thread leaves reading to it.
+    fn busy_enter(&self) {}
+    /// The caller stopped busy-polling.
+    fn busy_leave(&self) {}
 }
 
 /// Runs `f` on `port`'s device and returns what it returns.

@@ -7,15 +7,17 @@
 
 use super::cq::CqQueue;
 use super::iwarp::IwarpPort;
+use super::spin::SpinBudget;
 use crate::iwarp::config::ConnectError;
 use crate::iwarp::device::{ConnId, IwarpDevice};
 use mio::net::{TcpListener, TcpStream};
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -27,6 +29,8 @@ const READ_CHUNK: usize = 256 * 1024;
 const READS_PER_TURN: usize = 16;
 /// The poll thread looks at the MPA timers at least this often.
 const TICK: Duration = Duration::from_millis(100);
+/// A spinning poll thread looks at the MPA timers this often.
+const SPIN_TIMER_CHECK_NS: u64 = 1_000_000;
 
 /// What the device lock guards.
 struct Core {
@@ -45,6 +49,16 @@ pub struct IwarpTcp {
     stop: AtomicBool,
     ip: IpAddr,
     epoch: Instant,
+    /// Whoever reads a socket holds this (its scratch buffer) from the read until the bytes
+    /// are in the device, so that the poll thread and a busy-polling caller never
+    /// interleave one stream's bytes.
+    reader: Mutex<Vec<u8>>,
+    /// Application threads busy-polling now: the poll thread leaves reading to them.
+    busy_pollers: AtomicUsize,
+    /// A busy-polling section ended: the poll thread reads every stream once, since the
+    /// readiness it was told of meanwhile went unread.
+    resync: AtomicBool,
+    one_cpu: bool,
 }
 
 impl IwarpTcp {
@@ -66,6 +80,10 @@ impl IwarpTcp {
             stop: AtomicBool::new(false),
             ip,
             epoch: Instant::now(),
+            reader: Mutex::new(vec![0u8; READ_CHUNK]),
+            busy_pollers: AtomicUsize::new(0),
+            resync: AtomicBool::new(false),
+            one_cpu: std::thread::available_parallelism().map_or(true, |n| n.get() == 1),
         });
         let d = driver.clone();
         let thread = std::thread::Builder::new().name("softrdma-iwarp".into()).spawn(move || d.poll_loop(poll))?;
@@ -88,75 +106,138 @@ impl IwarpTcp {
         out
     }
 
-    /// The poll thread.
+    /// The poll thread: waits for readiness, the waker or the next MPA deadline; reads,
+    /// accepts and writes; then busy-polls for a while after traffic ([`SpinBudget`]).
+    /// While an application thread busy-polls, it leaves reading to that thread.
     fn poll_loop(self: Arc<Self>, mut poll: Poll) {
         let mut events = Events::with_capacity(256);
-        let mut buf = vec![0u8; READ_CHUNK];
         let mut again: Vec<Token> = Vec::new();
+        let mut spin = SpinBudget::default();
+        let mut quiet_since = self.now_ns();
+        let mut looks = 0u32;
+        let mut timers_at = 0;
         while !self.stop.load(Ordering::Acquire) {
-            let timeout = if again.is_empty() {
-                let core = self.lock();
-                let now = self.epoch.elapsed().as_nanos() as u64;
-                core.dev.poll_timeout().map_or(TICK, |d| Duration::from_nanos(d.saturating_sub(now)).min(TICK))
-            } else {
-                Duration::ZERO
-            };
+            let spinning = spin.budget_ns > 0 && self.now_ns().saturating_sub(quiet_since) < spin.budget_ns;
+            let timeout = if !again.is_empty() || spinning { Duration::ZERO } else { self.sleep_for() };
+            let slept_at = self.now_ns();
             if let Err(e) = poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
-            let mut ready: Vec<(Token, bool, bool)> =
-                std::mem::take(&mut again).into_iter().map(|t| (t, true, false)).collect();
-            ready.extend(
-                events
-                    .iter()
-                    .filter(|e| e.token() != WAKER)
-                    .map(|e| (e.token(), e.is_readable() || e.is_read_closed() || e.is_error(), e.is_writable())),
-            );
-            for (t, readable, writable) in ready {
-                if writable {
-                    self.with_core(|c| c.write(t.0));
+            if self.resync.swap(false, Ordering::AcqRel) {
+                again.extend(self.lock().streams.keys().map(|&t| Token(t)));
+            }
+            let moved = self.serve(&events, &mut again);
+            let now = self.now_ns();
+            // MPA deadlines are coarse: a spinning thread need not take the lock for them
+            // at every look.
+            if !spinning || now >= timers_at {
+                self.with_core(|c| c.dev.handle_timeout());
+                timers_at = now + SPIN_TIMER_CHECK_NS;
+            }
+            if moved {
+                if !spinning {
+                    spin.woken_after(now.saturating_sub(slept_at));
+                } else {
+                    spin.hit();
                 }
-                if readable && self.read_some(t.0, &mut buf) {
-                    again.push(t);
+                quiet_since = now;
+            } else if spinning && now.saturating_sub(quiet_since) >= spin.budget_ns {
+                spin.miss();
+            }
+            if spinning {
+                looks = looks.wrapping_add(1);
+                if self.one_cpu || looks.is_multiple_of(16) {
+                    std::thread::yield_now();
                 }
             }
-            self.with_core(|c| c.dev.handle_timeout());
         }
     }
 
+    /// How long the poll thread may sleep: until the next MPA deadline, at most [`TICK`].
+    fn sleep_for(&self) -> Duration {
+        let core = self.lock();
+        let now = self.now_ns();
+        core.dev.poll_timeout().map_or(TICK, |d| Duration::from_nanos(d.saturating_sub(now)).min(TICK))
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Handles one round of readiness (and the streams left with more to read); true if
+    /// any bytes moved in. Streams are not read while a caller busy-polls.
+    fn serve(&self, events: &Events, again: &mut Vec<Token>) -> bool {
+        let mut ready: Vec<(Token, bool, bool)> = std::mem::take(again).into_iter().map(|t| (t, true, false)).collect();
+        ready.extend(
+            events
+                .iter()
+                .filter(|e| e.token() != WAKER)
+                .map(|e| (e.token(), e.is_readable() || e.is_read_closed() || e.is_error(), e.is_writable())),
+        );
+        let busy = self.busy_pollers.load(Ordering::Acquire) > 0;
+        let mut moved = false;
+        for (t, readable, writable) in ready {
+            if writable {
+                self.with_core(|c| c.write(t.0));
+            }
+            // A busy poller reads the streams; listeners are still the poll thread's.
+            if readable && (!busy || self.lock().listeners.contains_key(&t.0)) {
+                let mut buf = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+                let (more, got) = self.read_some(t.0, &mut buf);
+                moved |= got > 0;
+                if more {
+                    again.push(t);
+                }
+            }
+        }
+        moved
+    }
+
     /// Reads connection or listener `t` until it would block (or for a turn); returns
-    /// true if there may be more.
-    fn read_some(&self, t: ConnId, buf: &mut [u8]) -> bool {
+    /// whether there may be more, and the bytes read. The caller holds `reader`.
+    fn read_some(&self, t: ConnId, buf: &mut [u8]) -> (bool, usize) {
         let stream = {
             let c = self.lock();
             if c.listeners.contains_key(&t) {
                 drop(c);
                 self.with_core(|c| c.accept_all(t));
-                return false;
+                return (false, 0);
             }
             match c.streams.get(&t) {
                 Some(s) => s.clone(),
-                None => return false,
+                None => return (false, 0),
             }
         };
+        let mut got = 0;
         for _ in 0..READS_PER_TURN {
             match (&*stream).read(buf) {
                 Ok(0) => {
                     self.with_core(|c| c.dev.on_tcp_closed(t, "the peer closed the connection"));
-                    return false;
+                    return (false, got);
                 }
-                Ok(n) => self.with_core(|c| c.dev.on_bytes(t, &buf[..n])),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Ok(n) => {
+                    got += n;
+                    self.with_core(|c| c.dev.on_bytes(t, &buf[..n]));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (false, got),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     self.with_core(|c| c.dev.on_tcp_closed(t, &e.to_string()));
-                    return false;
+                    return (false, got);
                 }
             }
         }
-        true
+        (true, got)
+    }
+
+    /// Reads every stream on the caller's thread without waiting, if no other thread is
+    /// reading; returns the bytes read (a busy-polling caller's [`IwarpPort::progress`]).
+    fn read_all(&self) -> usize {
+        let Ok(mut buf) = self.reader.try_lock() else { return 0 };
+        let streams: Vec<ConnId> = self.lock().streams.keys().copied().collect();
+        streams.into_iter().map(|t| self.read_some(t, &mut buf).1).sum()
     }
 }
 
@@ -206,6 +287,13 @@ impl Core {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return self.dev.on_tcp_closed(t, &e.to_string()),
             }
+        }
+    }
+
+    /// Watches every stream for `interest`.
+    fn watch_streams(&mut self, interest: Interest) {
+        for (&t, s) in &self.streams {
+            let _ = self.registry.reregister(&mut SourceFd(&s.as_raw_fd()), Token(t), interest);
         }
     }
 
@@ -303,5 +391,24 @@ impl IwarpPort for IwarpTcp {
     fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
+    }
+
+    fn progress(&self) -> usize {
+        self.read_all()
+    }
+
+    fn busy_enter(&self) {
+        if self.busy_pollers.fetch_add(1, Ordering::AcqRel) == 0 {
+            // The caller reads: the poll thread is not woken for every segment meanwhile.
+            self.lock().watch_streams(Interest::WRITABLE);
+        }
+    }
+
+    fn busy_leave(&self) {
+        if self.busy_pollers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.lock().watch_streams(Interest::READABLE | Interest::WRITABLE);
+            self.resync.store(true, Ordering::Release);
+            let _ = self.waker.wake();
+        }
     }
 }

@@ -7,6 +7,7 @@
 //!   connection verbs built on it; [`iwarp_tcp`]: the device on kernel TCP sockets;
 //!   [`iwarp_smol`]: on smoltcp's TCP over raw Ethernet.
 //! - [`cq`]: the completion queues the application polls, shared by every driver.
+//! - [`spin`]: how long a poll thread busy-polls after traffic, shared by every driver.
 
 pub mod cq;
 pub mod iwarp;
@@ -14,3 +15,4 @@ pub mod iwarp_smol;
 pub mod iwarp_tcp;
 pub mod roce;
 pub mod roce_cm;
+pub mod spin;

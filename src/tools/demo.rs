@@ -356,7 +356,9 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         println!("{doc}");
         return Ok(());
     }
-    print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking], datagram, &roce.bw, &roce.lat);
+    if roce_rows_wanted {
+        print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking], datagram, &roce.bw, &roce.lat);
+    }
     if let Some(iw) = &iw {
         super::demo_iwarp::print(iw);
     }

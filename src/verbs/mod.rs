@@ -489,28 +489,24 @@ impl Context {
     }
 
     /// Receives and processes what has arrived, on the caller's thread, without waiting.
-    /// Returns the number of datagrams handled. Latency-bound loops call this while they
-    /// spin, inside a [`Context::busy_poll`] section.
+    /// Returns the number of datagrams (RoCEv2) or bytes (iWARP) handled. Latency-bound
+    /// loops call this while they spin, inside a [`Context::busy_poll`] section.
     pub fn progress(&self) -> usize {
         match &self.backend {
             Backend::Roce(s) => s.progress(true),
-            Backend::Iwarp(_) => 0,
+            Backend::Iwarp(s) => s.progress(),
         }
     }
 
     /// Starts a busy-polling section: until the guard drops, the poll thread leaves the
-    /// socket to callers of [`Context::progress`] (and keeps firing timers), so a received
-    /// packet is handled on the spinning thread with no thread hand-off.
-    /// (On iWARP the poll thread reads the sockets; the section changes nothing.)
+    /// socket(s) to callers of [`Context::progress`] (and keeps firing timers), so what
+    /// arrives is handled on the spinning thread with no thread hand-off.
     pub fn busy_poll(&self) -> BusyPoll<'_> {
-        let shared = match &self.backend {
-            Backend::Roce(s) => Some(s),
-            Backend::Iwarp(_) => None,
-        };
-        if let Some(s) = shared {
-            s.busy_enter();
+        match &self.backend {
+            Backend::Roce(s) => s.busy_enter(),
+            Backend::Iwarp(s) => s.busy_enter(),
         }
-        BusyPoll { shared }
+        BusyPoll { ctx: self }
     }
 
     /// How the device's packets move, for reports: e.g. "kernel UDP sockets", or "raw
@@ -570,13 +566,14 @@ impl Drop for Context {
 
 /// A busy-polling section ([`Context::busy_poll`]).
 pub struct BusyPoll<'a> {
-    shared: Option<&'a Arc<RoceDriver>>,
+    ctx: &'a Context,
 }
 
 impl Drop for BusyPoll<'_> {
     fn drop(&mut self) {
-        if let Some(shared) = self.shared {
-            shared.busy_leave();
+        match &self.ctx.backend {
+            Backend::Roce(s) => s.busy_leave(),
+            Backend::Iwarp(s) => s.busy_leave(),
         }
     }
 }

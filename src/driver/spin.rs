@@ -1,0 +1,64 @@
+//! How long a driver's poll thread busy-polls after traffic ([`SpinBudget`]), so that the
+//! passive side of a ping-pong or of READs answers with no thread wake-up, while an idle
+//! device sleeps. Shared by the RoCEv2 and iWARP drivers.
+
+/// How long the poll thread busy-polls after traffic, adapted to what it finds: the
+/// whole [`SPIN_MAX_NS`] after a spin that found a packet, or a sleep that a packet ended
+/// within it; half as long after each spin that found none, down to none at all. A device
+/// with a peer in a ping-pong spins; an idle one, or one hearing from peers every few
+/// milliseconds, sleeps.
+#[derive(Debug, Default)]
+pub struct SpinBudget {
+    /// How long the next spin may last.
+    pub budget_ns: u64,
+}
+
+/// The longest the poll thread busy-polls after traffic: about two wake-ups of a sleeping
+/// thread on a busy host, so that spinning pays only when it saves one.
+pub const SPIN_MAX_NS: u64 = 50_000;
+/// Below this, a spin is not worth a look.
+pub const SPIN_MIN_NS: u64 = 2_000;
+
+impl SpinBudget {
+    /// A spin, or a sleep about as long, found traffic.
+    pub fn hit(&mut self) {
+        self.budget_ns = SPIN_MAX_NS;
+    }
+
+    /// A spin found nothing.
+    pub fn miss(&mut self) {
+        self.budget_ns /= 2;
+        if self.budget_ns < SPIN_MIN_NS {
+            self.budget_ns = 0;
+        }
+    }
+
+    /// A sleep of `slept_ns` ended with traffic: had the thread spun, would it have caught it?
+    pub fn woken_after(&mut self, slept_ns: u64) {
+        if slept_ns <= SPIN_MAX_NS {
+            self.hit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spin_budget_follows_the_traffic() {
+        let mut s = SpinBudget::default();
+        assert_eq!(s.budget_ns, 0, "an idle device does not spin");
+        s.woken_after(30_000);
+        assert_eq!(s.budget_ns, SPIN_MAX_NS, "traffic came within a spin's reach");
+        let misses = (0..10).take_while(|_| {
+            s.miss();
+            s.budget_ns > 0
+        });
+        assert_eq!(misses.count(), 4, "50, 25, 12.5, 6.25, 3.1 us, then none");
+        s.woken_after(5_000_000);
+        assert_eq!(s.budget_ns, 0, "a packet every 5 ms is not worth spinning for");
+        s.hit();
+        assert_eq!(s.budget_ns, SPIN_MAX_NS);
+    }
+}
