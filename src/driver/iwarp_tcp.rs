@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 const WAKER: Token = Token(0);
 /// Bytes read from a socket per system call.
 const READ_CHUNK: usize = 256 * 1024;
+/// Queued chunks one vectored write offers the socket.
+const WRITE_SLICES: usize = 64;
 /// Reads from one socket before the others get a turn.
 const READS_PER_TURN: usize = 16;
 /// The poll thread looks at the MPA timers at least this often.
@@ -277,11 +279,12 @@ impl Core {
     fn write(&mut self, t: ConnId) {
         let Some(stream) = self.streams.get(&t).cloned() else { return };
         loop {
-            let pending = self.dev.tx_pending(t);
+            let pending = self.dev.tx_pending_slices(t, WRITE_SLICES);
             if pending.is_empty() {
                 return;
             }
-            match (&*stream).write(pending) {
+            let slices: Vec<io::IoSlice<'_>> = pending.iter().map(|s| io::IoSlice::new(s)).collect();
+            match (&*stream).write_vectored(&slices) {
                 Ok(n) => self.dev.on_written(t, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

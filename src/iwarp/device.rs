@@ -61,8 +61,7 @@ struct Conn {
     listener: Option<ConnId>,
     initiator: bool,
     announced: bool,
-    tx: Vec<u8>,
-    tx_head: usize,
+    tx: TxQueue,
     queued: u64,
     written: u64,
     /// Stream bytes queued before the QP's first FPDU (the MPA frames).
@@ -77,6 +76,67 @@ struct Conn {
     opened_ns: u64,
 }
 
+/// The bytes queued for a connection's stream, as the chunks they were produced in (each
+/// moved in, never copied), the first partly written. One contiguous buffer would move
+/// everything behind the written part forward, megabytes per write under a deep queue.
+#[derive(Debug, Default)]
+pub(crate) struct TxQueue {
+    chunks: VecDeque<Vec<u8>>,
+    /// Octets of the first chunk already written.
+    head: usize,
+    /// Octets not yet written.
+    len: usize,
+}
+
+impl TxQueue {
+    fn push(&mut self, bytes: Vec<u8>) {
+        if !bytes.is_empty() {
+            self.len += bytes.len();
+            self.chunks.push_back(bytes);
+        }
+    }
+
+    /// Unwritten octets.
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The unwritten part of the first chunk.
+    fn front(&self) -> &[u8] {
+        self.chunks.front().map_or(&[], |c| &c[self.head..])
+    }
+
+    /// Up to `max` chunks of unwritten octets, in order, for one vectored write.
+    fn slices(&self, max: usize) -> Vec<&[u8]> {
+        let mut out: Vec<&[u8]> = Vec::with_capacity(max.min(self.chunks.len()));
+        for (i, c) in self.chunks.iter().take(max).enumerate() {
+            out.push(if i == 0 { &c[self.head..] } else { c });
+        }
+        out
+    }
+
+    /// `n` octets were written (at most [`TxQueue::len`]).
+    fn consume(&mut self, mut n: usize) {
+        n = n.min(self.len);
+        self.len -= n;
+        while n > 0 {
+            let Some(front) = self.chunks.front() else { break };
+            let left = front.len() - self.head;
+            if n < left {
+                self.head += n;
+                return;
+            }
+            n -= left;
+            self.chunks.pop_front();
+            self.head = 0;
+        }
+    }
+}
+
 impl Conn {
     fn state(&self) -> ConnState {
         match &self.setup {
@@ -88,9 +148,9 @@ impl Conn {
         }
     }
 
-    fn queue(&mut self, bytes: &[u8]) {
-        self.tx.extend_from_slice(bytes);
+    fn queue(&mut self, bytes: Vec<u8>) {
         self.queued += bytes.len() as u64;
+        self.tx.push(bytes);
     }
 
     /// Close once the queue is written, or once [`CLOSE_LINGER_MS`] have passed.
@@ -380,8 +440,7 @@ impl IwarpDevice {
             listener,
             initiator: false,
             announced: false,
-            tx: Vec::new(),
-            tx_head: 0,
+            tx: TxQueue::default(),
             queued: 0,
             written: 0,
             qp_base: 0,
@@ -423,5 +482,26 @@ impl IwarpDevice {
     /// Requests held on listener `l` for the application.
     fn held_requests(&self, l: ConnId) -> usize {
         self.conns.values().filter(|c| c.listener == Some(l) && c.setup.as_ref().is_some_and(|s| s.is_held())).count()
+    }
+}
+
+#[cfg(test)]
+mod tx_queue_tests {
+    use super::TxQueue;
+
+    #[test]
+    fn chunks_are_written_in_order_and_consumed_across_boundaries() {
+        let mut q = TxQueue::default();
+        q.push(b"abc".to_vec());
+        q.push(Vec::new());
+        q.push(b"defg".to_vec());
+        assert_eq!((q.len(), q.front()), (7, &b"abc"[..]));
+        assert_eq!(q.slices(8), [&b"abc"[..], &b"defg"[..]]);
+        q.consume(2);
+        assert_eq!(q.slices(1), [&b"c"[..]]);
+        q.consume(3); // the rest of the first chunk and two of the second
+        assert_eq!((q.len(), q.front()), (2, &b"fg"[..]));
+        q.consume(10);
+        assert!(q.is_empty() && q.front().is_empty());
     }
 }

@@ -3,7 +3,7 @@
 //! inverse of [`super::deframer::Deframer`]; stream offset 0 is the first octet after the
 //! MPA Request/Reply, where markers are counted from.
 
-use crate::proto::iwarp::fpdu::{self, crc_with_markers, insert_markers, wire_len_with_markers, FpduRepr};
+use crate::proto::iwarp::fpdu::{self, crc_with_markers, fpdu_len, insert_markers, wire_len_with_markers, FpduRepr};
 use crate::proto::Error;
 
 /// The transmit side of one connection's MPA stream.
@@ -23,6 +23,38 @@ impl Framer {
     /// Stream offset of the next FPDU.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// Appends one FPDU whose `ulpdu_len`-octet ULPDU `fill` writes in place, so that a
+    /// payload is copied once from its source into the stream (RFC 5044 §4: length, ULPDU,
+    /// zero pad, CRC). With markers the FPDU is laid out whole first, then marked.
+    pub fn frame_with(
+        &mut self,
+        ulpdu_len: usize,
+        out: &mut Vec<u8>,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        if self.markers {
+            let mut ulpdu = vec![0u8; ulpdu_len];
+            fill(&mut ulpdu)?;
+            return self.frame(&ulpdu, out);
+        }
+        let len = u16::try_from(ulpdu_len).map_err(|_| Error::BadLength("ULPDU over 65535"))?;
+        let total = fpdu_len(ulpdu_len);
+        let start = out.len();
+        out.resize(start + total, 0);
+        let buf = &mut out[start..];
+        buf[..fpdu::HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+        if let Err(e) = fill(&mut buf[fpdu::HEADER_LEN..fpdu::HEADER_LEN + ulpdu_len]) {
+            out.truncate(start);
+            return Err(e);
+        }
+        if self.crc {
+            let crc = crate::proto::crc::crc32c(&buf[..total - fpdu::CRC_LEN]);
+            buf[total - fpdu::CRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        }
+        self.offset += total as u64;
+        Ok(())
     }
 
     /// Appends one FPDU carrying `ulpdu` to `out`.

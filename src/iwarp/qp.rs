@@ -321,10 +321,9 @@ impl IwarpQp {
     }
 
     fn emit(&mut self, m: &MessageRepr<'_>) {
-        let mut ulpdu = vec![0u8; m.buffer_len()];
         // The header fields are built here within their ranges, so emitting cannot fail;
         // a failure would be a bug, reported as a local catastrophic error.
-        if m.emit(&mut ulpdu).is_err() || self.framer.frame(&ulpdu, &mut self.out).is_err() {
+        if self.framer.frame_with(m.buffer_len(), &mut self.out, |b| m.emit(b)).is_err() {
             self.enter_error();
         }
     }

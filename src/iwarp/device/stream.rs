@@ -50,23 +50,21 @@ impl IwarpDevice {
 
     /// The bytes connection `t` has for its stream.
     pub fn tx_pending(&self, t: ConnId) -> &[u8] {
-        self.conns.get(&t).map_or(&[], |c| &c.tx[c.tx_head..])
+        self.conns.get(&t).map_or(&[], |c| c.tx.front())
+    }
+
+    /// As [`IwarpDevice::tx_pending`], as up to `max` slices for one vectored write.
+    pub fn tx_pending_slices(&self, t: ConnId, max: usize) -> Vec<&[u8]> {
+        self.conns.get(&t).map_or_else(Vec::new, |c| c.tx.slices(max))
     }
 
     /// The stream of connection `t` took `n` more bytes: Sends and Writes whose last byte
     /// went complete, and Read Responses top the queue up again.
     pub fn on_written(&mut self, t: ConnId, n: usize) {
         let Some(c) = self.conns.get_mut(&t) else { return };
-        let n = n.min(c.tx.len() - c.tx_head);
-        c.tx_head += n;
+        let n = n.min(c.tx.len());
+        c.tx.consume(n);
         c.written += n as u64;
-        if c.tx_head == c.tx.len() {
-            c.tx.clear();
-            c.tx_head = 0;
-        } else if c.tx_head > (1 << 20) {
-            c.tx.drain(..c.tx_head);
-            c.tx_head = 0;
-        }
         let (written, base, qpn) = (c.written, c.qp_base, c.qpn);
         if let Some(qp) = qpn.and_then(|q| self.qps.get_mut(&q)).and_then(|s| s.qp.as_mut()) {
             if written >= base {
@@ -142,7 +140,7 @@ impl IwarpDevice {
         let out = setup.take_output();
         let held = setup.pending_request().is_some();
         let outcome = setup.outcome().cloned();
-        c.queue(&out);
+        c.queue(out);
         if !c.announced && held {
             c.announced = true;
             if let Some(l) = c.listener.and_then(|l| self.listeners.get_mut(&l)) {
@@ -226,7 +224,7 @@ impl IwarpDevice {
         let err = qp.state() == QpState::Err;
         let now = self.now_ns;
         if let Some(c) = t.and_then(|t| self.conns.get_mut(&t)) {
-            c.queue(&out);
+            c.queue(out);
             if err {
                 c.start_closing(now);
             }
@@ -266,13 +264,13 @@ impl IwarpDevice {
         let IwarpDevice { conns, qps, .. } = self;
         let Some(c) = conns.get_mut(&t) else { return };
         if let Some(qp) = c.qpn.and_then(|q| qps.get_mut(&q)).and_then(|s| s.qp.as_mut()).filter(|q| q.has_output()) {
-            let room = MAX_TX_BUFFERED.saturating_sub(c.tx.len() - c.tx_head);
+            let room = MAX_TX_BUFFERED.saturating_sub(c.tx.len());
             if room > 0 {
-                c.queue(&qp.poll_output(room));
+                c.queue(qp.poll_output(room));
             }
         }
         let qpn = c.qpn;
-        if c.tx_head < c.tx.len() {
+        if !c.tx.is_empty() {
             self.writable.insert(t);
         } else if c.closing {
             return self.close(t);
