@@ -117,6 +117,96 @@ impl Deframer {
         Ok(Some(usize::from(u16::from_be_bytes(hdr))))
     }
 
+    /// Takes every whole FPDU off the stream with `data` appended and hands each ULPDU and
+    /// its CRC verdict to `each`, which returns false once the connection has ended (the
+    /// rest is then dropped). Without markers an FPDU lying whole in `data` is handed over
+    /// in place, straight from the receive buffer; only one cut by either end of `data`
+    /// (TCP may split FPDUs anywhere, RFC 5044 §4) passes through the deframer's buffer.
+    /// Errors are those of [`Deframer::next_fpdu`].
+    pub fn feed(&mut self, mut data: &[u8], mut each: impl FnMut(&[u8], CrcCheck) -> bool) -> Result<(), Error> {
+        if self.markers {
+            self.push(data);
+            while let Some(f) = self.next_fpdu()? {
+                if !each(&f.ulpdu, f.crc) {
+                    return Ok(());
+                }
+            }
+            return Ok(());
+        }
+        // An FPDU begun in an earlier call: complete it in the buffer, and no more.
+        while self.buffered() > 0 && !data.is_empty() {
+            let n = self.to_complete()?.min(data.len());
+            self.push(&data[..n]);
+            data = &data[n..];
+            if let Some((len, wire)) = self.whole(self.pending())? {
+                let crc = self.crc_check(&self.buf[self.head..self.head + wire]);
+                let at = self.head + fpdu::HEADER_LEN;
+                let go_on = each(&self.buf[at..at + len], crc);
+                self.consumed(wire);
+                if !go_on {
+                    return Ok(());
+                }
+            }
+        }
+        let mut pos = 0;
+        while let Some((len, wire)) = self.whole(&data[pos..])? {
+            let fpdu = &data[pos..pos + wire];
+            pos += wire;
+            self.offset += wire as u64;
+            if !each(&fpdu[fpdu::HEADER_LEN..fpdu::HEADER_LEN + len], self.crc_check(fpdu)) {
+                return Ok(());
+            }
+        }
+        self.push(&data[pos..]);
+        Ok(())
+    }
+
+    /// Without markers: octets the buffered partial FPDU still needs (its header first).
+    fn to_complete(&self) -> Result<usize, Error> {
+        let have = self.buffered();
+        match self.next_ulpdu_len()? {
+            None => Ok(fpdu::HEADER_LEN - have),
+            Some(len) if len > self.max_ulpdu_len => Err(Error::BadLength("ULPDU_Length above the connection's limit")),
+            Some(len) => Ok(fpdu::fpdu_len(len).saturating_sub(have)),
+        }
+    }
+
+    /// Without markers: the ULPDU length and wire length of the FPDU at the start of
+    /// `wire`, if all of it is there.
+    fn whole(&self, wire: &[u8]) -> Result<Option<(usize, usize)>, Error> {
+        let Some(hdr) = wire.get(..fpdu::HEADER_LEN) else { return Ok(None) };
+        let len = usize::from(u16::from_be_bytes([hdr[0], hdr[1]]));
+        if len > self.max_ulpdu_len {
+            return Err(Error::BadLength("ULPDU_Length above the connection's limit"));
+        }
+        let total = fpdu::fpdu_len(len);
+        Ok((wire.len() >= total).then_some((len, total)))
+    }
+
+    /// Without markers: the CRC verdict on one whole FPDU.
+    fn crc_check(&self, fpdu: &[u8]) -> CrcCheck {
+        if !self.crc {
+            return CrcCheck::NotNegotiated;
+        }
+        let carried = crc_field(fpdu);
+        let computed = crate::proto::crc::crc32c(&fpdu[..fpdu.len() - fpdu::CRC_LEN]);
+        if carried == computed || cfg!(fuzzing) {
+            CrcCheck::Ok
+        } else {
+            CrcCheck::Bad { carried, computed }
+        }
+    }
+
+    /// The buffered FPDU of `wire` octets was taken.
+    fn consumed(&mut self, wire: usize) {
+        self.head += wire;
+        self.offset += wire as u64;
+        if self.head == self.buf.len() {
+            self.buf.clear();
+            self.head = 0;
+        }
+    }
+
     /// Takes the next whole FPDU off the stream, if it has arrived. An error means the
     /// stream cannot be followed any further (bad marker, oversized ULPDU).
     pub fn next_fpdu(&mut self) -> Result<Option<Fpdu>, Error> {
@@ -247,6 +337,56 @@ mod tests {
         }
         assert_eq!(n, 100_000);
         assert!(d.bytes_moved() <= (s.len() + tail.len()) as u64, "moved {} bytes", d.bytes_moved());
+    }
+
+    /// Feeds `s` cut at `cuts` and returns the ULPDUs, with their CRC verdicts.
+    fn fed(s: &[u8], cuts: &[usize], crc: bool, markers: bool) -> Vec<(Vec<u8>, CrcCheck)> {
+        let mut d = Deframer::new(markers, crc);
+        let mut got = Vec::new();
+        let mut at = 0;
+        for &c in cuts.iter().chain(std::iter::once(&s.len())) {
+            let c = c.clamp(at, s.len());
+            d.feed(&s[at..c], |u, v| {
+                got.push((u.to_vec(), v));
+                true
+            })
+            .unwrap();
+            at = c;
+        }
+        assert_eq!(d.buffered(), 0);
+        got
+    }
+
+    #[test]
+    fn feeding_cut_anywhere_gives_the_same_fpdus_as_pushing() {
+        let (a, b, c) = (vec![0x41u8; 700], vec![0x42u8; 3], vec![0x43u8; 1200]);
+        for (crc, markers) in [(false, false), (true, false), (true, true), (false, true)] {
+            let s = stream(&[&a, &b, &c], crc, markers);
+            let want = if crc { CrcCheck::Ok } else { CrcCheck::NotNegotiated };
+            let expected = vec![(a.clone(), want), (b.clone(), want), (c.clone(), want)];
+            for step in [1, 2, 3, 7, 512, 704, 1000, s.len()] {
+                let cuts: Vec<usize> = (step..s.len()).step_by(step).collect();
+                assert_eq!(fed(&s, &cuts, crc, markers), expected, "crc {crc} markers {markers} step {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn feeding_stops_when_told_and_refuses_an_oversized_ulpdu() {
+        let s = stream(&[&[1u8; 8], &[2u8; 8]], false, false);
+        let mut d = Deframer::new(false, false);
+        let mut n = 0;
+        d.feed(&s, |_, _| {
+            n += 1;
+            false
+        })
+        .unwrap();
+        assert_eq!(n, 1);
+        let mut d = Deframer::new(false, false).with_max_ulpdu_len(1024);
+        assert!(d.feed(&[0xff, 0xff, 0, 0], |_, _| true).is_err());
+        let mut d = Deframer::new(false, false).with_max_ulpdu_len(1024);
+        assert!(d.feed(&[0xff], |_, _| true).is_ok());
+        assert!(d.feed(&[0xff, 0, 0], |_, _| true).is_err(), "a header cut in two is still checked");
     }
 
     #[test]

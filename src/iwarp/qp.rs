@@ -428,16 +428,20 @@ impl IwarpQp {
         if self.state == QpState::Err {
             return;
         }
-        self.deframer.push(data);
-        while self.state != QpState::Err {
-            match self.deframer.next_fpdu() {
-                Ok(None) => break,
-                Err(_) => return self.terminate(Layer::Llp, 0, 3, None),
-                Ok(Some(f)) if matches!(f.crc, CrcCheck::Bad { .. }) => {
-                    return self.terminate(Layer::Llp, 0, 2, None);
-                }
-                Ok(Some(f)) => self.on_ulpdu(&f.ulpdu, mrs),
+        // The deframer hands ULPDUs over in place; it is set aside meanwhile so that the
+        // QP may act on each one.
+        let mut deframer = std::mem::replace(&mut self.deframer, Deframer::new(false, false));
+        let fed = deframer.feed(data, |ulpdu, crc| {
+            if matches!(crc, CrcCheck::Bad { .. }) {
+                self.terminate(Layer::Llp, 0, 2, None);
+            } else {
+                self.on_ulpdu(ulpdu, mrs);
             }
+            self.state != QpState::Err
+        });
+        self.deframer = deframer;
+        if fed.is_err() {
+            self.terminate(Layer::Llp, 0, 3, None);
         }
     }
 

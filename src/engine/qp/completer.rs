@@ -282,11 +282,13 @@ impl Requester {
         }
         self.retry_left -= 1;
         ctx.stats.retransmit_timeouts += 1;
-        self.rtt.timed_out();
         if let Some(win) = self.window.as_mut() {
             win.on_timeout();
         }
+        // A late ACK of what the timer resends still times it from its first sending.
+        let probe = self.rtt.resent();
         self.rewind(resume);
+        self.rtt.keep(probe);
     }
 
     /// Ends an RNR wait whose time has come.

@@ -300,7 +300,7 @@ impl Requester {
 
     /// Go-back-N (IBTA 9.7.4.1.5): resend from `psn`, which lies in a started WQE.
     pub fn rewind(&mut self, psn: Psn) {
-        self.rtt.resent();
+        let _ = self.rtt.resent();
         let Some(i) =
             self.wqes.iter().position(|w| w.started && w.done.is_none() && psn.in_window(w.first_psn, w.npkts))
         else {

@@ -5,9 +5,11 @@
 //! receiver) for loss, retransmits into the queue, and makes it deeper. So, as TCP does
 //! (RFC 6298), the requester measures round trips of packets sent once (Karn's rule) and
 //! waits srtt + 4 × rttvar, never less than the QP's timeout and at most four times it, so
-//! a peer that is gone is still found gone within a bound the application set. Each
-//! timeout doubles the wait until a round trip is measured again (RFC 6298 §5.5): with
-//! Karn's rule alone, a path slower than the timeout would never yield a sample.
+//! a peer that is gone is still found gone within a bound the application set (a peer that
+//! never answers yields no sample, so its retries stay one timeout apart). A packet resent
+//! by the timer stays timed from its first sending: with Karn's rule alone, a path slower
+//! than the timeout would never yield a sample, and the sample it gives instead can only
+//! be too long, which errs on the side of waiting.
 
 use crate::proto::roce::Psn;
 
@@ -21,8 +23,6 @@ pub struct RttEstimate {
     rttvar_ns: u64,
     /// The packet being timed and when it left; one at a time.
     probe: Option<(Psn, u64)>,
-    /// Timeouts since the last sample, each doubling the wait (capped).
-    backoffs: u32,
 }
 
 impl RttEstimate {
@@ -41,7 +41,6 @@ impl RttEstimate {
             return;
         }
         self.probe = None;
-        self.backoffs = 0;
         let r = now.saturating_sub(at);
         match self.srtt_ns {
             None => {
@@ -55,21 +54,21 @@ impl RttEstimate {
         }
     }
 
-    /// A retransmission: the packet being timed may be answered for its copy (Karn's rule).
-    pub fn resent(&mut self) {
-        self.probe = None;
+    /// A retransmission after a NAK: the packet being timed may be answered for its copy
+    /// (Karn's rule). Returns the probe, for a retransmission by the timer to keep.
+    pub fn resent(&mut self) -> Option<(Psn, u64)> {
+        self.probe.take()
     }
 
-    /// The timer fired: wait twice as long next time, until a round trip is measured.
-    pub fn timed_out(&mut self) {
-        self.backoffs = (self.backoffs + 1).min(RTO_STRETCH_MAX.trailing_zeros());
+    /// Keeps timing `probe` across a retransmission by the timer.
+    pub fn keep(&mut self, probe: Option<(Psn, u64)>) {
+        self.probe = probe;
     }
 
     /// The retransmission timeout for a QP whose Local ACK Timeout is `base_ns`.
     pub fn timeout_ns(&self, base_ns: u64) -> u64 {
         let measured = self.srtt_ns.map_or(0, |s| s + 4 * self.rttvar_ns);
-        let backed_off = base_ns.saturating_mul(1 << self.backoffs);
-        measured.max(backed_off).clamp(base_ns, base_ns.saturating_mul(RTO_STRETCH_MAX))
+        measured.clamp(base_ns, base_ns.saturating_mul(RTO_STRETCH_MAX))
     }
 
     /// The smoothed round trip, once measured.
@@ -102,13 +101,11 @@ mod tests {
         e.sent(Psn::new(100), 0);
         e.resent();
         e.acked(Psn::new(100), 900_000_000);
-        assert!(e.srtt_ns().unwrap() < 1_000_000, "a resent packet is not timed");
-        e.timed_out();
-        assert_eq!(e.timeout_ns(base), 2 * base, "a timeout doubles the wait");
-        (0..5).for_each(|_| e.timed_out());
-        assert_eq!(e.timeout_ns(base), 4 * base, "up to 4x");
-        e.sent(Psn::new(200), 0);
-        e.acked(Psn::new(200), 10_000);
-        assert_eq!(e.timeout_ns(base), base, "a sample ends the backing off");
+        assert!(e.srtt_ns().unwrap() < 1_000_000, "a packet resent after a NAK is not timed");
+        e.sent(Psn::new(200), 1_000_000_000);
+        let probe = e.resent();
+        e.keep(probe); // resent by the timer: still timed from its first sending
+        e.acked(Psn::new(200), 1_150_000_000);
+        assert!(e.srtt_ns().unwrap() > 10_000_000, "the late ACK is a (long) sample");
     }
 }
