@@ -362,6 +362,11 @@ impl Device {
         }
     }
 
+    /// The SRQ QP `qpn` takes its receives from, if any.
+    pub fn qp_srq(&self, qpn: u32) -> Option<u32> {
+        self.qps.get(&qpn).and_then(|q| q.init.srq)
+    }
+
     /// A one-line account of a QP's send and receive state, for failure reports.
     pub fn qp_summary(&self, qpn: u32) -> String {
         let Some(q) = self.qps.get(&qpn) else { return format!("QP {qpn}: none") };

@@ -97,6 +97,8 @@ struct Flow {
     resp: usize,
     qpn: u32,
     peer_qpn: u32,
+    /// The SRQ the responder's QP takes receives from, if any.
+    srq: Option<u32>,
     send_cq: u32,
     src: Mr,
     dst: Mr,
@@ -156,7 +158,6 @@ pub fn pick_faults(rng: &mut Rng) -> Faults {
 
 /// Device `i` of a seed's simulation.
 pub fn device(i: usize, seed: u64) -> Device {
-    let gid = gid_from_ipv4([10, 0, 0, 1 + i as u8]);
     // The loss window ships on (the UDP and raw drivers turn it on), so three seeds in four
     // run with one: every third of those with the drivers' own sizes, the rest with sizes
     // drawn from the seed. SOFTRDMA_SIM_LOSS_WINDOW=1 turns it on for every seed.
@@ -173,20 +174,46 @@ pub fn device(i: usize, seed: u64) -> Device {
             cc.loss_window_initial_packets = 1 + (seed / 64 % 16) as u32;
         }
     }
-    Device::new(DeviceConfig { gid, seed: Some(seed ^ (0x5eed << i)), max_qps: 64, max_mrs: 256, cc })
+    // Congestion control (CNPs, DCQCN) is a switch the tools and OpenConfig offer: one
+    // seed in five runs with it, on a link that marks ECN-CE (`pick_faults`).
+    cc.enabled = cc_on(seed);
+    Device::new(DeviceConfig { gid: gid_of(i, seed), seed: Some(seed ^ (0x5eed << i)), max_qps: 64, max_mrs: 256, cc })
+}
+
+/// Whether seed `seed` runs with congestion control on.
+pub fn cc_on(seed: u64) -> bool {
+    seed % 5 == 1
+}
+
+/// Device `i`'s GID: an IPv6 address (fd00::1, fd00::2) in one seed in four, so that the
+/// link frames IPv6/UDP and the ICRC covers an IPv6 header (Annex A17.3.3); otherwise
+/// IPv4-mapped.
+fn gid_of(i: usize, seed: u64) -> crate::engine::verbs::Gid {
+    if seed % 4 == 2 {
+        std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1 + i as u16).octets()
+    } else {
+        gid_from_ipv4([10, 0, 0, 1 + i as u8])
+    }
+}
+
+/// Whether seed `seed`'s responders take receives from a shared receive queue (one per
+/// QP, so the checker still knows which message each receive is for).
+fn srq_on(seed: u64) -> bool {
+    seed % 3 == 2
 }
 
 /// An RC QP and its CQ for the swarm.
-fn make_qp(d: &mut Device) -> Result<(u32, u32), VerbsError> {
+fn make_qp(d: &mut Device, with_srq: bool) -> Result<(u32, u32), VerbsError> {
     let pd = crate::engine::mem::Pd(1);
     let cq = d.create_cq(4096);
+    let srq = with_srq.then(|| d.create_srq(MAX_WQE, 4));
     let qpn = d.create_qp(QpInit {
         qp_type: QpType::Rc,
         pd,
         send_cq: cq,
         recv_cq: cq,
         caps: QpCaps { max_send_wr: MAX_WQE, max_recv_wr: MAX_WQE, max_sge: 4 },
-        srq: None,
+        srq,
     })?;
     Ok((qpn, cq))
 }
@@ -200,10 +227,12 @@ pub fn connect_cm(
     rng: &mut Rng,
     mtu: Mtu,
     port: u16,
+    srq: bool,
 ) -> Result<(u32, u32, u32, u32), String> {
     use crate::cm::{AcceptArgs, ConnStatus, ConnectArgs};
     let e = |e: VerbsError| format!("{e:?}");
-    let ((qa, cqa), (qb, cqb)) = (make_qp(&mut sim.devices[a]).map_err(e)?, make_qp(&mut sim.devices[b]).map_err(e)?);
+    let (qa, cqa) = make_qp(&mut sim.devices[a], srq).map_err(e)?;
+    let (qb, cqb) = make_qp(&mut sim.devices[b], srq).map_err(e)?;
     let ord = 1 + rng.below(8) as u8;
     let now = sim.now;
     sim.devices[b].with_cm(now, |cm, _| cm.listen(port)).map_err(|e| format!("listen: {e:?}"))?;
@@ -257,9 +286,19 @@ pub fn connect_cm(
 
 /// Connects a QP on device `a` to one on device `b` (RESET → INIT → RTR → RTS both ways).
 pub fn connect(sim: &mut Sim, a: usize, b: usize, rng: &mut Rng, mtu: Mtu) -> Result<(u32, u32, u32, u32), VerbsError> {
-    let make = make_qp;
-    let (qa, cqa) = make(&mut sim.devices[a])?;
-    let (qb, cqb) = make(&mut sim.devices[b])?;
+    connect_with(sim, (a, b), rng, mtu, false)
+}
+
+/// As [`connect`], each QP taking its receives from an SRQ of its own when `srq`.
+fn connect_with(
+    sim: &mut Sim,
+    (a, b): (usize, usize),
+    rng: &mut Rng,
+    mtu: Mtu,
+    srq: bool,
+) -> Result<(u32, u32, u32, u32), VerbsError> {
+    let (qa, cqa) = make_qp(&mut sim.devices[a], srq)?;
+    let (qb, cqb) = make_qp(&mut sim.devices[b], srq)?;
     let (psn_a, psn_b) = (sim.devices[a].random_psn(), sim.devices[b].random_psn());
     let ord = 1 + rng.below(8) as u8;
     let rnr_timer = 1 + rng.below(14) as u8;
@@ -316,6 +355,7 @@ fn make_flow(
         resp,
         qpn,
         peer_qpn,
+        srq: sim.devices[resp].qp_srq(peer_qpn),
         send_cq: cqs.0,
         src,
         dst,
@@ -454,7 +494,11 @@ fn post_recv(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
     inc.buf = Some(at);
     let sge = Sge { addr: flow.dst.addr + (flow.ring + at) as u64, length: size as u32, lkey: flow.dst.lkey };
     let wr = RecvWr { wr_id: flow.recv_next as u64, sgl: vec![sge] };
-    match sim.devices[flow.resp].post_recv(flow.peer_qpn, wr) {
+    let posted = match flow.srq {
+        Some(srq) => sim.devices[flow.resp].post_srq_recv(srq, wr),
+        None => sim.devices[flow.resp].post_recv(flow.peer_qpn, wr),
+    };
+    match posted {
         Ok(()) => {
             flow.recv_next += 1;
             Ok(true)
@@ -551,7 +595,12 @@ fn check_recv_cq(flow: &mut Flow, wcs: &[Wc]) -> Result<(), String> {
 /// Builds the devices, connections and workload of a seed.
 fn setup(seed: u64) -> Result<(Sim, Vec<Flow>, Rng), String> {
     let mut rng = Rng::new(seed);
-    let faults = pick_faults(&mut rng);
+    let mut faults = pick_faults(&mut rng);
+    if cc_on(seed) {
+        // A marking link for the CNPs to answer: a rate, and a queue threshold.
+        faults.rate_bytes_per_us.get_or_insert(500 + seed % 2_000);
+        faults.ecn_threshold_ns = Some(10_000 + seed % 90_000);
+    }
     let mut sim = Sim::new(vec![device(0, seed), device(1, seed)], faults, rng.next_u64());
     let mtu = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096][rng.below(5) as usize];
     let nqps = 1 + rng.below(3) as usize;
@@ -560,9 +609,9 @@ fn setup(seed: u64) -> Result<(Sim, Vec<Flow>, Rng), String> {
     for i in 0..nqps {
         // Half the connections come up through the CM, as rdma_cm applications' do.
         let (qa, cqa, qb, cqb) = if rng.chance(0.5) {
-            connect_cm(&mut sim, (0, 1), &mut rng, mtu, 7000 + i as u16)?
+            connect_cm(&mut sim, (0, 1), &mut rng, mtu, 7000 + i as u16, srq_on(seed))?
         } else {
-            connect(&mut sim, 0, 1, &mut rng, mtu).map_err(|e| format!("connect: {e:?}"))?
+            connect_with(&mut sim, (0, 1), &mut rng, mtu, srq_on(seed)).map_err(|e| format!("connect: {e:?}"))?
         };
         let ops = 5 + rng.below(40) as usize;
         for (req, resp, q, pq, cq, pcq) in [(0, 1, qa, qb, cqa, cqb), (1, 0, qb, qa, cqb, cqa)] {
