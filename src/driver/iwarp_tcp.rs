@@ -138,7 +138,8 @@ impl IwarpTcp {
                 self.with_core(|c| c.dev.handle_timeout());
                 timers_at = now + SPIN_TIMER_CHECK_NS;
             }
-            if moved {
+            // On one CPU a spinning poll thread can only hold up the thread with work.
+            if moved && !self.one_cpu {
                 if !spinning {
                     spin.woken_after(now.saturating_sub(slept_at));
                 } else {
@@ -150,7 +151,7 @@ impl IwarpTcp {
             }
             if spinning {
                 looks = looks.wrapping_add(1);
-                if self.one_cpu || looks.is_multiple_of(16) {
+                if looks.is_multiple_of(16) {
                     std::thread::yield_now();
                 }
             }
