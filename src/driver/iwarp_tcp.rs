@@ -34,6 +34,13 @@ const TICK: Duration = Duration::from_millis(100);
 /// A spinning poll thread looks at the MPA timers this often.
 const SPIN_TIMER_CHECK_NS: u64 = 1_000_000;
 
+/// What a socket's reader holds: the read buffer, and (for a busy poller) the list of
+/// streams to look at, kept to spare an allocation per look.
+struct Reader {
+    buf: Vec<u8>,
+    streams: Vec<ConnId>,
+}
+
 /// What the device lock guards.
 struct Core {
     dev: IwarpDevice,
@@ -54,7 +61,7 @@ pub struct IwarpTcp {
     /// Whoever reads a socket holds this (its scratch buffer) from the read until the bytes
     /// are in the device, so that the poll thread and a busy-polling caller never
     /// interleave one stream's bytes.
-    reader: Mutex<Vec<u8>>,
+    reader: Mutex<Reader>,
     /// Application threads busy-polling now: the poll thread leaves reading to them.
     busy_pollers: AtomicUsize,
     /// A busy-polling section ended: the poll thread reads every stream once, since the
@@ -82,7 +89,7 @@ impl IwarpTcp {
             stop: AtomicBool::new(false),
             ip,
             epoch: Instant::now(),
-            reader: Mutex::new(vec![0u8; READ_CHUNK]),
+            reader: Mutex::new(Reader { buf: vec![0u8; READ_CHUNK], streams: Vec::new() }),
             busy_pollers: AtomicUsize::new(0),
             resync: AtomicBool::new(false),
             one_cpu: std::thread::available_parallelism().map_or(true, |n| n.get() == 1),
@@ -187,8 +194,8 @@ impl IwarpTcp {
             }
             // A busy poller reads the streams; listeners are still the poll thread's.
             if readable && (!busy || self.lock().listeners.contains_key(&t.0)) {
-                let mut buf = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-                let (more, got) = self.read_some(t.0, &mut buf);
+                let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+                let (more, got) = self.read_some(t.0, &mut reader.buf);
                 moved |= got > 0;
                 if more {
                     again.push(t);
@@ -238,9 +245,11 @@ impl IwarpTcp {
     /// Reads every stream on the caller's thread without waiting, if no other thread is
     /// reading; returns the bytes read (a busy-polling caller's [`IwarpPort::progress`]).
     fn read_all(&self) -> usize {
-        let Ok(mut buf) = self.reader.try_lock() else { return 0 };
-        let streams: Vec<ConnId> = self.lock().streams.keys().copied().collect();
-        streams.into_iter().map(|t| self.read_some(t, &mut buf).1).sum()
+        let Ok(mut reader) = self.reader.try_lock() else { return 0 };
+        let Reader { buf, streams } = &mut *reader;
+        streams.clear();
+        streams.extend(self.lock().streams.keys());
+        streams.iter().map(|&t| self.read_some(t, buf).1).sum()
     }
 }
 

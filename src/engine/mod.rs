@@ -131,8 +131,12 @@ pub struct Device {
     cursor: u32,
     /// The QPs to visit: ready to send, or with a deadline.
     schedule: schedule::Schedule,
-    /// Scratch list of QPNs, kept to spare an allocation per visit.
+    /// Scratch lists, kept to spare allocations per visit: QPNs to visit, and each one's
+    /// turn at sending (packets, next deadline).
     visit: Vec<u32>,
+    turns: Vec<(u32, usize, Option<u64>)>,
+    /// Each RC QP's share of the device's loss-window budget, as last set.
+    window_share: u32,
     /// The connection manager, reached through QP1.
     cm: crate::cm::Cm,
     /// The PSN of QP1's next MAD.
@@ -172,6 +176,8 @@ impl Device {
             cursor: 0,
             schedule: schedule::Schedule::default(),
             visit: Vec::new(),
+            turns: Vec::new(),
+            window_share: 0,
             stats: Stats::default(),
         }
     }
@@ -343,8 +349,11 @@ impl Device {
         for w in self.qps.values_mut().filter_map(|q| q.req.window.as_mut()) {
             w.set_max(share);
         }
-        // A larger share may let a QP the window held back send again.
-        self.touch_all();
+        // A larger share (a QP went) may let a QP the window held back send again.
+        if share > self.window_share {
+            self.touch_all();
+        }
+        self.window_share = share;
     }
 
     /// QP `qpn` was operated on: it may have something to send, and its deadline may
@@ -604,9 +613,9 @@ impl Device {
     /// does not look at each of them again for every packet.
     fn fill(&mut self, now: u64) {
         let mut order = std::mem::take(&mut self.visit);
+        let mut turns = std::mem::take(&mut self.turns);
         self.schedule.ready_from(self.cursor, &mut order);
         let (qps, mut ctx) = self.split(now);
-        let mut turns = Vec::with_capacity(order.len().min(FILL_PACKETS));
         for &qpn in &order {
             let Some(qp) = qps.get_mut(&qpn) else { continue };
             let sent = pump_qp(qp, &mut ctx);
@@ -615,7 +624,7 @@ impl Device {
                 break;
             }
         }
-        for (qpn, sent, deadline) in turns {
+        for (qpn, sent, deadline) in turns.drain(..) {
             self.schedule.file(qpn, deadline);
             if sent == 0 {
                 self.schedule.idle(qpn);
@@ -624,6 +633,7 @@ impl Device {
             }
         }
         self.visit = order;
+        self.turns = turns;
     }
 }
 

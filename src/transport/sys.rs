@@ -319,7 +319,7 @@ pub struct Segmented<'a> {
     /// Where they go.
     pub dst: SocketAddr,
     /// The datagrams, in order.
-    pub datagrams: &'a [&'a [u8]],
+    pub datagrams: Vec<&'a [u8]>,
 }
 
 /// Sends each message with one `sendmmsg`, a message of several datagrams as one GSO send

@@ -235,19 +235,14 @@ impl UdpTx {
             }
             i += same;
         }
-        let mut sealed = Vec::with_capacity(chunks.len());
-        for &(at, n) in &chunks {
-            let ok = (0..n).all(|k| self.seal(&mut run[at + k], gso::segment_ident(k)));
-            sealed.push(ok);
-        }
-        let datagrams: Vec<Vec<&[u8]>> =
-            chunks.iter().map(|&(at, n)| run[at..at + n].iter().map(|p| &p.packet[..]).collect()).collect();
+        // A chunk one of whose packets cannot be sealed is not sent (counted by `seal`).
+        chunks.retain(|&(at, n)| (0..n).all(|k| self.seal(&mut run[at + k], gso::segment_ident(k))));
         let msgs: Vec<sys::Segmented<'_>> = chunks
             .iter()
-            .zip(&datagrams)
-            .zip(&sealed)
-            .filter(|(_, &ok)| ok)
-            .map(|((&(at, _), d), _)| sys::Segmented { dst: run[at].dst, datagrams: d })
+            .map(|&(at, n)| sys::Segmented {
+                dst: run[at].dst,
+                datagrams: run[at..at + n].iter().map(|p| &p.packet[..]).collect(),
+            })
             .collect();
         self.send_messages(run[0].socket, &msgs);
     }
