@@ -249,6 +249,35 @@ fn retry_exhaustion_when_the_peer_is_gone() {
     assert_eq!(p.sim.devices[0].stats.retransmit_timeouts, 3);
 }
 
+// IBTA 9.7.6.1.3: an ACK that advances the acknowledged PSN is progress and restarts the
+// transport timer, even inside a message, and even when it is the QP's first ACK: the rest
+// of the message is timed from that ACK, not from the first packet's sending.
+#[test]
+fn the_first_ack_restarts_the_transport_timer() {
+    let mut p = pair(Attrs { timeout: 10, ..Attrs::default() });
+    let timeout_ns = 4096u64 << 10;
+    // 20 packets of 256 bytes: AckReq on the 16th and the last.
+    let len = 20 * 256;
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Write(remote(&p.mb, 0)), vec![sge(&p.ma, 0, len)])).unwrap();
+    let (a_gid, b_gid) = (p.sim.devices[0].gid(), p.sim.devices[1].gid());
+    let mut sent = Vec::new();
+    while let Some(t) = p.sim.devices[0].poll_transmit(0) {
+        sent.push(t.packet);
+    }
+    assert_eq!(sent.len(), 20);
+    for packet in &sent[..16] {
+        p.sim.devices[1].handle_packet(0, a_gid, packet); // the last four are lost
+    }
+    let ack = p.sim.devices[1].poll_transmit(0).expect("B acknowledges the 16th").packet;
+    let acked_at = timeout_ns * 9 / 10;
+    p.sim.devices[0].handle_packet(acked_at, b_gid, &ack);
+    p.sim.devices[0].handle_timeout(timeout_ns * 3 / 2);
+    assert_eq!(p.sim.devices[0].stats.retransmit_timeouts, 0, "timed from the first packet's sending");
+    // The ACK's 0.9 T round trip stretches the timer (srtt + 4 rttvar), at most to 4 T.
+    p.sim.devices[0].handle_timeout(acked_at + 4 * timeout_ns);
+    assert_eq!(p.sim.devices[0].stats.retransmit_timeouts, 1, "the lost packets still time out");
+}
+
 // IBTA 9.7.1: PSNs wrap at 2^24.
 #[test]
 fn a_message_across_the_psn_wrap() {

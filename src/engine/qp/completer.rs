@@ -46,9 +46,16 @@ impl Requester {
         // Any advance of the acknowledged PSN is progress (IBTA 9.7.6.1.3), even inside a
         // message that has not finished.
         if self.acked.is_none_or(|a| a.serial_cmp(psn).is_lt()) && self.outstanding_or_before(psn) {
-            progress = self.acked.is_some();
-            if let (Some(win), Some(a)) = (self.window.as_mut(), self.acked) {
-                win.on_acked(a.distance_to(psn).max(0) as u32);
+            // Before the first ACK, progress is measured from the oldest request sent, so
+            // the first ACK of a QP restarts the timer too (else its deadline stays that
+            // of the first packet, and later packets time out early), while an ACK of a
+            // PSN before anything sent is no progress.
+            let oldest = self.wqes.iter().find(|w| w.started && w.done.is_none()).map(|w| w.first_psn.sub(1));
+            if let Some(from) = self.acked.or(oldest).filter(|f| f.serial_cmp(psn).is_lt()) {
+                progress = true;
+                if let Some(win) = self.window.as_mut() {
+                    win.on_acked(from.distance_to(psn).max(0) as u32);
+                }
             }
             self.acked = Some(psn);
         }
