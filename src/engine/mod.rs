@@ -23,12 +23,13 @@ pub mod verbs;
 use crate::proto::roce::opcode::{Operation, Transport};
 use crate::proto::roce::{RocePacket, RoceRepr};
 use cq::{Cq, Notify};
-use mem::{Access, Mr, MrTable, Pd};
+use mem::{Access, Mr, MrTable, Pd, SharedMem};
 use qp::completer::Verdict;
 use qp::responder::QpView;
 use qp::{Ctx, Qp};
 use rng::Rng;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use verbs::*;
 
 /// A packet for the transport to send.
@@ -215,6 +216,12 @@ impl Device {
     /// Registers `len` bytes of memory.
     pub fn reg_mr(&mut self, pd: Pd, len: usize, access: Access) -> Result<Mr, VerbsError> {
         self.mrs.register(pd, len, access, &mut self.rng).ok_or(VerbsError::OutOfResources)
+    }
+
+    /// Registers `mem`, which the caller allocated (so a large region's allocation does
+    /// not happen under the driver's device lock).
+    pub fn reg_mem(&mut self, pd: Pd, mem: Arc<SharedMem>, access: Access) -> Result<Mr, VerbsError> {
+        self.mrs.register_mem(pd, mem, access, &mut self.rng).ok_or(VerbsError::OutOfResources)
     }
 
     /// The memory-region table, for a transport that places data itself (iWARP).

@@ -394,7 +394,8 @@ impl Context {
 
     /// `ibv_reg_mr`: `len` zeroed bytes the application and remote peers share.
     pub fn reg_mr(&self, pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
-        let mr = self.backend.with_dev(|d| d.reg_mr(pd.pd, len, access))?;
+        let mem = Arc::new(SharedMem::new(len));
+        let mr = self.backend.with_dev(|d| d.reg_mem(pd.pd, mem, access))?;
         Ok(MemoryRegion { mr, backend: self.backend.clone() })
     }
 
