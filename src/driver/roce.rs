@@ -50,6 +50,8 @@ pub struct RoceDriver {
     replies_held: AtomicBool,
     /// The process may run on one CPU only: the poll thread does not spin.
     one_cpu: bool,
+    /// When the socket was last read (ns since `epoch`).
+    last_rx_ns: AtomicU64,
 }
 
 /// A transport, opened: both halves, their counters and the capture they write.
@@ -88,6 +90,7 @@ impl RoceDriver {
             busy_pollers: AtomicUsize::new(0),
             replies_held: AtomicBool::new(false),
             one_cpu: std::thread::available_parallelism().map_or(true, |n| n.get() == 1),
+            last_rx_ns: AtomicU64::new(0),
         });
         let d = driver.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || d.poll_loop())?;
@@ -144,8 +147,22 @@ impl RoceDriver {
         let mut core = self.lock();
         let out = f(&mut core.dev);
         let now = self.now_ns();
+        self.read_if_stale(&mut core, now);
         self.settle(&mut core, now);
         out
+    }
+
+    /// A thread posting in a loop can hold the device lock nearly all the time, and the
+    /// poll thread then waits for it while ACKs queue in the socket (a thousand QPs' first
+    /// posts kept it out for 120 ms, past their retransmit timers): when nobody has read
+    /// the socket for [`RX_STALE_NS`], the posting thread reads what is there.
+    fn read_if_stale(&self, core: &mut Core, now_ns: u64) {
+        if now_ns.saturating_sub(self.last_rx_ns.load(Ordering::Relaxed)) < RX_STALE_NS {
+            return;
+        }
+        let Ok(mut rx) = self.rx.try_lock() else { return };
+        self.last_rx_ns.store(now_ns, Ordering::Relaxed);
+        drain(&mut **rx, &mut core.dev, now_ns);
     }
 
     /// As [`RoceDriver::with_core`] for calls that send nothing themselves (posting a
@@ -233,6 +250,7 @@ impl RoceDriver {
         let Ok(mut rx) = self.rx.try_lock() else { return 0 };
         let n = rx.recv().unwrap_or(0);
         let now = self.now_ns();
+        self.last_rx_ns.store(now, Ordering::Relaxed);
         let held = self.replies_held.load(Ordering::Acquire);
         if n == 0 && !held && now < self.armed_ns.load(Ordering::Acquire) {
             return 0;
@@ -241,10 +259,15 @@ impl RoceDriver {
         if n > 0 {
             rx.deliver(&mut core.dev, now);
         }
-        drop(rx);
+        let mut n = n;
         if core.dev.poll_timeout().is_some_and(|t| t <= now) {
+            // An acknowledgement already in the socket is not a loss: read what is queued
+            // before any timer fires (a thread that held the lock for a while, posting,
+            // leaves hundreds of ACKs behind it).
+            n += drain(&mut **rx, &mut core.dev, now);
             core.dev.handle_timeout(now);
         }
+        drop(rx);
         if !hold_replies {
             // The poll thread re-arms from scratch; a busy-polling caller leaves its sleep
             // alone (settle only ever moves it earlier), or every look would wake it.
@@ -289,4 +312,27 @@ impl RoceDriver {
             let _ = log.close();
         }
     }
+}
+
+/// How long the socket may go unread before a posting thread reads it itself.
+const RX_STALE_NS: u64 = 1_000_000;
+
+/// Most receive batches read before timers fire ([`RoceDriver::progress`]): the socket
+/// buffer's worth of small ACKs, bounded so a flood cannot hold the timers off for ever.
+const DRAIN_BATCHES_MAX: usize = 256;
+
+/// Reads and delivers what the socket holds, up to [`DRAIN_BATCHES_MAX`] batches; returns
+/// the packets handled.
+fn drain(rx: &mut dyn PacketRx, dev: &mut Device, now_ns: u64) -> usize {
+    let mut handled = 0;
+    for _ in 0..DRAIN_BATCHES_MAX {
+        match rx.recv() {
+            Ok(n @ 1..) => {
+                rx.deliver(dev, now_ns);
+                handled += n;
+            }
+            _ => break,
+        }
+    }
+    handled
 }
