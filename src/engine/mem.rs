@@ -45,6 +45,14 @@ impl SharedMem {
         };
         SharedMem { words, len }
     }
+    /// Touches every page once, so the kernel maps them now rather than on the first
+    /// placement (as `ibv_reg_mr` pins a region's pages when it registers it).
+    pub fn prefault(&self) {
+        const WORDS_PER_PAGE: usize = 4096 / WORD;
+        for word in self.words.iter().step_by(WORDS_PER_PAGE) {
+            word.fetch_or(0, Ordering::Relaxed);
+        }
+    }
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

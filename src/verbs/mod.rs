@@ -397,7 +397,9 @@ impl Context {
 
     /// `ibv_reg_mr`: `len` zeroed bytes the application and remote peers share.
     pub fn reg_mr(&self, pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
+        // Allocated and its pages mapped before taking the device lock.
         let mem = Arc::new(SharedMem::new(len));
+        mem.prefault();
         let mr = self.backend.with_dev(|d| d.reg_mem(pd.pd, mem, access))?;
         Ok(MemoryRegion { mr, backend: self.backend.clone() })
     }
