@@ -210,7 +210,7 @@ impl<'a> Endpoint<'a> {
         (0..n)
             .map(|i| Dest {
                 lid: 0,
-                out_reads: 16,
+                out_reads: 128,
                 qpn: self.qps[i].qp_num(),
                 psn: self.psns[i],
                 rkey: self.mr.rkey(),
@@ -226,7 +226,9 @@ impl<'a> Endpoint<'a> {
     pub fn connect(&self, theirs: &[Dest], mtu: Mtu) -> Result<(), VerbsError> {
         for (i, (qp, d)) in self.qps.iter().zip(theirs).enumerate() {
             qp.connect_rc(d.gid, d.qpn, d.psn, self.psns[i], mtu)?;
-            let ord = d.out_reads.clamp(1, 16) as u8;
+            // As perftest: as many READs outstanding as the peer serves at once (4 KiB
+            // READs moved 0.38x plain UDP at 16 on loopback, 0.81-1.01x at 128).
+            let ord = d.out_reads.clamp(1, 128) as u8;
             qp.modify(&QpAttr { max_rd_atomic: Some(ord), ..QpAttr::default() })?;
         }
         Ok(())

@@ -777,7 +777,8 @@ impl QueuePair {
     /// Takes an RC or UC QP from RESET to RTS towards `dest_qpn` at `dest_gid`, the way
     /// perftest and ibv_rc_pingpong do: `rq_psn` is the PSN the peer starts sending with,
     /// `sq_psn` the one this QP starts with. Timeout 14 (67 ms), 7 retries, infinite RNR
-    /// retries, 16 outstanding READs/atomics each way.
+    /// retries; up to 128 READs/atomics from the peer served at once (rxe's limit, and what
+    /// perftest then asks for), 16 outstanding of its own until the caller raises it.
     pub fn connect_rc(
         &self,
         dest_gid: Gid,
@@ -793,7 +794,7 @@ impl QueuePair {
             dest_qpn: Some(dest_qpn),
             rq_psn: Some(rq_psn),
             path_mtu: Some(mtu),
-            max_dest_rd_atomic: Some(16),
+            max_dest_rd_atomic: Some(128),
             min_rnr_timer: Some(12),
             ..state(QpState::Rtr)
         })?;
