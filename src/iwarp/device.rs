@@ -86,13 +86,49 @@ pub(crate) struct TxQueue {
     head: usize,
     /// Octets not yet written.
     len: usize,
+    /// Written chunks kept for framing into again, while the queue is busy, up to
+    /// [`SPARE_BYTES_MAX`] and each of at most [`SPARE_CHUNK_BYTES`]: allocating fresh
+    /// buffers per message spent a fifth of the sender's time in page faults and zeroing,
+    /// and 1 MiB WRITEs moved 0.55-0.72x plain TCP with 4 spares, 1.31-1.53x with these.
+    spare: Vec<Vec<u8>>,
+    /// Capacity of the spares, octets.
+    spare_bytes: usize,
 }
+
+/// Framed octets a batch of posts gathers before they join the connection's queue.
+const OUT_CHUNK_BYTES: usize = 1 << 20;
+/// Most capacity a connection keeps in spare chunks while its queue is busy (a full send
+/// queue of 1 MiB messages is 128 MiB, already queued once); all but [`SPARE_IDLE`] are
+/// freed when the queue empties.
+const SPARE_BYTES_MAX: usize = 64 << 20;
+/// Spare chunks kept when the queue empties.
+const SPARE_IDLE: usize = 4;
+/// Largest chunk kept for reuse, octets.
+const SPARE_CHUNK_BYTES: usize = 4 << 20;
 
 impl TxQueue {
     fn push(&mut self, bytes: Vec<u8>) {
-        if !bytes.is_empty() {
+        if bytes.is_empty() {
+            self.recycle(bytes);
+        } else {
             self.len += bytes.len();
             self.chunks.push_back(bytes);
+        }
+    }
+
+    /// An empty buffer to frame into: a written chunk if one is kept.
+    fn spare(&mut self) -> Vec<u8> {
+        let chunk = self.spare.pop().unwrap_or_default();
+        self.spare_bytes -= chunk.capacity();
+        chunk
+    }
+
+    fn recycle(&mut self, mut chunk: Vec<u8>) {
+        let cap = chunk.capacity();
+        if cap > 0 && cap <= SPARE_CHUNK_BYTES && self.spare_bytes + cap <= SPARE_BYTES_MAX {
+            chunk.clear();
+            self.spare_bytes += cap;
+            self.spare.push(chunk);
         }
     }
 
@@ -131,8 +167,16 @@ impl TxQueue {
                 return;
             }
             n -= left;
-            self.chunks.pop_front();
+            if let Some(chunk) = self.chunks.pop_front() {
+                self.recycle(chunk);
+            }
             self.head = 0;
+        }
+        if self.len == 0 {
+            // Idle for now: a few spares for the next burst, the rest freed.
+            for chunk in self.spare.drain(SPARE_IDLE.min(self.spare.len())..) {
+                self.spare_bytes -= chunk.capacity();
+            }
         }
     }
 }
@@ -263,7 +307,7 @@ impl IwarpDevice {
 
     /// `ibv_post_send`, stopping at the first error.
     pub fn post_send(&mut self, qpn: u32, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), VerbsError> {
-        let IwarpDevice { dev, qps, .. } = self;
+        let IwarpDevice { dev, qps, conns, .. } = self;
         let s = qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
         let qp = s.qp.as_mut().ok_or(VerbsError::InvalidRequest)?;
         let mut out = Ok(());
@@ -275,6 +319,16 @@ impl IwarpDevice {
             };
             if out.is_err() {
                 break;
+            }
+            // A batch of large messages goes to the stream in chunks of about a megabyte,
+            // which the allocator and the queue's spares reuse, not as one buffer of the
+            // whole batch (a hundred 1 MiB WRITEs made a 128 MiB one, mapped and faulted
+            // in afresh each time).
+            if qp.framed_len() >= OUT_CHUNK_BYTES {
+                if let Some(c) = s.conn.and_then(|t| conns.get_mut(&t)) {
+                    let spare = c.tx.spare();
+                    c.queue(qp.poll_output_into(0, spare));
+                }
             }
         }
         self.pump_qp(qpn);
@@ -487,7 +541,34 @@ impl IwarpDevice {
 
 #[cfg(test)]
 mod tx_queue_tests {
-    use super::TxQueue;
+    use super::{TxQueue, SPARE_BYTES_MAX, SPARE_CHUNK_BYTES, SPARE_IDLE};
+
+    #[test]
+    fn written_chunks_are_reused_within_their_limits() {
+        let mut q = TxQueue::default();
+        let chunk = |cap: usize| {
+            let mut v = Vec::with_capacity(cap);
+            v.push(1u8);
+            v
+        };
+        // Busy: every written chunk is kept, up to the byte limit; an oversized one never.
+        let n = SPARE_BYTES_MAX / (1 << 20) + 8;
+        for _ in 0..n {
+            q.push(chunk(1 << 20));
+        }
+        q.push(chunk(SPARE_CHUNK_BYTES + 1));
+        q.push(b"tail".to_vec());
+        q.consume(n + 1);
+        assert_eq!(q.spare.len(), SPARE_BYTES_MAX / (1 << 20));
+        assert!(q.spare_bytes <= SPARE_BYTES_MAX);
+        let reused = q.spare();
+        assert!(reused.is_empty() && reused.capacity() >= 1 << 20, "a written chunk, emptied");
+        // Idle: all but a few are freed.
+        q.consume(4);
+        assert!(q.is_empty());
+        assert_eq!(q.spare.len(), SPARE_IDLE);
+        assert_eq!(q.spare_bytes, q.spare.iter().map(Vec::capacity).sum::<usize>());
+    }
 
     #[test]
     fn chunks_are_written_in_order_and_consumed_across_boundaries() {

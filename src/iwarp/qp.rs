@@ -201,6 +201,14 @@ impl IwarpQp {
     /// queue depths), then Read Responses while fewer than `budget` bytes are out, so a
     /// peer's Reads never outrun the transport.
     pub fn poll_output(&mut self, budget: usize) -> Vec<u8> {
+        self.poll_output_into(budget, Vec::new())
+    }
+
+    /// As [`IwarpQp::poll_output`]; `spare` (empty, a written buffer given back) becomes
+    /// the buffer the next posts are framed into, so that large messages do not map and
+    /// fault in fresh pages for every buffer.
+    pub fn poll_output_into(&mut self, budget: usize, spare: Vec<u8>) -> Vec<u8> {
+        debug_assert!(spare.is_empty());
         while self.out.len() < budget && self.state != QpState::Err {
             let Some(job) = self.reads_in.front_mut() else { break };
             let room = budget - self.out.len();
@@ -217,7 +225,12 @@ impl IwarpQp {
                 self.reads_in.pop_front();
             }
         }
-        std::mem::take(&mut self.out)
+        std::mem::replace(&mut self.out, spare)
+    }
+
+    /// Octets framed and not yet taken by [`IwarpQp::poll_output`].
+    pub fn framed_len(&self) -> usize {
+        self.out.len()
     }
 
     /// True while output waits: posted frames, or Read Responses not yet produced.

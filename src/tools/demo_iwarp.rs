@@ -169,7 +169,9 @@ pub fn rows(args: &DemoArgs) -> Result<IwarpRows, String> {
         for size in [65536, 1 << 20] {
             let mut p = Params::defaults(test);
             p.size = size;
-            p.iters = iters_for(size, args.seconds, 3e8);
+            // Sized by the TCP baseline, so a row lasts about `seconds` and a 1 MiB row
+            // is not mostly its first pass over fresh buffers.
+            p.iters = iters_for(size, args.seconds, tcp_bw);
             let r = between(&a, &b, &p, |x, y| bw_between(x, y, &p))?;
             bw.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: tcp_bw });
         }

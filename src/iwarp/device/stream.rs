@@ -216,11 +216,13 @@ impl IwarpDevice {
     /// After work on QP `qpn`: its bytes queued for the stream, its completions out, and
     /// the stream closing once the QP is in ERR and its last bytes (a Terminate) are out.
     pub(super) fn pump_qp(&mut self, qpn: u32) {
-        let Some(s) = self.qps.get_mut(&qpn) else { return };
+        let IwarpDevice { qps, conns, .. } = self;
+        let Some(s) = qps.get_mut(&qpn) else { return };
         let Some(qp) = s.qp.as_mut() else { return };
-        // What the application posted; Read Responses are produced as the stream drains.
-        let out = qp.poll_output(0);
         let t = s.conn;
+        let spare = t.and_then(|t| conns.get_mut(&t)).map(|c| c.tx.spare()).unwrap_or_default();
+        // What the application posted; Read Responses are produced as the stream drains.
+        let out = qp.poll_output_into(0, spare);
         let err = qp.state() == QpState::Err;
         let now = self.now_ns;
         if let Some(c) = t.and_then(|t| self.conns.get_mut(&t)) {
@@ -266,7 +268,8 @@ impl IwarpDevice {
         if let Some(qp) = c.qpn.and_then(|q| qps.get_mut(&q)).and_then(|s| s.qp.as_mut()).filter(|q| q.has_output()) {
             let room = MAX_TX_BUFFERED.saturating_sub(c.tx.len());
             if room > 0 {
-                c.queue(qp.poll_output(room));
+                let spare = c.tx.spare();
+                c.queue(qp.poll_output_into(room, spare));
             }
         }
         let qpn = c.qpn;
