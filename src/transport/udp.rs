@@ -206,6 +206,10 @@ impl UdpTx {
     /// offloads, one GSO send per run of equal-sized packets to one peer in it.
     fn send_queued(&mut self) {
         let mut batch = std::mem::take(&mut self.batch);
+        // One system call per socket: packets of many QPs interleave sockets, and runs of
+        // one packet each made a thousand QPs' ACKs a sendmmsg apiece. A QP always sends
+        // from one socket, so a stable sort keeps each QP's packets in order.
+        batch.sort_by_key(|p| p.socket);
         let mut start = 0;
         while start < batch.len() {
             let socket = batch[start].socket;
