@@ -278,6 +278,32 @@ fn the_first_ack_restarts_the_transport_timer() {
     assert_eq!(p.sim.devices[0].stats.retransmit_timeouts, 1, "the lost packets still time out");
 }
 
+// A message longer than GATHER_MAX_BYTES is read from its memory packet by packet, as a
+// NIC reads it by DMA: memory deregistered after the post (IBTA 10.6.3.5 leaves that to
+// the application) ends the request with a local protection error, never a stale copy.
+#[test]
+fn a_long_message_reads_its_memory_when_it_is_sent() {
+    let mut p = pair(Attrs::default());
+    let len = softrdma::engine::qp::requester::GATHER_MAX_BYTES + 4096;
+    let dev = &mut p.sim.devices[0];
+    let scratch = dev.reg_mr(softrdma::engine::mem::Pd(1), len, softrdma::engine::mem::Access::ALL).unwrap();
+    dev.post_send(p.qa, wr(1, SendOp::Write(remote(&p.mb, 0)), vec![sge(&scratch, 0, len)])).unwrap();
+    dev.dereg_mr(&scratch).unwrap();
+    let now = p.sim.now;
+    assert!(drain(&mut p.sim.devices[0], now).is_empty(), "nothing is sent");
+    let got: Vec<_> = p.completions(0).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::LocProtErr)]);
+    // A long message from memory that stays registered arrives whole.
+    let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    let mut p = pair(Attrs::default());
+    p.ma.mem.write(0, &data);
+    p.sim.devices[0].post_send(p.qa, wr(2, SendOp::Write(remote(&p.mb, 0)), vec![sge(&p.ma, 0, len)])).unwrap();
+    assert_eq!(p.wait(0).status, WcStatus::Success);
+    let mut got = vec![0u8; len];
+    assert!(p.mb.mem.read(0, &mut got));
+    assert!(got == data);
+}
+
 // IBTA 9.7.1: PSNs wrap at 2^24.
 #[test]
 fn a_message_across_the_psn_wrap() {

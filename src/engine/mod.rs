@@ -665,7 +665,8 @@ fn pump_qp(qp: &mut Qp, ctx: &mut Ctx<'_>) -> usize {
     let mut n = qp.resp.pump(&qp.path, ctx, BURST);
     if matches!(qp.state, QpState::Rts) {
         n += qp.req.pump(&qp.path, ctx, BURST);
-        if qp.init.qp_type != QpType::Rc {
+        // A request whose memory could not be read as it was sent is finished at once.
+        if qp.init.qp_type != QpType::Rc || qp.req.wqes.front().is_some_and(|w| w.done.is_some()) {
             settle(qp, ctx);
         }
     }

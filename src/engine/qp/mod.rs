@@ -13,7 +13,7 @@ use super::mem::{MrTable, Pd};
 use super::verbs::{Gid, Mtu, QpAttr, QpInit, QpState, QpType, VerbsError, Wc};
 use super::{Stats, Transmit};
 use crate::proto::roce::bth::BthRepr;
-use crate::proto::roce::{Psn, RoceRepr};
+use crate::proto::roce::{Psn, RoceRepr, ICRC_LEN};
 use requester::Requester;
 use responder::Responder;
 use std::collections::{HashMap, VecDeque};
@@ -129,6 +129,27 @@ impl Path {
     pub fn send(&self, ctx: &mut Ctx<'_>, repr: &RoceRepr<'_>) {
         self.send_to(ctx, self.dest_gid, repr);
     }
+    /// As [`Path::send`], with the payload (a placeholder in `repr`) written in place by
+    /// `fill` from registered memory; false (nothing sent) when `fill` fails.
+    pub fn send_filled(
+        &self,
+        ctx: &mut Ctx<'_>,
+        repr: &RoceRepr<'_>,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> bool,
+    ) -> bool {
+        let mut buf = vec![0u8; repr.buffer_len()];
+        if repr.emit(&mut buf).is_err() {
+            return false;
+        }
+        let at = buf.len() - ICRC_LEN - usize::from(repr.bth.pad_count) - repr.payload.len();
+        if !fill(ctx.mrs, &mut buf[at..at + repr.payload.len()]) {
+            return false;
+        }
+        ctx.stats.tx_packets += 1;
+        ctx.out.push_back(Transmit { dst: self.dest_gid, src: self.src_gid, src_qpn: self.qpn, packet: buf });
+        true
+    }
+
     /// Serializes `repr` and queues it for `dst` (UD).
     pub fn send_to(&self, ctx: &mut Ctx<'_>, dst: Gid, repr: &RoceRepr<'_>) {
         let mut buf = vec![0u8; repr.buffer_len()];

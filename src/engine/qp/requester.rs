@@ -14,13 +14,19 @@ pub const ACK_REQ_EVERY: u32 = 16;
 /// everything after a loss, so the window bounds the cost of one.
 pub const MAX_INFLIGHT_PSNS: u32 = 256;
 
+/// Longest SEND/WRITE copied at post; longer ones are read from memory per packet.
+pub const GATHER_MAX_BYTES: usize = 64 << 10;
+
 /// One posted send work request and its progress.
 #[derive(Debug)]
 pub struct SendWqe {
     /// The request.
     pub wr: SendWr,
-    /// Gathered payload of SEND/WRITE.
+    /// Gathered payload of a SEND/WRITE of at most [`GATHER_MAX_BYTES`]; a longer one is
+    /// read from its registered memory packet by packet, as a NIC reads it by DMA.
     pub data: Vec<u8>,
+    /// The protection domain the scatter/gather list is resolved in.
+    pub pd: Pd,
     /// Message length (READ: bytes requested).
     pub len: usize,
     /// PSN of the first packet; valid once started.
@@ -179,6 +185,12 @@ impl Requester {
             if check_sgl(&wr.sgl, pd, mrs, need).is_err() || (len == 8 && sgl_len < 8) {
                 done = Some(WcStatus::LocProtErr);
             }
+        } else if len > GATHER_MAX_BYTES && path.qp_type != QpType::Ud {
+            // Copied at post, a 1 MiB message cost a fresh megabyte (mapped and faulted in)
+            // and a second pass over its bytes.
+            if check_sgl(&wr.sgl, pd, mrs, need).is_err() {
+                done = Some(WcStatus::LocProtErr);
+            }
         } else {
             match gather(&wr.sgl, pd, mrs) {
                 Ok(d) => data = d,
@@ -195,6 +207,7 @@ impl Requester {
         self.wqes.push_back(SendWqe {
             wr,
             data,
+            pd,
             len,
             first_psn: Psn::new(0),
             npkts,
@@ -244,7 +257,11 @@ impl Requester {
                 continue;
             }
             let before = ctx.out.back().map(|t| t.packet.len());
-            build_and_send(w, path, ctx, ack_at_edge);
+            if !build_and_send(w, path, ctx, ack_at_edge) {
+                // Its memory went between the post and this packet (IBTA 10.6.3.5).
+                w.done = Some(WcStatus::LocProtErr);
+                continue;
+            }
             if !w.wr.op.is_read_or_atomic() {
                 let psn = w.first_psn.add(w.next_pkt);
                 if self.max_sent.is_none_or(|m| m.serial_cmp(psn).is_lt()) {
@@ -431,10 +448,11 @@ fn data_opcode(op: SendOp, k: u32, n: u32) -> u8 {
     }
 }
 
-fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) {
+/// Builds and queues the next packet of `w`; false when its memory cannot be read.
+fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) -> bool {
     if let (QpType::Ud, Some(dest)) = (path.qp_type, w.wr.ud) {
         send_ud(w, dest, path, ctx);
-        return;
+        return true;
     }
     match w.wr.op {
         SendOp::Read(remote) => {
@@ -447,8 +465,9 @@ fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) {
         }
         SendOp::CompareSwap(remote, compare, swap) => send_atomic(path, ctx, w, 0x13, remote, swap, compare),
         SendOp::FetchAdd(remote, add) => send_atomic(path, ctx, w, 0x14, remote, add, 0),
-        op => send_data(w, op, path, ctx, ack_req),
+        op => return send_data(w, op, path, ctx, ack_req),
     }
+    true
 }
 
 fn send_atomic(
@@ -467,10 +486,13 @@ fn send_atomic(
     path.send(ctx, &repr);
 }
 
-fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) {
+fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) -> bool {
     let (k, n) = (w.next_pkt, w.npkts);
     let start = (k as usize * path.mtu).min(w.len);
-    let payload = &w.data[start..(start + path.mtu).min(w.len)];
+    let end = (start + path.mtu).min(w.len);
+    let gathered = w.data.len() == w.len;
+    // Not gathered: a placeholder of the payload's length, read in place below.
+    let payload = if gathered { &w.data[start..end] } else { &ZEROS[..end - start] };
     // UC opcodes are the RC ones with the transport bits 001 (IBTA 9.2.1, Table 38).
     let uc = if path.qp_type == QpType::Uc { 0x20 } else { 0 };
     let opcode = data_opcode(op, k, n) | uc;
@@ -493,7 +515,37 @@ fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>, ack_req: b
             _ => {}
         }
     }
-    path.send(ctx, &repr);
+    if gathered {
+        path.send(ctx, &repr);
+        return true;
+    }
+    path.send_filled(ctx, &repr, |mrs, out| read_sgl(&w.wr.sgl, w.pd, mrs, start, out))
+}
+
+/// Payload bytes of a message read at packet time (never more than the largest MTU).
+static ZEROS: [u8; 4096] = [0; 4096];
+
+/// Reads bytes `start..start + out.len()` of the message `sgl` describes into `out`.
+fn read_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, mut start: usize, mut out: &mut [u8]) -> bool {
+    for s in sgl {
+        let len = s.length as usize;
+        if start >= len {
+            start -= len;
+            continue;
+        }
+        let n = (len - start).min(out.len());
+        let Ok((mem, off)) = mrs.resolve(s.lkey, pd, s.addr + start as u64, n, Need::LocalRead) else {
+            return false;
+        };
+        let (now, rest) = std::mem::take(&mut out).split_at_mut(n);
+        mem.read(off, now);
+        out = rest;
+        start = 0;
+        if out.is_empty() {
+            break;
+        }
+    }
+    out.is_empty()
 }
 
 /// A UD SEND (IBTA 9.8.4): one packet with a DETH naming this QP and the Q_Key.
