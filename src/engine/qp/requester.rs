@@ -14,8 +14,10 @@ pub const ACK_REQ_EVERY: u32 = 16;
 /// everything after a loss, so the window bounds the cost of one.
 pub const MAX_INFLIGHT_PSNS: u32 = 256;
 
-/// Longest SEND/WRITE copied at post; longer ones are read from memory per packet.
-pub const GATHER_MAX_BYTES: usize = 64 << 10;
+/// Longest SEND/WRITE copied at post (one packet at the largest MTU); longer ones are
+/// read from memory per packet. At 64 KiB, 64 KiB WRITEs moved 730-1125 MB/s on
+/// loopback; at 4 KiB, 1375-1762 MB/s.
+pub const GATHER_MAX_BYTES: usize = 4 << 10;
 
 /// One posted send work request and its progress.
 #[derive(Debug)]
