@@ -338,6 +338,38 @@ impl MrTable {
         }
         Ok((r.mem.clone(), off as usize))
     }
+
+    /// Bytes `start..start + len` of the message a scatter/gather list describes (IBTA
+    /// 10.7.2.1): `f(mem, offset in mem, offset in the range, n)` for each piece, in order;
+    /// false when a piece does not resolve for `need`, or the list is too short.
+    pub fn for_sgl_range(
+        &self,
+        sgl: &[crate::engine::verbs::Sge],
+        pd: Pd,
+        (mut start, len): (usize, usize),
+        need: Need,
+        mut f: impl FnMut(&SharedMem, usize, usize, usize),
+    ) -> bool {
+        let mut done = 0;
+        for s in sgl {
+            let sge_len = s.length as usize;
+            if start >= sge_len {
+                start -= sge_len;
+                continue;
+            }
+            let n = (sge_len - start).min(len - done);
+            let Ok((mem, off)) = self.resolve(s.lkey, pd, s.addr + start as u64, n, need) else {
+                return false;
+            };
+            f(&mem, off, done, n);
+            done += n;
+            start = 0;
+            if done == len {
+                break;
+            }
+        }
+        done == len
+    }
 }
 
 #[cfg(test)]

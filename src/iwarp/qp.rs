@@ -746,23 +746,7 @@ fn gather(wr: &SendWr, pd: Pd, mrs: &MrTable, is_read: bool) -> Result<Vec<u8>, 
 
 /// Writes `d` at message offset `mo` across a receive's scatter list.
 fn scatter(wr: &RecvWr, mo: usize, d: &[u8], pd: Pd, mrs: &MrTable) -> bool {
-    let (mut skip, mut left) = (mo, d);
-    for s in &wr.sgl {
-        let len = s.length as usize;
-        if skip >= len {
-            skip -= len;
-            continue;
-        }
-        let n = (len - skip).min(left.len());
-        let Ok((mem, off)) = mrs.resolve(s.lkey, pd, s.addr + skip as u64, n, Need::LocalWrite) else {
-            return false;
-        };
-        mem.write(off, &left[..n]);
-        left = &left[n..];
-        skip = 0;
-        if left.is_empty() {
-            break;
-        }
-    }
-    left.is_empty()
+    mrs.for_sgl_range(&wr.sgl, pd, (mo, d.len()), Need::LocalWrite, |mem, off, at, n| {
+        mem.write(off, &d[at..at + n]);
+    })
 }

@@ -308,23 +308,8 @@ impl Requester {
 }
 
 /// Places `data` at byte `offset` of a WQE's scatter list.
-fn scatter(w: &SendWqe, mut offset: usize, mut data: &[u8], pd: Pd, mrs: &MrTable) -> bool {
-    for s in &w.wr.sgl {
-        let len = s.length as usize;
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = (len - offset).min(data.len());
-        let Ok((mem, base)) = mrs.resolve(s.lkey, pd, s.addr + offset as u64, n, Need::LocalWrite) else {
-            return false;
-        };
-        mem.write(base, &data[..n]);
-        data = &data[n..];
-        offset = 0;
-        if data.is_empty() {
-            break;
-        }
-    }
-    data.is_empty()
+fn scatter(w: &SendWqe, offset: usize, data: &[u8], pd: Pd, mrs: &MrTable) -> bool {
+    mrs.for_sgl_range(&w.wr.sgl, pd, (offset, data.len()), Need::LocalWrite, |mem, off, at, n| {
+        mem.write(off, &data[at..at + n]);
+    })
 }

@@ -528,26 +528,10 @@ fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>, ack_req: b
 static ZEROS: [u8; 4096] = [0; 4096];
 
 /// Reads bytes `start..start + out.len()` of the message `sgl` describes into `out`.
-fn read_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, mut start: usize, mut out: &mut [u8]) -> bool {
-    for s in sgl {
-        let len = s.length as usize;
-        if start >= len {
-            start -= len;
-            continue;
-        }
-        let n = (len - start).min(out.len());
-        let Ok((mem, off)) = mrs.resolve(s.lkey, pd, s.addr + start as u64, n, Need::LocalRead) else {
-            return false;
-        };
-        let (now, rest) = std::mem::take(&mut out).split_at_mut(n);
-        mem.read(off, now);
-        out = rest;
-        start = 0;
-        if out.is_empty() {
-            break;
-        }
-    }
-    out.is_empty()
+fn read_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, start: usize, out: &mut [u8]) -> bool {
+    mrs.for_sgl_range(sgl, pd, (start, out.len()), Need::LocalRead, |mem, off, at, n| {
+        mem.read(off, &mut out[at..at + n]);
+    })
 }
 
 /// A UD SEND (IBTA 9.8.4): one packet with a DETH naming this QP and the Q_Key.
