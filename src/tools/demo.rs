@@ -168,24 +168,25 @@ pub(super) fn iters_for(size: usize, secs: f64, guess_bytes_per_s: f64) -> u64 {
 
 /// One bandwidth row between the two devices.
 fn rdma_bw(a: &Context, b: &Context, test: Test, size: usize, qps: usize, secs: f64) -> Result<BwResult, String> {
-    rdma_bw_mtu(a, b, test, size, qps, secs, Mtu::M4096)
+    rdma_bw_mtu(a, b, test, size, qps, (secs, 3e8), Mtu::M4096)
 }
 
-/// One bandwidth row between the two devices at path MTU `mtu`.
+/// One bandwidth row between the two devices at path MTU `mtu`, of about `secs` seconds at
+/// `guess_bytes_per_s`.
 pub fn rdma_bw_mtu(
     a: &Context,
     b: &Context,
     test: Test,
     size: usize,
     qps: usize,
-    secs: f64,
+    (secs, guess_bytes_per_s): (f64, f64),
     mtu: Mtu,
 ) -> Result<BwResult, String> {
     let mut p = Params::defaults(test);
     p.mtu = mtu;
     p.size = size;
     p.qps = qps;
-    p.iters = iters_for(size, secs / qps as f64, 3e8);
+    p.iters = iters_for(size, secs / qps as f64, guess_bytes_per_s);
     let (x, y) =
         (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
     connect(&x, &y, p.mtu)?;
@@ -313,7 +314,8 @@ fn roce_rows(a: &Context, b: &Context, args: &DemoArgs, udp_bw: f64, udp_lat: f6
     let mut bw = Vec::new();
     for (test, name) in [(Test::WriteBw, "write_bw"), (Test::ReadBw, "read_bw"), (Test::SendBw, "send_bw")] {
         for size in [4096, 65536, 1 << 20].into_iter().filter(|_| args.wants(name)) {
-            let r = rdma_bw(a, b, test, size, 1, args.seconds)?;
+            // Sized by the UDP baseline, so a row lasts about `seconds`.
+            let r = rdma_bw_mtu(a, b, test, size, 1, (args.seconds, udp_bw), Mtu::M4096)?;
             bw.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: udp_bw });
         }
     }
