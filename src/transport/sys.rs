@@ -16,7 +16,7 @@ fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn set_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+pub(crate) fn set_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: `value` outlives the call and the length passed is its size.
     let rc = unsafe {
         libc::setsockopt(fd, level, name, (&value as *const libc::c_int).cast(), size_of::<libc::c_int>() as u32)

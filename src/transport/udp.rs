@@ -248,17 +248,36 @@ impl UdpTx {
                 datagrams: run[at..at + n].iter().map(|p| &p.packet[..]).collect(),
             })
             .collect();
+        let Some(refused) = self.send_messages(run[0].socket, &msgs) else { return };
+        drop(msgs);
+        // The kernel cannot segment on this path (Linux refuses UDP_SEGMENT when the link
+        // has no checksum offload): offload stays off, and what was refused goes out one
+        // datagram each, sealed again with the Identification a lone datagram gets.
+        self.offload = false;
+        let singles: Vec<usize> =
+            chunks[refused..].iter().flat_map(|&(at, n)| at..at + n).filter(|&i| self.seal(&mut run[i], 0)).collect();
+        let msgs: Vec<sys::Segmented<'_>> =
+            singles.iter().map(|&i| sys::Segmented { dst: run[i].dst, datagrams: vec![&run[i].packet[..]] }).collect();
         self.send_messages(run[0].socket, &msgs);
     }
 
-    fn send_messages(&self, socket: usize, msgs: &[sys::Segmented<'_>]) {
+    /// Sends `msgs` from `socket`; returns the index of a GSO send the kernel refused
+    /// (nothing from it on was sent), if one was.
+    fn send_messages(&self, socket: usize, msgs: &[sys::Segmented<'_>]) -> Option<usize> {
         let fd = self.sockets.tx[socket].0.as_raw_fd();
         let mut sent = 0;
+        let mut refused = None;
         while sent < msgs.len() {
             match sys::send_segmented(fd, &msgs[sent..]) {
                 Ok(n) => sent += n.max(1),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let _ = sys::wait_writable(fd);
+                }
+                Err(e)
+                    if msgs[sent].datagrams.len() > 1 && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) =>
+                {
+                    refused = Some(sent);
+                    break;
                 }
                 Err(_) => {
                     // The datagrams are lost, as on a wire; the engine's retransmission covers them.
@@ -267,8 +286,9 @@ impl UdpTx {
                 }
             }
         }
-        let count: usize = msgs.iter().map(|m| m.datagrams.len()).sum();
+        let count: usize = msgs[..sent].iter().map(|m| m.datagrams.len()).sum();
         self.stats.tx_datagrams.fetch_add(count as u64, Ordering::Relaxed);
+        refused
     }
 }
 
@@ -447,5 +467,46 @@ impl PacketRx for UdpRx {
     }
     fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
         UdpRx::deliver(self, dev, now_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A path whose kernel refuses GSO sends (here: a socket without UDP checksums, which
+    /// Linux refuses like a link without checksum offload): the datagrams still arrive,
+    /// one by one with ICRCs that hold, and offload is off from then on.
+    #[test]
+    fn a_refused_gso_send_goes_out_datagram_by_datagram() {
+        let local = IpAddr::from([127, 0, 0, 1]);
+        let cfg = UdpConfig { addr: local, port: 0, source_ports: 1, offload: true };
+        let (mut tx, _rx) = open(&cfg, None).unwrap();
+        assert!(tx.offload, "loopback takes GSO");
+        sys::set_int_option(tx.sockets.tx[0].0.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 1).unwrap();
+        let sink = UdpSocket::bind((local, 0)).unwrap();
+        sink.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        tx.set_peer_port(local, sink.local_addr().unwrap().port());
+        let n = 20;
+        for i in 0..n {
+            let mut packet = vec![0u8; 100];
+            packet[0] = 0x64; // UD SEND Only: any BTH will do for the ICRC
+            packet[11] = i as u8;
+            tx.queue(Transmit { dst: ip_to_gid(local), src: ip_to_gid(local), src_qpn: 7, packet });
+        }
+        tx.send_queued();
+        assert!(!tx.offload, "offload is off after the refusal");
+        let (mut got, mut cache, mut buf) = (0, icrc::RecoveryCache::default(), [0u8; 2048]);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while got < n && Instant::now() < deadline {
+            let Ok((len, from)) = sink.recv_from(&mut buf) else { continue };
+            let port = sink.local_addr().unwrap().port();
+            let check = check_datagram(&mut cache, from, (local, port), 0, &buf[..len]);
+            assert!(matches!(check, DatagramCheck::Good { ident: 0, .. }), "{check:?}");
+            got += 1;
+        }
+        assert_eq!(got, n, "every datagram arrived");
+        assert_eq!(tx.stats.tx_errors.load(Ordering::Relaxed), 0);
     }
 }
