@@ -248,7 +248,7 @@ impl RoceDriver {
     /// they leave with the caller's own request in one batch.
     pub fn progress(&self, hold_replies: bool) -> usize {
         let Ok(mut rx) = self.rx.try_lock() else { return 0 };
-        let n = rx.recv().unwrap_or(0);
+        let mut n = rx.recv().unwrap_or(0);
         let now = self.now_ns();
         self.last_rx_ns.store(now, Ordering::Relaxed);
         let held = self.replies_held.load(Ordering::Acquire);
@@ -259,7 +259,6 @@ impl RoceDriver {
         if n > 0 {
             rx.deliver(&mut core.dev, now);
         }
-        let mut n = n;
         if core.dev.poll_timeout().is_some_and(|t| t <= now) {
             // An acknowledgement already in the socket is not a loss: read what is queued
             // before any timer fires (a thread that held the lock for a while, posting,

@@ -137,6 +137,22 @@ impl Path {
         repr: &RoceRepr<'_>,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> bool,
     ) -> bool {
+        self.emit_and_queue(ctx, self.dest_gid, repr, fill)
+    }
+
+    /// Serializes `repr` and queues it for `dst` (UD).
+    pub fn send_to(&self, ctx: &mut Ctx<'_>, dst: Gid, repr: &RoceRepr<'_>) {
+        self.emit_and_queue(ctx, dst, repr, |_, _| true);
+    }
+
+    /// Serializes `repr`, lets `fill` write its payload, and queues it for `dst`.
+    fn emit_and_queue(
+        &self,
+        ctx: &mut Ctx<'_>,
+        dst: Gid,
+        repr: &RoceRepr<'_>,
+        fill: impl FnOnce(&MrTable, &mut [u8]) -> bool,
+    ) -> bool {
         let mut buf = vec![0u8; repr.buffer_len()];
         if repr.emit(&mut buf).is_err() {
             return false;
@@ -146,17 +162,8 @@ impl Path {
             return false;
         }
         ctx.stats.tx_packets += 1;
-        ctx.out.push_back(Transmit { dst: self.dest_gid, src: self.src_gid, src_qpn: self.qpn, packet: buf });
+        ctx.out.push_back(Transmit { dst, src: self.src_gid, src_qpn: self.qpn, packet: buf });
         true
-    }
-
-    /// Serializes `repr` and queues it for `dst` (UD).
-    pub fn send_to(&self, ctx: &mut Ctx<'_>, dst: Gid, repr: &RoceRepr<'_>) {
-        let mut buf = vec![0u8; repr.buffer_len()];
-        if repr.emit(&mut buf).is_ok() {
-            ctx.stats.tx_packets += 1;
-            ctx.out.push_back(Transmit { dst, src: self.src_gid, src_qpn: self.qpn, packet: buf });
-        }
     }
 }
 
