@@ -76,16 +76,18 @@ pub struct RecvBatch {
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     meta: Vec<(usize, SocketAddr, u8, u32, Option<u64>, u16)>,
+    /// Headers the kernel wrote lengths into since they were last reset.
+    used: usize,
 }
 
-// SAFETY: the raw pointers in `iovs` and `hdrs` are scratch space, rewritten from the owned
-// buffers at the start of every `recv`; nothing reads them in between.
+// SAFETY: the raw pointers in `iovs` and `hdrs` point into heap buffers the batch owns and
+// never resizes, so they stay valid wherever the batch moves; only `recv` hands them out.
 unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
     /// Room for `count` datagrams of `size` bytes.
     pub fn new(count: usize, size: usize) -> Self {
-        RecvBatch {
+        let mut b = RecvBatch {
             bufs: (0..count).map(|_| vec![0u8; size]).collect(),
             // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
             addrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
@@ -94,7 +96,30 @@ impl RecvBatch {
             // SAFETY: mmsghdr is plain data; all-zero is a valid value.
             hdrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
             meta: Vec::with_capacity(count),
+            used: count,
+        };
+        // The pointers are set once: a spinning poller calls `recv` millions of times, and
+        // rebuilding 32 headers per call was 6 % of a ping-pong's time.
+        b.iovs.extend(b.bufs.iter_mut().map(|v| libc::iovec { iov_base: v.as_mut_ptr().cast(), iov_len: v.len() }));
+        for (i, h) in b.hdrs.iter_mut().enumerate() {
+            h.msg_hdr.msg_name = (&mut b.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_hdr.msg_iov = &mut b.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = b.cmsgs[i].0.as_mut_ptr().cast();
         }
+        b.reset_lengths();
+        b
+    }
+
+    /// Restores the lengths and flags the kernel overwrote in the headers it filled.
+    fn reset_lengths(&mut self) {
+        for h in &mut self.hdrs[..self.used] {
+            h.msg_len = 0;
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_hdr.msg_controllen = CMSG_SPACE;
+            h.msg_hdr.msg_flags = 0;
+        }
+        self.used = 0;
     }
 
     /// Datagrams the last [`RecvBatch::recv`] received.
@@ -134,30 +159,21 @@ impl RecvBatch {
     /// Receives what is queued without blocking; returns the number of datagrams.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         let n = self.hdrs.len();
-        self.iovs.clear();
-        self.iovs
-            .extend(self.bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }));
-        let hdrs = &mut self.hdrs;
-        for (i, h) in hdrs.iter_mut().enumerate() {
-            h.msg_len = 0;
-            h.msg_hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
-            h.msg_hdr.msg_iov = &mut self.iovs[i];
-            h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = self.cmsgs[i].0.as_mut_ptr().cast();
-            h.msg_hdr.msg_controllen = CMSG_SPACE;
-            h.msg_hdr.msg_flags = 0;
-        }
-        // SAFETY: every pointer in `hdrs` points into buffers that live until the call returns,
-        // with the lengths given.
-        let rc = unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
+        self.reset_lengths();
+        // A failed call may have written the first header's lengths before failing.
+        self.used = 1;
+        // SAFETY: every pointer in `hdrs` points into buffers the batch owns, with the
+        // lengths given (set in `new`, lengths restored by `reset_lengths`).
+        let rc =
+            unsafe { libc::recvmmsg(fd, self.hdrs.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
         self.meta.clear();
-        let got = match check(rc) {
-            Ok(got) => got as usize,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-            Err(e) => return Err(e),
-        };
-        for (i, h) in hdrs.iter().take(got).enumerate() {
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::EAGAIN) { Ok(0) } else { Err(e) };
+        }
+        let got = (rc as usize).min(n);
+        self.used = got.max(1);
+        for (i, h) in self.hdrs.iter().take(got).enumerate() {
             let src = sockaddr_to_std(&self.addrs[i]).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
             // The kernel never reports more than the iovec's length; clamp all the same.
             let len = (h.msg_len as usize).min(self.bufs[i].len());
