@@ -49,6 +49,11 @@ pub fn active_mtu(addr: IpAddr) -> Option<crate::engine::verbs::Mtu> {
     Some(super::raw::path_mtu_for_link(link))
 }
 
+/// The name of the interface holding `addr`, if one does.
+pub fn interface_of(addr: IpAddr) -> Option<String> {
+    sys::interface_of_address(addr).ok()
+}
+
 /// Whether UDP offloads are on by default for a device on `addr`: on loopback, where a
 /// GSO send crosses the stack whole. On other links they stay off, because a veth hands a
 /// GSO send to its peer unsegmented, and a packet socket there (softrdma's raw transport,

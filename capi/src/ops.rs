@@ -1,0 +1,74 @@
+//! The context's operation table, which applications call straight through (the inline
+//! `ibv_post_send`, `ibv_poll_cq`, `ibv_req_notify_cq` of `<infiniband/verbs.h>`). Every
+//! slot holds a function: what softrdma does not do yet answers as rdma-core does for an
+//! operation a provider lacks (EOPNOTSUPP), never a jump through NULL.
+
+use crate::ffi;
+use std::ffi::c_int;
+
+/// Fills every operation of `ops`.
+pub fn install(ops: &mut ffi::ibv_context_ops) {
+    ops.alloc_mw = Some(alloc_mw);
+    ops.bind_mw = Some(bind_mw);
+    ops.dealloc_mw = Some(dealloc_mw);
+    ops.poll_cq = Some(poll_cq);
+    ops.req_notify_cq = Some(req_notify_cq);
+    ops.post_srq_recv = Some(post_srq_recv);
+    ops.post_send = Some(post_send);
+    ops.post_recv = Some(post_recv);
+}
+
+unsafe extern "C" fn alloc_mw(_pd: *mut ffi::ibv_pd, _kind: ffi::ibv_mw_type) -> *mut ffi::ibv_mw {
+    crate::set_errno(libc::EOPNOTSUPP);
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn bind_mw(_qp: *mut ffi::ibv_qp, _mw: *mut ffi::ibv_mw, _bind: *mut ffi::ibv_mw_bind) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+unsafe extern "C" fn dealloc_mw(_mw: *mut ffi::ibv_mw) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+unsafe extern "C" fn poll_cq(_cq: *mut ffi::ibv_cq, _n: c_int, _wc: *mut ffi::ibv_wc) -> c_int {
+    // A provider's poll_cq returns a negative number on error.
+    -libc::EOPNOTSUPP
+}
+
+unsafe extern "C" fn req_notify_cq(_cq: *mut ffi::ibv_cq, _solicited_only: c_int) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+unsafe extern "C" fn post_srq_recv(
+    _srq: *mut ffi::ibv_srq,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
+    refuse(wr, bad)
+}
+
+unsafe extern "C" fn post_send(
+    _qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> c_int {
+    refuse(wr, bad)
+}
+
+unsafe extern "C" fn post_recv(
+    _qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
+    refuse(wr, bad)
+}
+
+/// A post refused whole: the first request is the bad one.
+fn refuse<T>(wr: *mut T, bad: *mut *mut T) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: the caller passes a valid out-pointer or NULL.
+        unsafe { *bad = wr };
+    }
+    libc::EOPNOTSUPP
+}
