@@ -13,12 +13,37 @@ use std::sync::Arc;
 
 const WORD: usize = 8;
 
-/// Bytes shared between the application and the engine, stored in atomic words.
+/// Bytes shared between the application and the engine, stored in atomic words, or the
+/// memory of a C application that registered its own buffer ([`SharedMem::foreign`]).
 #[derive(Debug)]
 pub struct SharedMem {
     words: Box<[AtomicU64]>,
     len: usize,
+    foreign: Option<Foreign>,
 }
+
+/// A C application's buffer: `ibv_reg_mr`'s contract keeps it valid until the region is
+/// deregistered, and the application reads and writes it while the engine does, as it
+/// does with a NIC's DMA. Rust code never holds a reference into it: every access is a
+/// raw copy, and atomics go through `AtomicU64::from_ptr` on aligned words.
+///
+/// A region still in use when the application deregisters it (a multi-packet WRITE or a
+/// READ being answered holds it) is revoked under the device lock: after `ibv_dereg_mr`
+/// returns, the engine never touches the buffer again, whatever it was doing with it.
+#[derive(Debug)]
+struct Foreign {
+    ptr: std::ptr::NonNull<u8>,
+    revoked: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: the pointer is only dereferenced by raw copies and atomic operations within the
+// registered length; the buffer is the application's, valid for every thread until the
+// region is deregistered (the contract `SharedMem::foreign` states).
+#[allow(unsafe_code)]
+unsafe impl Send for Foreign {}
+// SAFETY: as for Send: no shared reference into the buffer is ever formed.
+#[allow(unsafe_code)]
+unsafe impl Sync for Foreign {}
 
 impl SharedMem {
     /// `len` zero bytes. The allocation is zeroed by the allocator (fresh pages from the
@@ -31,7 +56,7 @@ impl SharedMem {
             panic!("a region of {len} bytes does not fit the address space");
         };
         if n == 0 {
-            return SharedMem { words: Box::new([]), len };
+            return SharedMem { words: Box::new([]), len, foreign: None };
         }
         // SAFETY: the layout has a non-zero size. All-zero bytes are a valid AtomicU64 (it
         // has the in-memory representation of u64), so the n words are initialised, and a
@@ -43,11 +68,33 @@ impl SharedMem {
             }
             Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n))
         };
-        SharedMem { words, len }
+        SharedMem { words, len, foreign: None }
+    }
+
+    /// The `len` bytes at `ptr`, which a C application registered (`ibv_reg_mr`).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` stays allocated and writable until the last clone of the returned
+    /// region (and of the `Arc` the engine keeps) is dropped, which deregistration does.
+    #[allow(unsafe_code)]
+    pub unsafe fn foreign(ptr: std::ptr::NonNull<u8>, len: usize) -> Self {
+        let revoked = std::sync::atomic::AtomicBool::new(false);
+        SharedMem { words: Box::new([]), len, foreign: Some(Foreign { ptr, revoked }) }
+    }
+
+    /// Stops every later access to a foreign region (it was deregistered: the buffer is
+    /// the application's again); reads and writes then fail as out of bounds.
+    pub fn revoke(&self) {
+        if let Some(f) = &self.foreign {
+            f.revoked.store(true, Ordering::Release);
+        }
     }
     /// Touches every page once, so the kernel maps them now rather than on the first
     /// placement (as `ibv_reg_mr` pins a region's pages when it registers it).
     pub fn prefault(&self) {
+        if self.foreign.is_some() {
+            return;
+        }
         const WORDS_PER_PAGE: usize = 4096 / WORD;
         for word in self.words.iter().step_by(WORDS_PER_PAGE) {
             word.fetch_or(0, Ordering::Relaxed);
@@ -68,6 +115,9 @@ impl SharedMem {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
         if !self.in_bounds(offset, out.len()) {
             return false;
+        }
+        if let Some(f) = &self.foreign {
+            return f.read(offset, out);
         }
         // A partial first word, then whole words, then a partial last word.
         let total = out.len();
@@ -97,6 +147,9 @@ impl SharedMem {
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
         if !self.in_bounds(offset, data.len()) {
             return false;
+        }
+        if let Some(f) = &self.foreign {
+            return f.write(offset, data);
         }
         let head = ((WORD - offset % WORD) % WORD).min(data.len());
         let (first, rest) = data.split_at(head);
@@ -141,13 +194,55 @@ impl SharedMem {
         })
     }
     fn word(&self, offset: usize) -> Option<&AtomicU64> {
-        (offset.is_multiple_of(WORD) && self.in_bounds(offset, WORD)).then(|| &self.words[offset / WORD])
+        if !self.in_bounds(offset, WORD) {
+            return None;
+        }
+        if let Some(f) = &self.foreign {
+            return f.word(offset);
+        }
+        offset.is_multiple_of(WORD).then(|| &self.words[offset / WORD])
     }
     /// A copy of every byte.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len];
         self.read(0, &mut v);
         v
+    }
+}
+
+#[allow(unsafe_code)]
+impl Foreign {
+    fn live(&self) -> bool {
+        !self.revoked.load(Ordering::Acquire)
+    }
+    /// Copies out, unless revoked; the caller checked the bounds.
+    fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        // SAFETY: offset + out.len() is within the registered length (checked by the
+        // caller), which SharedMem::foreign's contract keeps allocated until revoked.
+        self.live() && {
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+            true
+        }
+    }
+    /// Copies in, unless revoked; the caller checked the bounds.
+    fn write(&self, offset: usize, data: &[u8]) -> bool {
+        // SAFETY: as in `read`, and the region is writable by the same contract.
+        self.live() && {
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+            true
+        }
+    }
+    /// The word at `offset` if its address is 8-aligned and the region live; the caller
+    /// checked the bounds.
+    fn word(&self, offset: usize) -> Option<&AtomicU64> {
+        if !self.live() {
+            return None;
+        }
+        // SAFETY: within the region (checked by the caller).
+        let p = unsafe { self.ptr.as_ptr().add(offset) };
+        // SAFETY: aligned, in bounds, valid for the region's life; concurrent access to it
+        // is the application's, on the same word, as RDMA atomics promise no more.
+        (p as usize).is_multiple_of(WORD).then(|| unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
     }
 }
 
@@ -253,11 +348,19 @@ impl MrTable {
     /// key says nothing of any other and a re-registration gets a new one. The advertised
     /// address is a separate draw, so it reveals nothing of the keys.
     pub fn register(&mut self, pd: Pd, len: usize, access: Access, rng: &mut Rng) -> Option<Mr> {
-        self.register_mem(pd, Arc::new(SharedMem::new(len)), access, rng)
+        self.register_mem(pd, Arc::new(SharedMem::new(len)), access, None, rng)
     }
 
-    /// Registers `mem`, allocated by the caller (outside any lock it holds).
-    pub fn register_mem(&mut self, pd: Pd, mem: Arc<SharedMem>, access: Access, rng: &mut Rng) -> Option<Mr> {
+    /// Registers `mem`, allocated by the caller (outside any lock it holds), at `addr` if
+    /// given (the application's own address for its buffer), else at a drawn address.
+    pub fn register_mem(
+        &mut self,
+        pd: Pd,
+        mem: Arc<SharedMem>,
+        access: Access,
+        addr: Option<u64>,
+        rng: &mut Rng,
+    ) -> Option<Mr> {
         if self.regions.len() >= self.max_regions {
             return None;
         }
@@ -269,14 +372,14 @@ impl MrTable {
             }
         };
         let index = key >> 8;
-        let addr = (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000;
+        let addr = addr.unwrap_or_else(|| (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000);
         self.regions.insert(index, Region { pd, access, addr, mem: mem.clone(), key, valid: true });
         Some(Mr { lkey: key, rkey: key, addr, mem })
     }
 
-    /// Deregisters a region.
+    /// Deregisters a region; a foreign one is revoked ([`SharedMem::revoke`]).
     pub fn deregister(&mut self, key: u32) -> bool {
-        self.regions.remove(&(key >> 8)).is_some()
+        self.regions.remove(&(key >> 8)).inspect(|r| r.mem.revoke()).is_some()
     }
 
     /// Invalidates an rkey (local invalidate, send with invalidate).
@@ -387,6 +490,39 @@ mod tests {
         assert_eq!(m.to_vec()[..3], [0, 0, 0]);
         assert!(!m.write(30, &data), "out of bounds writes nothing");
         assert_eq!(m.to_vec()[33..], [0, 0, 0, 0]);
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_foreign_region_is_the_callers_buffer_until_deregistered() {
+        // A C application's buffer, unaligned on purpose, with guard bytes either side.
+        let mut buf = vec![0xeeu8; 48];
+        let base = std::ptr::NonNull::new(buf[3..].as_mut_ptr()).unwrap();
+        // SAFETY: `buf` outlives the region and nothing else touches it meanwhile.
+        let mem = Arc::new(unsafe { SharedMem::foreign(base, 40) });
+        let mut table = MrTable::new(4);
+        let mut rng = Rng::new(7);
+        let va = base.as_ptr() as u64;
+        let mr = table.register_mem(Pd(1), mem.clone(), Access::ALL, Some(va), &mut rng).unwrap();
+        assert_eq!(mr.addr, va, "the region is named by the application's own address");
+        let (m, off) = table.resolve(mr.rkey, Pd(1), va + 5, 8, Need::RemoteWrite).unwrap();
+        assert!(m.write(off, b"placed!!"));
+        assert!(!m.write(36, b"too long"), "nothing past the registered length");
+        // An 8-aligned word past the bytes placed above.
+        let aligned = (8 - (va as usize % 8)) % 8 + 16;
+        assert_eq!(m.fetch_add(aligned, 1), Some(0xeeee_eeee_eeee_eeee));
+        assert_eq!(m.fetch_add(aligned + 1, 1), None, "atomics need an aligned address");
+        assert!(table.deregister(mr.lkey));
+        assert!(!mem.write(0, b"late"), "a deregistered region is never written again");
+        let mut out = [0u8; 4];
+        assert!(!mem.read(0, &mut out));
+        assert_eq!(mem.fetch_add(aligned, 1), None);
+        drop(mem);
+        assert_eq!(&buf[8..16], b"placed!!");
+        assert_eq!(buf[..3], [0xee; 3], "the guard bytes before are untouched");
+        assert_eq!(buf[43..], [0xee; 5], "the guard bytes after are untouched");
+        let word = u64::from_le_bytes(buf[3 + aligned..11 + aligned].try_into().unwrap());
+        assert!(word != 0xeeee_eeee_eeee_eeee, "the atomic changed the application's word");
     }
 
     #[test]

@@ -221,7 +221,16 @@ impl Device {
     /// Registers `mem`, which the caller allocated (so a large region's allocation does
     /// not happen under the driver's device lock).
     pub fn reg_mem(&mut self, pd: Pd, mem: Arc<SharedMem>, access: Access) -> Result<Mr, VerbsError> {
-        self.mrs.register_mem(pd, mem, access, &mut self.rng).ok_or(VerbsError::OutOfResources)
+        self.mrs.register_mem(pd, mem, access, None, &mut self.rng).ok_or(VerbsError::OutOfResources)
+    }
+
+    /// Registers `mem` with its first byte at address `addr`, as the application names it
+    /// (a C application's own buffer: `ibv_reg_mr` with its pointer or an IOVA).
+    pub fn reg_mem_at(&mut self, pd: Pd, mem: Arc<SharedMem>, access: Access, addr: u64) -> Result<Mr, VerbsError> {
+        if addr.checked_add(mem.len() as u64).is_none() {
+            return Err(VerbsError::InvalidAttribute("the region wraps the address space"));
+        }
+        self.mrs.register_mem(pd, mem, access, Some(addr), &mut self.rng).ok_or(VerbsError::OutOfResources)
     }
 
     /// The memory-region table, for a transport that places data itself (iWARP).

@@ -404,6 +404,27 @@ impl Context {
         Ok(MemoryRegion { mr, backend: self.backend.clone() })
     }
 
+    /// `ibv_reg_mr` on memory the caller owns (a C application's buffer): the region is
+    /// the `len` bytes at `ptr`, named `iova` on the wire and in SGEs.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` stays allocated and writable until the returned region is dropped
+    /// (and every QP that used it is destroyed): the engine copies into and out of it.
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_user_mr(
+        &self,
+        pd: &ProtectionDomain,
+        ptr: std::ptr::NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion, VerbsError> {
+        // SAFETY: the caller's contract is SharedMem::foreign's.
+        let mem = Arc::new(unsafe { SharedMem::foreign(ptr, len) });
+        let mr = self.backend.with_dev(|d| d.reg_mem_at(pd.pd, mem, access, iova))?;
+        Ok(MemoryRegion { mr, backend: self.backend.clone() })
+    }
+
     /// `ibv_create_cq` with room for `cqe` completions (1 to [`MAX_CQE`]). Completions
     /// beyond that while unpolled overrun the CQ ([`CompletionQueue::overrun`]).
     pub fn create_cq(&self, cqe: usize) -> CompletionQueue {
