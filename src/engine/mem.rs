@@ -496,7 +496,7 @@ mod tests {
     #[allow(unsafe_code)]
     fn a_foreign_region_is_the_callers_buffer_until_deregistered() {
         // A C application's buffer, unaligned on purpose, with guard bytes either side.
-        let mut buf = vec![0xeeu8; 48];
+        let mut buf = [0xeeu8; 48];
         let base = std::ptr::NonNull::new(buf[3..].as_mut_ptr()).unwrap();
         // SAFETY: `buf` outlives the region and nothing else touches it meanwhile.
         let mem = Arc::new(unsafe { SharedMem::foreign(base, 40) });
