@@ -9,12 +9,12 @@ use crate::config::{self, DeviceConfig};
 use crate::ffi;
 use crate::query::{query_device_ex_op, query_port_op};
 use crate::set_errno;
-use softrdma::verbs::Transport;
+use softrdma::verbs::{Context, OpenConfig, Transport};
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of, zeroed};
 use std::net::IpAddr;
 use std::ptr::null_mut;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// A configured device, its `ibv_device` first so that the pointer handed out is its own.
 #[repr(C)]
@@ -32,6 +32,33 @@ pub struct SoftContext {
     pub vctx: ffi::verbs_context,
     /// The device it was opened on.
     pub device: &'static SoftDevice,
+    /// The engine, opened when the first object needs it.
+    engine: OnceLock<Context>,
+    /// Serializes the first opening.
+    opening: Mutex<()>,
+}
+
+impl SoftContext {
+    /// The engine, opened now if not yet (binding the device's address): an errno if it
+    /// cannot be (EADDRINUSE when another process holds the port).
+    pub fn engine(&self) -> Result<&Context, c_int> {
+        if let Some(c) = self.engine.get() {
+            return Ok(c);
+        }
+        let _once = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = self.engine.get() {
+            return Ok(c);
+        }
+        let cfg = &self.device.cfg;
+        let mut open = OpenConfig::new(cfg.addr);
+        open.transport = cfg.transport;
+        open.port = cfg.port;
+        let ctx = Context::open(open).map_err(|e| {
+            eprintln!("softrdma: cannot open {} on {}: {e}", cfg.name, cfg.addr);
+            e.raw_os_error().unwrap_or(libc::EIO)
+        })?;
+        Ok(self.engine.get_or_init(|| ctx))
+    }
 }
 
 /// The devices of this process, read from the configuration once (rdma-core rescans
@@ -192,7 +219,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.context.num_comp_vectors = 1;
     // rdma-core's __VERBS_ABI_IS_EXTENDED: the context is a verbs_context's tail.
     vctx.context.abi_compat = usize::MAX as *mut c_void;
-    let ctx = Box::into_raw(Box::new(SoftContext { vctx, device }));
+    let ctx = Box::into_raw(Box::new(SoftContext { vctx, device, engine: OnceLock::new(), opening: Mutex::new(()) }));
     // SAFETY: just allocated.
     unsafe { &raw mut (*ctx).vctx.context }
 }

@@ -9,8 +9,12 @@
 #![allow(unsafe_code)]
 
 pub mod config;
+pub mod cq;
 pub mod device;
+pub mod objects;
 mod ops;
+pub mod post;
+pub mod qp;
 pub mod query;
 mod symver;
 

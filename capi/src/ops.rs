@@ -11,11 +11,11 @@ pub fn install(ops: &mut ffi::ibv_context_ops) {
     ops.alloc_mw = Some(alloc_mw);
     ops.bind_mw = Some(bind_mw);
     ops.dealloc_mw = Some(dealloc_mw);
-    ops.poll_cq = Some(poll_cq);
-    ops.req_notify_cq = Some(req_notify_cq);
+    ops.poll_cq = Some(crate::cq::poll_cq);
+    ops.req_notify_cq = Some(crate::cq::req_notify_cq);
     ops.post_srq_recv = Some(post_srq_recv);
-    ops.post_send = Some(post_send);
-    ops.post_recv = Some(post_recv);
+    ops.post_send = Some(crate::post::post_send);
+    ops.post_recv = Some(crate::post::post_recv);
 }
 
 unsafe extern "C" fn alloc_mw(_pd: *mut ffi::ibv_pd, _kind: ffi::ibv_mw_type) -> *mut ffi::ibv_mw {
@@ -31,33 +31,8 @@ unsafe extern "C" fn dealloc_mw(_mw: *mut ffi::ibv_mw) -> c_int {
     libc::EOPNOTSUPP
 }
 
-unsafe extern "C" fn poll_cq(_cq: *mut ffi::ibv_cq, _n: c_int, _wc: *mut ffi::ibv_wc) -> c_int {
-    // A provider's poll_cq returns a negative number on error.
-    -libc::EOPNOTSUPP
-}
-
-unsafe extern "C" fn req_notify_cq(_cq: *mut ffi::ibv_cq, _solicited_only: c_int) -> c_int {
-    libc::EOPNOTSUPP
-}
-
 unsafe extern "C" fn post_srq_recv(
     _srq: *mut ffi::ibv_srq,
-    wr: *mut ffi::ibv_recv_wr,
-    bad: *mut *mut ffi::ibv_recv_wr,
-) -> c_int {
-    refuse(wr, bad)
-}
-
-unsafe extern "C" fn post_send(
-    _qp: *mut ffi::ibv_qp,
-    wr: *mut ffi::ibv_send_wr,
-    bad: *mut *mut ffi::ibv_send_wr,
-) -> c_int {
-    refuse(wr, bad)
-}
-
-unsafe extern "C" fn post_recv(
-    _qp: *mut ffi::ibv_qp,
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
 ) -> c_int {

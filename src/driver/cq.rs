@@ -4,7 +4,7 @@
 use crate::engine::verbs::Wc;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Most entries a CQ may be created with (`ibv_device_attr.max_cqe`); a larger request
@@ -21,6 +21,10 @@ pub struct CqQueue {
     capacity: usize,
     /// A completion found the queue full (IBTA 11.4.2.1 "CQ overrun"): the CQ is in error.
     overrun: AtomicBool,
+    /// Armed for one completion event (`ibv_req_notify_cq`, IBTA 11.4.2.2).
+    armed: AtomicBool,
+    /// Where a completion event goes (a completion channel).
+    on_event: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl CqQueue {
@@ -32,7 +36,21 @@ impl CqQueue {
             waiters: AtomicUsize::new(0),
             capacity: capacity.clamp(1, MAX_CQE),
             overrun: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
+            on_event: OnceLock::new(),
         }
+    }
+
+    /// Sets where completion events go; false if already set.
+    pub fn set_event_handler(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.on_event.set(f).is_ok()
+    }
+
+    /// Arms the CQ: the next completion added raises one event. (Solicited-only requests
+    /// arm the same way: an event for any completion is a superset, which applications
+    /// handle by polling.)
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
     }
 
     /// The most completions it holds.
@@ -68,6 +86,11 @@ impl CqQueue {
         drop(q);
         if waiting {
             self.ready.notify_all();
+        }
+        if self.armed.swap(false, Ordering::AcqRel) {
+            if let Some(f) = self.on_event.get() {
+                f();
+            }
         }
     }
 

@@ -52,6 +52,9 @@ pub struct RoceDriver {
     one_cpu: bool,
     /// When the socket was last read (ns since `epoch`).
     last_rx_ns: AtomicU64,
+    /// Until when (ns since `epoch`) an application thread is taken to be polling its CQ
+    /// and receiving on its own thread ([`RoceDriver::app_polling`]).
+    app_poll_until_ns: AtomicU64,
 }
 
 /// A transport, opened: both halves, their counters and the capture they write.
@@ -91,6 +94,7 @@ impl RoceDriver {
             replies_held: AtomicBool::new(false),
             one_cpu: std::thread::available_parallelism().map_or(true, |n| n.get() == 1),
             last_rx_ns: AtomicU64::new(0),
+            app_poll_until_ns: AtomicU64::new(0),
         });
         let d = driver.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || d.poll_loop())?;
@@ -198,8 +202,12 @@ impl RoceDriver {
         let mut spin = SpinBudget::default();
         while !self.stop.load(Ordering::Acquire) {
             let armed = self.armed_ns.load(Ordering::Acquire);
-            let timeout = (armed != u64::MAX).then(|| Duration::from_nanos(armed.saturating_sub(self.now_ns())));
-            let busy = self.busy_pollers.load(Ordering::Acquire) > 0;
+            let app_until = self.app_poll_until_ns.load(Ordering::Acquire);
+            let now = self.now_ns();
+            let app_busy = now < app_until;
+            let wake_at = if app_busy { armed.min(app_until) } else { armed };
+            let timeout = (wake_at != u64::MAX).then(|| Duration::from_nanos(wake_at.saturating_sub(now)));
+            let busy = app_busy || self.busy_pollers.load(Ordering::Acquire) > 0;
             let fds: &[std::os::fd::RawFd] = if busy { &[waker_fd] } else { &[rx_fd, waker_fd] };
             let slept_at = self.now_ns();
             if wait_readable(fds, timeout).is_err() {
@@ -207,7 +215,7 @@ impl RoceDriver {
             }
             self.waker.clear();
             let mut handled = 0;
-            while let n @ 1.. = self.progress(false) {
+            while let n @ 1.. = self.progress(Poller::PollThread) {
                 handled += n;
             }
             // On one CPU a spinning poll thread can only hold up the thread with work.
@@ -225,10 +233,12 @@ impl RoceDriver {
         let mut since = self.now_ns();
         let mut looks = 0u32;
         while spin.budget_ns > 0 && !self.stop.load(Ordering::Acquire) {
-            if self.busy_pollers.load(Ordering::Acquire) > 0 {
+            if self.busy_pollers.load(Ordering::Acquire) > 0
+                || self.now_ns() < self.app_poll_until_ns.load(Ordering::Acquire)
+            {
                 return;
             }
-            if self.progress(false) > 0 {
+            if self.progress(Poller::PollThread) > 0 {
                 spin.hit();
                 since = self.now_ns();
             } else if self.now_ns().saturating_sub(since) > spin.budget_ns {
@@ -243,10 +253,11 @@ impl RoceDriver {
     }
 
     /// Receives one batch (if the socket is free), fires due timers and settles; returns
-    /// the number of packets handled. With `hold_replies` (a busy-polling caller), the
-    /// replies to what arrived (ACKs) wait for the caller's next post or look, so that
-    /// they leave with the caller's own request in one batch.
-    pub fn progress(&self, hold_replies: bool) -> usize {
+    /// the number of packets handled. For a busy-polling caller ([`Poller::BusyPolling`]),
+    /// the replies to what arrived (ACKs) wait for the caller's next post or look, so
+    /// that they leave with the caller's own request in one batch.
+    pub fn progress(&self, who: Poller) -> usize {
+        let hold_replies = who == Poller::BusyPolling;
         let Ok(mut rx) = self.rx.try_lock() else { return 0 };
         let mut n = rx.recv().unwrap_or(0);
         let now = self.now_ns();
@@ -267,9 +278,9 @@ impl RoceDriver {
             core.dev.handle_timeout(now);
         }
         drop(rx);
-        if !hold_replies {
-            // The poll thread re-arms from scratch; a busy-polling caller leaves its sleep
-            // alone (settle only ever moves it earlier), or every look would wake it.
+        if who == Poller::PollThread {
+            // The poll thread re-arms from scratch; another caller leaves its sleep alone
+            // (settle only ever moves it earlier), or every look would wake it.
             self.armed_ns.store(u64::MAX, Ordering::Release);
         }
         if n > 0 && hold_replies {
@@ -279,6 +290,23 @@ impl RoceDriver {
             self.settle(&mut core, now);
         }
         n
+    }
+
+    /// An application thread polled its CQ and receives on its own thread (a C
+    /// application spinning on `ibv_poll_cq`): for [`APP_POLL_WINDOW_NS`] the poll thread
+    /// leaves the socket to it and keeps only the timers, instead of waking for every
+    /// packet on a CPU the spinning thread wants.
+    pub fn app_polling(&self) {
+        let until = self.now_ns() + APP_POLL_WINDOW_NS;
+        self.app_poll_until_ns.store(until, Ordering::Release);
+    }
+
+    /// The application thread stopped polling (it is about to block for a completion
+    /// event): the poll thread takes the socket back now.
+    pub fn app_waiting(&self) {
+        if self.app_poll_until_ns.swap(0, Ordering::AcqRel) > self.now_ns() {
+            self.waker.wake();
+        }
     }
 
     /// Enters a busy-polling section: the poll thread leaves the socket to the caller.
@@ -312,6 +340,23 @@ impl RoceDriver {
         }
     }
 }
+
+/// Who calls [`RoceDriver::progress`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poller {
+    /// The device's poll thread.
+    PollThread,
+    /// An application thread in a busy-polling section: replies wait for its next post.
+    BusyPolling,
+    /// An application thread polling its CQ outside such a section: replies go at once.
+    Application,
+}
+
+/// How long an application's poll of its CQ keeps the poll thread off the socket: the
+/// poll thread wakes about this often while an application spins, and a thread that
+/// stops polling without saying so ([`RoceDriver::app_waiting`]) waits at most this long
+/// for the poll thread to read for it.
+pub const APP_POLL_WINDOW_NS: u64 = 1_000_000;
 
 /// How long the socket may go unread before a posting thread reads it itself.
 const RX_STALE_NS: u64 = 1_000_000;

@@ -70,7 +70,7 @@ use crate::driver::cq::CqQueue;
 use crate::driver::iwarp::IwarpPort;
 use crate::driver::iwarp_smol::{IwarpSmol, SmolLink};
 use crate::driver::iwarp_tcp::IwarpTcp;
-use crate::driver::roce::{Link, RoceDriver};
+use crate::driver::roce::{Link, Poller, RoceDriver};
 use crate::engine::mem::{Mr, SharedMem};
 use crate::engine::{Device, DeviceConfig, Stats};
 use crate::iwarp::device::{ConnId, IwarpDevice};
@@ -520,8 +520,30 @@ impl Context {
     /// loops call this while they spin, inside a [`Context::busy_poll`] section.
     pub fn progress(&self) -> usize {
         match &self.backend {
-            Backend::Roce(s) => s.progress(true),
+            Backend::Roce(s) => s.progress(Poller::BusyPolling),
             Backend::Iwarp(s) => s.progress(),
+        }
+    }
+
+    /// As [`Context::progress`], for a caller outside a busy-polling section (a C
+    /// application polling its CQ): replies to what arrived go out at once rather than
+    /// waiting for this thread's next post.
+    pub fn progress_now(&self) -> usize {
+        match &self.backend {
+            Backend::Roce(s) => {
+                s.app_polling();
+                s.progress(Poller::Application)
+            }
+            Backend::Iwarp(s) => s.progress(),
+        }
+    }
+
+    /// The caller stopped polling and is about to block (for a completion event): the
+    /// poll thread receives for it again from now ([`Context::progress_now`] had it leave
+    /// the socket to the caller for a while).
+    pub fn stop_polling(&self) {
+        if let Backend::Roce(s) = &self.backend {
+            s.app_waiting();
         }
     }
 
@@ -689,6 +711,17 @@ impl CompletionQueue {
     /// One completion, waiting at most `timeout` for it.
     pub fn wait(&self, timeout: Duration) -> Option<Wc> {
         self.queue.wait(timeout)
+    }
+
+    /// `ibv_req_notify_cq`: the next completion raises one event.
+    pub fn req_notify(&self) {
+        self.queue.arm();
+    }
+
+    /// Where events go (a completion channel); false if the CQ already has a handler. The
+    /// handler runs on whichever thread delivers the completion, outside the CQ's lock.
+    pub fn set_event_handler(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.queue.set_event_handler(f)
     }
 }
 

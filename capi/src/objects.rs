@@ -1,0 +1,219 @@
+//! Protection domains, memory regions and address handles: each a C structure first, the
+//! softrdma object after it, so the pointer handed out finds both.
+
+use crate::device::soft_context;
+use crate::ffi;
+use crate::set_errno;
+use softrdma::verbs::{Access, Gid, MemoryRegion, ProtectionDomain};
+use std::ffi::{c_int, c_uint, c_void};
+use std::ptr::{null_mut, NonNull};
+
+/// `ibv_pd` and its softrdma PD.
+#[repr(C)]
+pub struct SoftPd {
+    /// What applications see.
+    pub ibv: ffi::ibv_pd,
+    /// The engine's PD.
+    pub pd: ProtectionDomain,
+}
+
+/// The [`SoftPd`] of a PD this library made.
+///
+/// # Safety
+/// `pd` came from [`ibv_alloc_pd`] and is not deallocated.
+pub unsafe fn soft_pd<'a>(pd: *mut ffi::ibv_pd) -> Option<&'a SoftPd> {
+    // SAFETY: `ibv` is the first field of the repr(C) SoftPd.
+    unsafe { pd.cast::<SoftPd>().as_ref() }
+}
+
+/// `ibv_alloc_pd`.
+///
+/// # Safety
+/// `ctx` is an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_pd {
+    // SAFETY: the caller's contract.
+    let Some(soft) = (unsafe { soft_context(ctx) }) else { return fail(libc::EINVAL) };
+    let engine = match soft.engine() {
+        Ok(e) => e,
+        Err(e) => return fail(e),
+    };
+    let pd = engine.alloc_pd();
+    let ibv = ffi::ibv_pd { context: ctx, handle: 0 };
+    Box::into_raw(Box::new(SoftPd { ibv, pd })).cast()
+}
+
+/// `ibv_dealloc_pd`.
+///
+/// # Safety
+/// `pd` came from [`ibv_alloc_pd`]; nothing uses it afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: allocated by Box in ibv_alloc_pd, given back once.
+    drop(unsafe { Box::from_raw(pd.cast::<SoftPd>()) });
+    0
+}
+
+/// NULL with errno `e`.
+pub(crate) fn fail<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    null_mut()
+}
+
+/// `ibv_mr` and its softrdma region.
+#[repr(C)]
+pub struct SoftMr {
+    /// What applications see.
+    pub ibv: ffi::ibv_mr,
+    /// The engine's region over the application's buffer.
+    pub mr: MemoryRegion,
+}
+
+/// Access flags (`enum ibv_access_flags`) to softrdma's; EINVAL for a remote write or
+/// atomic without local write (IBTA 10.6.3.1), EOPNOTSUPP for what softrdma lacks.
+fn access_of(flags: c_uint) -> Result<Access, c_int> {
+    // Optional flags (relaxed ordering and its kin, bit 20 up) may be ignored.
+    let flags = flags & ((1 << 20) - 1);
+    let has = |f: c_uint| flags & f != 0;
+    let known = ffi::IBV_ACCESS_LOCAL_WRITE
+        | ffi::IBV_ACCESS_REMOTE_WRITE
+        | ffi::IBV_ACCESS_REMOTE_READ
+        | ffi::IBV_ACCESS_REMOTE_ATOMIC
+        | ffi::IBV_ACCESS_MW_BIND;
+    if flags & !known != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let a = Access {
+        local_write: has(ffi::IBV_ACCESS_LOCAL_WRITE),
+        remote_read: has(ffi::IBV_ACCESS_REMOTE_READ),
+        remote_write: has(ffi::IBV_ACCESS_REMOTE_WRITE),
+        remote_atomic: has(ffi::IBV_ACCESS_REMOTE_ATOMIC),
+        remote_invalidate: true,
+    };
+    if (a.remote_write || a.remote_atomic) && !a.local_write {
+        return Err(libc::EINVAL);
+    }
+    Ok(a)
+}
+
+/// `ibv_reg_mr_iova2`: the `length` bytes at `addr`, named `iova` by peers and SGEs.
+///
+/// # Safety
+/// `pd` is a live PD; `addr..addr + length` is the caller's memory until deregistered.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ffi::ibv_mr {
+    // SAFETY: the caller's contract.
+    let Some(spd) = (unsafe { soft_pd(pd) }) else { return fail(libc::EINVAL) };
+    // SAFETY: the PD's context is open.
+    let Some(soft) = (unsafe { soft_context(spd.ibv.context) }) else { return fail(libc::EINVAL) };
+    let Some(ptr) = NonNull::new(addr.cast::<u8>()) else { return fail(libc::EINVAL) };
+    let access = match access_of(access) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let Ok(engine) = soft.engine() else { return fail(libc::EIO) };
+    // SAFETY: ibv_reg_mr's contract is reg_user_mr's: the buffer stays the caller's,
+    // valid, until ibv_dereg_mr.
+    let mr = match unsafe { engine.reg_user_mr(&spd.pd, ptr, length, iova, access) } {
+        Ok(mr) => mr,
+        Err(_) => return fail(libc::ENOMEM),
+    };
+    let ibv = ffi::ibv_mr { context: spd.ibv.context, pd, addr, length, handle: 0, lkey: mr.lkey(), rkey: mr.rkey() };
+    Box::into_raw(Box::new(SoftMr { ibv, mr })).cast()
+}
+
+/// `ibv_reg_mr`: the region is named by its own address.
+///
+/// # Safety
+/// As [`ibv_reg_mr_iova2`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ffi::ibv_mr {
+    // SAFETY: the caller's contract.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+}
+
+/// `ibv_reg_mr_iova`.
+///
+/// # Safety
+/// As [`ibv_reg_mr_iova2`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ffi::ibv_mr {
+    // SAFETY: the caller's contract.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as c_uint) }
+}
+
+/// `ibv_dereg_mr`: from its return on, the engine never touches the buffer again.
+///
+/// # Safety
+/// `mr` came from one of the `ibv_reg_mr` calls; nothing uses it afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
+    if mr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: allocated by Box in ibv_reg_mr_iova2, given back once.
+    drop(unsafe { Box::from_raw(mr.cast::<SoftMr>()) });
+    0
+}
+
+/// `ibv_ah` and the destination it names.
+#[repr(C)]
+pub struct SoftAh {
+    /// What applications see.
+    pub ibv: ffi::ibv_ah,
+    /// The destination GID.
+    pub gid: Gid,
+}
+
+/// `ibv_create_ah`: RoCE needs the GRH (its GID is the destination's address).
+///
+/// # Safety
+/// `pd` is a live PD; `attr` points to a `struct ibv_ah_attr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_ah_attr) -> *mut ffi::ibv_ah {
+    // SAFETY: the caller's contract.
+    let (Some(spd), Some(attr)) = (unsafe { soft_pd(pd) }, unsafe { attr.as_ref() }) else {
+        return fail(libc::EINVAL);
+    };
+    if attr.is_global == 0 {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: every bit pattern of the union is a valid array of bytes.
+    let gid = unsafe { attr.grh.dgid.raw };
+    let ibv = ffi::ibv_ah { context: spd.ibv.context, pd, handle: 0 };
+    Box::into_raw(Box::new(SoftAh { ibv, gid })).cast()
+}
+
+/// `ibv_destroy_ah`.
+///
+/// # Safety
+/// `ah` came from [`ibv_create_ah`]; nothing uses it afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ffi::ibv_ah) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: allocated by Box in ibv_create_ah, given back once.
+    drop(unsafe { Box::from_raw(ah.cast::<SoftAh>()) });
+    0
+}

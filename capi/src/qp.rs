@@ -1,0 +1,254 @@
+//! Queue pairs: create, modify, query, destroy. Posting is in [`crate::post`].
+
+use crate::cq::soft_cq;
+use crate::device::soft_context;
+use crate::ffi;
+use crate::objects::{fail, soft_pd};
+use softrdma::verbs::{Access, Mtu, QpAttr, QpCaps, QpState, QpType, QueuePair};
+use std::ffi::c_int;
+use std::sync::Mutex;
+
+/// Most inline data a send request carries (`max_inline_data`).
+pub const INLINE_MAX_BYTES: u32 = 256;
+
+/// `ibv_qp` and its softrdma QP.
+#[repr(C)]
+pub struct SoftQp {
+    /// What applications see.
+    pub ibv: ffi::ibv_qp,
+    /// The engine's QP.
+    pub qp: QueuePair,
+    /// Every send request completes (`sq_sig_all`).
+    pub sig_all: bool,
+    /// Where inline data is copied for the engine to gather (`IBV_SEND_INLINE`): the
+    /// engine takes a small message's bytes when it is posted, so one buffer serves.
+    pub inline: Mutex<softrdma::verbs::MemoryRegion>,
+}
+
+/// The [`SoftQp`] of a QP this library made.
+///
+/// # Safety
+/// `qp` came from [`ibv_create_qp`] and is not destroyed.
+pub unsafe fn soft_qp<'a>(qp: *mut ffi::ibv_qp) -> Option<&'a SoftQp> {
+    // SAFETY: `ibv` is the first field of the repr(C) SoftQp.
+    unsafe { qp.cast::<SoftQp>().as_ref() }
+}
+
+fn qp_type_of(t: ffi::ibv_qp_type) -> Option<QpType> {
+    match t {
+        ffi::IBV_QPT_RC => Some(QpType::Rc),
+        ffi::IBV_QPT_UC => Some(QpType::Uc),
+        ffi::IBV_QPT_UD => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+/// Checks the requested capacities against the device's and returns what the QP gets.
+fn caps_of(cap: &ffi::ibv_qp_cap) -> Result<QpCaps, c_int> {
+    let sge = cap.max_send_sge.max(cap.max_recv_sge).max(1) as usize;
+    if cap.max_send_wr > 16384 || cap.max_recv_wr > 16384 || sge > 16 || cap.max_inline_data > INLINE_MAX_BYTES {
+        return Err(libc::EINVAL);
+    }
+    Ok(QpCaps {
+        max_send_wr: cap.max_send_wr.max(1) as usize,
+        max_recv_wr: cap.max_recv_wr.max(1) as usize,
+        max_sge: sge,
+    })
+}
+
+/// `ibv_create_qp` (RC, UC, UD); `attr.cap` is updated to what the QP got.
+///
+/// # Safety
+/// `pd` is a live PD; `attr` points to a `struct ibv_qp_init_attr` naming live CQs.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp {
+    // SAFETY: the caller's contract.
+    let (Some(spd), Some(a)) = (unsafe { soft_pd(pd) }, unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
+    // SAFETY: the caller's contract: live CQs of the same context.
+    let (Some(scq), Some(rcq)) = (unsafe { soft_cq(a.send_cq) }, unsafe { soft_cq(a.recv_cq) }) else {
+        return fail(libc::EINVAL);
+    };
+    let Some(kind) = qp_type_of(a.qp_type) else { return fail(libc::EOPNOTSUPP) };
+    if !a.srq.is_null() {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let caps = match caps_of(&a.cap) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: the PD's context is open.
+    let Some(soft) = (unsafe { soft_context(spd.ibv.context) }) else { return fail(libc::EINVAL) };
+    let Ok(engine) = soft.engine() else { return fail(libc::EIO) };
+    let qp = match engine.create_qp(&spd.pd, &scq.cq, &rcq.cq, kind, caps, None) {
+        Ok(q) => q,
+        Err(_) => return fail(libc::ENOMEM),
+    };
+    let Ok(inline) = engine.reg_mr(&spd.pd, INLINE_MAX_BYTES as usize, Access::default()) else {
+        return fail(libc::ENOMEM);
+    };
+    a.cap.max_inline_data = INLINE_MAX_BYTES;
+    a.cap.max_send_sge = caps.max_sge as u32;
+    a.cap.max_recv_sge = caps.max_sge as u32;
+    // SAFETY: ibv_qp is plain C data (mutex and condvar valid all-zero on glibc).
+    let mut ibv: ffi::ibv_qp = unsafe { std::mem::zeroed() };
+    ibv.context = spd.ibv.context;
+    ibv.qp_context = a.qp_context;
+    ibv.pd = pd;
+    ibv.send_cq = a.send_cq;
+    ibv.recv_cq = a.recv_cq;
+    ibv.qp_num = qp.qp_num();
+    ibv.state = ffi::IBV_QPS_RESET;
+    ibv.qp_type = a.qp_type;
+    let soft_qp = SoftQp { ibv, qp, sig_all: a.sq_sig_all != 0, inline: Mutex::new(inline) };
+    Box::into_raw(Box::new(soft_qp)).cast()
+}
+
+/// `ibv_destroy_qp`.
+///
+/// # Safety
+/// `qp` came from [`ibv_create_qp`]; nothing uses it afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: allocated by Box in ibv_create_qp, given back once.
+    drop(unsafe { Box::from_raw(qp.cast::<SoftQp>()) });
+    0
+}
+
+fn state_of(s: ffi::ibv_qp_state) -> Option<QpState> {
+    Some(match s {
+        ffi::IBV_QPS_RESET => QpState::Reset,
+        ffi::IBV_QPS_INIT => QpState::Init,
+        ffi::IBV_QPS_RTR => QpState::Rtr,
+        ffi::IBV_QPS_RTS => QpState::Rts,
+        ffi::IBV_QPS_SQD => QpState::Sqd,
+        ffi::IBV_QPS_SQE => QpState::Sqe,
+        ffi::IBV_QPS_ERR => QpState::Err,
+        _ => return None,
+    })
+}
+
+fn ibv_state(s: QpState) -> ffi::ibv_qp_state {
+    match s {
+        QpState::Reset => ffi::IBV_QPS_RESET,
+        QpState::Init => ffi::IBV_QPS_INIT,
+        QpState::Rtr => ffi::IBV_QPS_RTR,
+        QpState::Rts => ffi::IBV_QPS_RTS,
+        QpState::Sqd => ffi::IBV_QPS_SQD,
+        QpState::Sqe => ffi::IBV_QPS_SQE,
+        QpState::Err => ffi::IBV_QPS_ERR,
+    }
+}
+
+/// `ibv_qp_attr` and its mask to softrdma's attributes (IBTA 11.2.4.2).
+fn attr_of(a: &ffi::ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
+    let has = |m: ffi::ibv_qp_attr_mask| mask as u32 & m != 0;
+    let mut q = QpAttr::default();
+    if has(ffi::IBV_QP_STATE) {
+        q.state = Some(state_of(a.qp_state).ok_or(libc::EINVAL)?);
+    }
+    if has(ffi::IBV_QP_ACCESS_FLAGS) {
+        let f = a.qp_access_flags;
+        q.access = Some(Access {
+            local_write: f & ffi::IBV_ACCESS_LOCAL_WRITE != 0,
+            remote_read: f & ffi::IBV_ACCESS_REMOTE_READ != 0,
+            remote_write: f & ffi::IBV_ACCESS_REMOTE_WRITE != 0,
+            remote_atomic: f & ffi::IBV_ACCESS_REMOTE_ATOMIC != 0,
+            remote_invalidate: true,
+        });
+    }
+    if has(ffi::IBV_QP_PKEY_INDEX) {
+        q.pkey = Some(0xffff);
+    }
+    if has(ffi::IBV_QP_QKEY) {
+        q.qkey = Some(a.qkey);
+    }
+    if has(ffi::IBV_QP_AV) {
+        // RoCE addresses by GID: an address vector without the GRH names nothing.
+        if a.ah_attr.is_global == 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: every bit pattern of the union is a valid array of bytes.
+        q.dest_gid = Some(unsafe { a.ah_attr.grh.dgid.raw });
+        q.sgid_index = Some(a.ah_attr.grh.sgid_index);
+    }
+    if has(ffi::IBV_QP_PATH_MTU) {
+        q.path_mtu = Some(Mtu::from_code(a.path_mtu as u8).ok_or(libc::EINVAL)?);
+    }
+    let set = |on: bool, v: u8| on.then_some(v);
+    q.timeout = set(has(ffi::IBV_QP_TIMEOUT), a.timeout);
+    q.retry_cnt = set(has(ffi::IBV_QP_RETRY_CNT), a.retry_cnt);
+    q.rnr_retry = set(has(ffi::IBV_QP_RNR_RETRY), a.rnr_retry);
+    q.min_rnr_timer = set(has(ffi::IBV_QP_MIN_RNR_TIMER), a.min_rnr_timer);
+    q.max_rd_atomic = set(has(ffi::IBV_QP_MAX_QP_RD_ATOMIC), a.max_rd_atomic);
+    q.max_dest_rd_atomic = set(has(ffi::IBV_QP_MAX_DEST_RD_ATOMIC), a.max_dest_rd_atomic);
+    q.rq_psn = has(ffi::IBV_QP_RQ_PSN).then_some(a.rq_psn);
+    q.sq_psn = has(ffi::IBV_QP_SQ_PSN).then_some(a.sq_psn);
+    q.dest_qpn = has(ffi::IBV_QP_DEST_QPN).then_some(a.dest_qp_num);
+    Ok(q)
+}
+
+/// `ibv_modify_qp`.
+///
+/// # Safety
+/// `qp` is a live QP; `attr` points to a `struct ibv_qp_attr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv_qp_attr, mask: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(sq), Some(a)) = (unsafe { soft_qp(qp) }, unsafe { attr.as_ref() }) else { return libc::EINVAL };
+    let q = match attr_of(a, mask) {
+        Ok(q) => q,
+        Err(e) => return e,
+    };
+    if sq.qp.modify(&q).is_err() {
+        return libc::EINVAL;
+    }
+    if let Some(s) = sq.qp.state() {
+        // SAFETY: the QP is live; applications read `state` without a call.
+        unsafe { (*qp).state = ibv_state(s) };
+    }
+    0
+}
+
+/// `ibv_query_qp`: the state and sequence numbers softrdma keeps, and the capacities.
+///
+/// # Safety
+/// `qp` is a live QP; `attr` and `init` point to their structures.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ffi::ibv_qp,
+    attr: *mut ffi::ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ffi::ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(sq), Some(a)) = (unsafe { soft_qp(qp) }, unsafe { attr.as_mut() }) else { return libc::EINVAL };
+    let Some(info) = sq.qp.query() else { return libc::EINVAL };
+    a.qp_state = ibv_state(info.state);
+    a.cur_qp_state = a.qp_state;
+    a.sq_psn = info.sq_psn;
+    a.rq_psn = info.rq_psn;
+    a.cap.max_inline_data = INLINE_MAX_BYTES;
+    // SAFETY: the caller's contract.
+    if let Some(i) = unsafe { init.as_mut() } {
+        i.qp_context = sq.ibv.qp_context;
+        i.send_cq = sq.ibv.send_cq;
+        i.recv_cq = sq.ibv.recv_cq;
+        i.qp_type = sq.ibv.qp_type;
+        i.sq_sig_all = c_int::from(sq.sig_all);
+        i.cap.max_inline_data = INLINE_MAX_BYTES;
+    }
+    0
+}
+
+/// `ibv_qp_to_qp_ex`: the extended post-send API is not there yet; NULL (EOPNOTSUPP),
+/// which applications take as "use ibv_post_send".
+///
+/// # Safety
+/// Reads nothing.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ffi::ibv_qp) -> *mut ffi::ibv_qp_ex {
+    fail(libc::EOPNOTSUPP)
+}

@@ -1,0 +1,93 @@
+//! Debian's unmodified RDMA programs on the library, client and server as two processes,
+//! each with a device of its own on loopback (separate addresses per test, so the tests
+//! run side by side).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps/<test>").to_path_buf()
+}
+
+/// `tool args` with the library and one device `softrdma0` on `addr`; as an unprivileged
+/// user (nobody) when the tests run as root, since needing no privilege is the point.
+fn tool(tool: &str, addr: &str, args: &[&str]) -> Command {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut c = if root {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", tool]);
+        c
+    } else {
+        Command::new(tool)
+    };
+    c.args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("SOFTRDMA_DEVICES", format!("softrdma0 rocev2 {addr}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child` at most `limit`, killing it past that.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if child.try_wait().ok().flatten().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("the child was started")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Runs a pingpong server on `net`.1 and its client on `net`.2; both must report the
+/// iterations done.
+fn pingpong(program: &str, net: &str, port: &str, extra: &[&str]) {
+    let iters = "2000";
+    let mut args = vec!["-d", "softrdma0", "-g", "0", "-n", iters, "-p", port];
+    args.extend_from_slice(extra);
+    let server = tool(program, &format!("{net}.1"), &args).spawn().expect("the tool runs");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client_args = args.clone();
+    client_args.push("127.0.0.1");
+    let client = tool(program, &format!("{net}.2"), &client_args).spawn().expect("the tool runs");
+    let (c, s) = (finish(client, Duration::from_secs(30)), finish(server, Duration::from_secs(5)));
+    for (who, out) in [("client", &c), ("server", &s)] {
+        assert!(out.status.success(), "{program} {extra:?} {who}:\n{}", text(out));
+        assert!(text(out).contains(&format!("{iters} iters in")), "{program} {who}:\n{}", text(out));
+    }
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_polling() {
+    pingpong("ibv_rc_pingpong", "127.0.20", "18611", &[]);
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_on_completion_events() {
+    pingpong("ibv_rc_pingpong", "127.0.21", "18612", &["-e"]);
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_with_odd_sizes_and_mtus() {
+    pingpong("ibv_rc_pingpong", "127.0.22", "18613", &["-s", "5000", "-m", "4096", "-c"]);
+    pingpong("ibv_rc_pingpong", "127.0.23", "18614", &["-s", "1", "-m", "256", "-c"]);
+}
+
+#[test]
+fn ibv_uc_pingpong_runs() {
+    pingpong("ibv_uc_pingpong", "127.0.24", "18615", &[]);
+}
+
+#[test]
+fn ibv_ud_pingpong_runs() {
+    pingpong("ibv_ud_pingpong", "127.0.25", "18616", &[]);
+}
