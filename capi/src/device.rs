@@ -72,6 +72,11 @@ fn devices() -> Result<&'static [SoftDevice], &'static config::ConfigError> {
     }
 }
 
+/// The place of `d` in the configuration.
+pub fn index_of(d: &SoftDevice) -> Option<usize> {
+    devices().ok()?.iter().position(|x| std::ptr::eq(x, d))
+}
+
 fn soft_device(cfg: DeviceConfig) -> SoftDevice {
     // SAFETY: ibv_device is plain C data; all-zero is a valid value.
     let mut ibv: ffi::ibv_device = unsafe { zeroed() };

@@ -217,3 +217,29 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ffi::ibv_ah) -> c_int {
     drop(unsafe { Box::from_raw(ah.cast::<SoftAh>()) });
     0
 }
+
+/// `ibv_create_ah_from_wc`: an address handle back to the sender of a UD receive, from the
+/// GRH in the first 40 bytes of its buffer (RoCE always carries one).
+///
+/// # Safety
+/// `pd` is a live PD; `wc` a UD receive completion; `grh` its buffer's first 40 bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ffi::ibv_pd,
+    wc: *mut ffi::ibv_wc,
+    grh: *mut ffi::ibv_grh,
+    _port: u8,
+) -> *mut ffi::ibv_ah {
+    // SAFETY: the caller's contract.
+    let (Some(wc), Some(grh)) = (unsafe { wc.as_ref() }, unsafe { grh.as_ref() }) else { return fail(libc::EINVAL) };
+    if wc.wc_flags & ffi::IBV_WC_GRH == 0 {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: plain C data; all-zero is valid.
+    let mut attr: ffi::ibv_ah_attr = unsafe { std::mem::zeroed() };
+    attr.is_global = 1;
+    attr.port_num = 1;
+    attr.grh.dgid = grh.sgid;
+    // SAFETY: the attributes are ours, the PD the caller's.
+    unsafe { ibv_create_ah(pd, &mut attr) }
+}

@@ -22,11 +22,12 @@ unsafe fn sgl_of(sg_list: *const ffi::ibv_sge, num_sge: c_int) -> Result<Vec<Sge
     Ok(raw.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect())
 }
 
-/// The operation of a send request.
+/// The operation of a send request, and its destination on a UD QP (`is_ud`: only then
+/// does the union hold an address handle).
 ///
 /// # Safety
-/// `wr` is the application's request; for UD its `ah` is live.
-unsafe fn op_of(wr: &ffi::ibv_send_wr) -> Result<(SendOp, Option<UdDest>), c_int> {
+/// `wr` is the application's request; on a UD QP its `ah` is live.
+unsafe fn op_of(wr: &ffi::ibv_send_wr, is_ud: bool) -> Result<(SendOp, Option<UdDest>), c_int> {
     // SAFETY (all union reads below): the opcode says which member the caller filled,
     // and every member is plain integers and pointers.
     let rdma = unsafe { wr.wr.rdma };
@@ -45,14 +46,13 @@ unsafe fn op_of(wr: &ffi::ibv_send_wr) -> Result<(SendOp, Option<UdDest>), c_int
         ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd(at_atomic, atomic.compare_add),
         _ => return Err(libc::EOPNOTSUPP),
     };
+    if !is_ud {
+        return Ok((op, None));
+    }
     let ud = unsafe { wr.wr.ud };
-    // SAFETY: for a UD QP the caller names a live address handle.
-    let dest = unsafe { ud.ah.cast::<SoftAh>().as_ref() }.map(|ah| UdDest {
-        gid: ah.gid,
-        qpn: ud.remote_qpn,
-        qkey: ud.remote_qkey,
-    });
-    Ok((op, dest))
+    // SAFETY: on a UD QP the caller names a live address handle (or NULL).
+    let ah = unsafe { ud.ah.cast::<SoftAh>().as_ref() }.ok_or(libc::EINVAL)?;
+    Ok((op, Some(UdDest { gid: ah.gid, qpn: ud.remote_qpn, qkey: ud.remote_qkey })))
 }
 
 /// Errno for a refused post.
@@ -70,17 +70,14 @@ fn errno_of(e: VerbsError) -> c_int {
 unsafe fn post_one(sq: &SoftQp, wr: &ffi::ibv_send_wr) -> Result<(), c_int> {
     // SAFETY: the caller's contract.
     let sgl = unsafe { sgl_of(wr.sg_list, wr.num_sge) }?;
-    // SAFETY: the caller's contract.
-    let (op, ud) = unsafe { op_of(wr) }?;
     let is_ud = sq.ibv.qp_type == ffi::IBV_QPT_UD;
-    if is_ud && ud.is_none() {
-        return Err(libc::EINVAL);
-    }
+    // SAFETY: the caller's contract.
+    let (op, ud) = unsafe { op_of(wr, is_ud) }?;
     let flags = wr.send_flags;
     let mut req = SendWr::new(wr.wr_id, op, sgl);
     req.signaled = sq.sig_all || flags & ffi::IBV_SEND_SIGNALED != 0;
     req.solicited = flags & ffi::IBV_SEND_SOLICITED != 0;
-    req.ud = if is_ud { ud } else { None };
+    req.ud = ud;
     if flags & ffi::IBV_SEND_INLINE == 0 {
         return sq.qp.post_send(req).map_err(errno_of);
     }

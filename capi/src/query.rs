@@ -326,3 +326,45 @@ pub extern "C" fn ibv_wc_status_str(s: ffi::ibv_wc_status) -> *const c_char {
     ];
     c(NAMES.get(s as usize).copied().unwrap_or(c"unknown"))
 }
+
+/// `ibv_query_pkey`: one P_Key, the default full-membership 0xffff, at index 0.
+///
+/// # Safety
+/// `ctx` is an open context; `pkey` points to a `__be16`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ffi::ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+    // SAFETY: the caller's contract.
+    if unsafe { soft_context(ctx) }.is_none() || port != 1 || index != 0 || pkey.is_null() {
+        return -1;
+    }
+    // SAFETY: pkey is valid for writes.
+    unsafe { *pkey = 0xffffu16.to_be() };
+    0
+}
+
+/// `ibv_get_pkey_index`: the index of `pkey` (network order), or -1.
+///
+/// # Safety
+/// `ctx` is an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ffi::ibv_context, port: u8, pkey: u16) -> c_int {
+    // SAFETY: the caller's contract.
+    let known = unsafe { soft_context(ctx) }.is_some() && port == 1 && u16::from_be(pkey) == 0xffff;
+    if known {
+        0
+    } else {
+        crate::set_errno(libc::ENOENT);
+        -1
+    }
+}
+
+/// `ibv_get_device_index`: the device's place in the configuration.
+///
+/// # Safety
+/// `dev` came from `ibv_get_device_list`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ffi::ibv_device) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(d) = (unsafe { crate::device::soft_device_of(dev) }) else { return -1 };
+    crate::device::index_of(d).map_or(-1, |i| i as c_int)
+}

@@ -38,4 +38,8 @@ std::arch::global_asm!(
     ".symver ibv_modify_qp, ibv_modify_qp@@IBVERBS_1.1",
     ".symver ibv_query_qp, ibv_query_qp@@IBVERBS_1.1",
     ".symver ibv_qp_to_qp_ex, ibv_qp_to_qp_ex@@IBVERBS_1.6",
+    ".symver ibv_create_ah_from_wc, ibv_create_ah_from_wc@@IBVERBS_1.1",
+    ".symver ibv_query_pkey, ibv_query_pkey@@IBVERBS_1.1",
+    ".symver ibv_get_pkey_index, ibv_get_pkey_index@@IBVERBS_1.5",
+    ".symver ibv_get_device_index, ibv_get_device_index@@IBVERBS_1.9",
 );

@@ -23,8 +23,10 @@ fn versions(path: &std::path::Path, prefixes: &[&str]) -> BTreeMap<String, Strin
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let (Some(name), Some(ver)) = (f.last(), f.len().checked_sub(2).and_then(|i| f.get(i))) else { continue };
-        // Only defined symbols, at their default version (`(VER)` marks a hidden one).
-        if line.contains("*UND*") || ver.starts_with('(') || !prefixes.iter().any(|p| name.starts_with(p)) {
+        // Only defined symbols, at their default version (`(VER)` marks a hidden one),
+        // not the version nodes themselves or the C library's.
+        let ours = ver.starts_with("IBVERBS_") || ver.starts_with("RDMACM_");
+        if line.contains("*UND*") || !ours || name == ver || !prefixes.iter().any(|p| name.starts_with(p)) {
             continue;
         }
         map.insert(name.to_string(), ver.to_string());
@@ -34,11 +36,13 @@ fn versions(path: &std::path::Path, prefixes: &[&str]) -> BTreeMap<String, Strin
 
 #[test]
 fn every_export_has_the_version_rdma_core_gives_it() {
-    let ours = versions(&lib_dir().join("libibverbs.so.1"), &["ibv_", "_ibv_", "rdma_"]);
-    let real_ibv = versions(std::path::Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1"), &["ibv_", "_ibv_"]);
-    assert!(ours.len() >= 15, "exports: {ours:?}");
+    let ours = versions(&lib_dir().join("libibverbs.so.1"), &[""]);
+    let sys = std::path::Path::new("/usr/lib/x86_64-linux-gnu");
+    let mut real = versions(&sys.join("libibverbs.so.1"), &[""]);
+    real.extend(versions(&sys.join("librdmacm.so.1"), &[""]));
+    assert!(ours.len() >= 100, "exports: {ours:?}");
     for (name, ver) in &ours {
-        let real = real_ibv.get(name);
+        let real = real.get(name);
         assert_eq!(real, Some(ver), "{name}: ours {ver}, rdma-core's {real:?}");
     }
 }
@@ -54,6 +58,27 @@ fn devinfo(devices: Option<&str>, args: &[&str]) -> (bool, String) {
     let out = cmd.output().expect("ibv_devinfo (Debian's ibverbs-utils) runs");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
+}
+
+#[test]
+fn every_symbol_debians_rdma_tools_need_is_exported() {
+    let ours = versions(&lib_dir().join("libibverbs.so.1"), &[""]);
+    let tools = ["ibv_devinfo", "ibv_rc_pingpong", "ibv_ud_pingpong", "ib_write_bw", "ib_read_lat", "rping"];
+    let mut missing = Vec::new();
+    for tool in tools {
+        let path = String::from_utf8(Command::new("which").arg(tool).output().expect("which runs").stdout).unwrap();
+        let out = Command::new("objdump").arg("-T").arg(path.trim()).output().expect("objdump runs");
+        for line in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("*UND*")) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (name, ver) = (f[f.len() - 1], f[f.len() - 2].trim_matches(['(', ')']));
+            if (ver.starts_with("IBVERBS_") || ver.starts_with("RDMACM_"))
+                && ours.get(name).map(String::as_str) != Some(ver)
+            {
+                missing.push(format!("{tool}: {name}@{ver}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not exported at the version the tools reference: {missing:?}");
 }
 
 #[test]

@@ -91,3 +91,45 @@ fn ibv_uc_pingpong_runs() {
 fn ibv_ud_pingpong_runs() {
     pingpong("ibv_ud_pingpong", "127.0.25", "18616", &[]);
 }
+
+/// Runs perftest's `program` as server on `net`.1 and client on `net`.2 (`-x 0`: the RoCE
+/// v2 GID); the client must print its result row.
+fn perftest(program: &str, net: &str, port: &str, extra: &[&str]) -> String {
+    let mut args = vec!["-d", "softrdma0", "-x", "0", "-p", port];
+    args.extend_from_slice(extra);
+    let server = tool(program, &format!("{net}.1"), &args).spawn().expect("perftest runs");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client_args = args.clone();
+    client_args.push("127.0.0.1");
+    let client = tool(program, &format!("{net}.2"), &client_args).spawn().expect("perftest runs");
+    let (c, s) = (finish(client, Duration::from_secs(60)), finish(server, Duration::from_secs(5)));
+    for (who, out) in [("client", &c), ("server", &s)] {
+        assert!(out.status.success(), "{program} {extra:?} {who}:\n{}", text(out));
+    }
+    let out = text(&c);
+    let row = out.lines().skip_while(|l| !l.contains("#bytes")).nth(1).unwrap_or("").to_string();
+    let first: Option<u64> = row.split_whitespace().next().and_then(|f| f.parse().ok());
+    assert!(first.is_some(), "{program} {extra:?}: no result row in:\n{out}");
+    row
+}
+
+#[test]
+fn perftest_bandwidth_tools_run() {
+    for (i, program) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"].iter().enumerate() {
+        let net = format!("127.0.{}", 40 + i);
+        let port = format!("{}", 18700 + i);
+        perftest(program, &net, &port, &["-n", "500"]);
+        perftest(program, &format!("127.1.{}", 40 + i), &port, &["-n", "200", "-s", "1000000", "-m", "4096"]);
+    }
+    perftest("ib_atomic_bw", "127.0.43", "18703", &["-n", "500"]);
+    perftest("ib_atomic_bw", "127.1.43", "18703", &["-n", "500", "-A", "CMP_AND_SWAP"]);
+}
+
+#[test]
+fn perftest_latency_tools_run() {
+    for (i, program) in ["ib_write_lat", "ib_read_lat", "ib_send_lat", "ib_atomic_lat"].iter().enumerate() {
+        let net = format!("127.0.{}", 50 + i);
+        let port = format!("{}", 18750 + i);
+        perftest(program, &net, &port, &["-n", "200"]);
+    }
+}

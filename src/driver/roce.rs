@@ -55,6 +55,8 @@ pub struct RoceDriver {
     /// Until when (ns since `epoch`) an application thread is taken to be polling its CQ
     /// and receiving on its own thread ([`RoceDriver::app_polling`]).
     app_poll_until_ns: AtomicU64,
+    /// When an application thread last polled (ns since `epoch`).
+    app_last_poll_ns: AtomicU64,
 }
 
 /// A transport, opened: both halves, their counters and the capture they write.
@@ -95,6 +97,7 @@ impl RoceDriver {
             one_cpu: std::thread::available_parallelism().map_or(true, |n| n.get() == 1),
             last_rx_ns: AtomicU64::new(0),
             app_poll_until_ns: AtomicU64::new(0),
+            app_last_poll_ns: AtomicU64::new(0),
         });
         let d = driver.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || d.poll_loop())?;
@@ -197,6 +200,7 @@ impl RoceDriver {
     /// then busy-polls for a while after traffic ([`SpinBudget`]). While an application
     /// thread busy-polls, it leaves the socket to that thread and keeps only the timers.
     fn poll_loop(self: Arc<Self>) {
+        super::spin::ask_short_slice();
         let rx_fd = self.rx.lock().unwrap_or_else(|e| e.into_inner()).fd();
         let waker_fd = self.waker.as_raw_fd();
         let mut spin = SpinBudget::default();
@@ -292,13 +296,18 @@ impl RoceDriver {
         n
     }
 
-    /// An application thread polled its CQ and receives on its own thread (a C
-    /// application spinning on `ibv_poll_cq`): for [`APP_POLL_WINDOW_NS`] the poll thread
-    /// leaves the socket to it and keeps only the timers, instead of waking for every
-    /// packet on a CPU the spinning thread wants.
+    /// An application thread polled its CQ and received on its own thread. One that polls
+    /// in a tight loop (a C application spinning on `ibv_poll_cq`: two polls within
+    /// [`APP_POLL_GAP_NS`]) has the socket for [`APP_POLL_WINDOW_NS`]: the poll thread
+    /// keeps only the timers, instead of waking for every packet on a CPU the spinning
+    /// thread wants. One that polls now and then (perftest's latency tests poll once per
+    /// iteration and spin on memory in between) leaves the socket to the poll thread.
     pub fn app_polling(&self) {
-        let until = self.now_ns() + APP_POLL_WINDOW_NS;
-        self.app_poll_until_ns.store(until, Ordering::Release);
+        let now = self.now_ns();
+        let last = self.app_last_poll_ns.swap(now, Ordering::AcqRel);
+        if now.saturating_sub(last) <= APP_POLL_GAP_NS {
+            self.app_poll_until_ns.store(now + APP_POLL_WINDOW_NS, Ordering::Release);
+        }
     }
 
     /// The application thread stopped polling (it is about to block for a completion
@@ -357,6 +366,10 @@ pub enum Poller {
 /// stops polling without saying so ([`RoceDriver::app_waiting`]) waits at most this long
 /// for the poll thread to read for it.
 pub const APP_POLL_WINDOW_NS: u64 = 1_000_000;
+
+/// Two polls of a CQ this close together are a thread polling in a loop (one empty poll,
+/// a receive attempt included, takes about a microsecond).
+pub const APP_POLL_GAP_NS: u64 = 5_000;
 
 /// How long the socket may go unread before a posting thread reads it itself.
 const RX_STALE_NS: u64 = 1_000_000;
