@@ -8,6 +8,8 @@
 
 #![allow(unsafe_code)]
 
+pub mod cm;
+mod cm_addr;
 pub mod config;
 pub mod cq;
 pub mod device;

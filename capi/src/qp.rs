@@ -23,6 +23,9 @@ pub struct SoftQp {
     /// Where inline data is copied for the engine to gather (`IBV_SEND_INLINE`): the
     /// engine takes a small message's bytes when it is posted, so one buffer serves.
     pub inline: Mutex<softrdma::verbs::MemoryRegion>,
+    /// The gate of the rdma_cm id that made it (`rdma_create_qp`), closed when the QP is
+    /// destroyed, however the application destroys it, so the id's threads stop using it.
+    pub cm_gate: Mutex<Option<std::sync::Arc<Mutex<bool>>>>,
 }
 
 /// The [`SoftQp`] of a QP this library made.
@@ -63,6 +66,16 @@ fn caps_of(cap: &ffi::ibv_qp_cap) -> Result<QpCaps, c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp {
     // SAFETY: the caller's contract.
+    unsafe { create_qp(pd, attr, false) }
+}
+
+/// A QP for `ibv_create_qp`, or (`for_cm`) an RC QP for `rdma_create_qp`, which the
+/// connection manager brings up (on RoCEv2 it starts in INIT, as rdma_cm leaves it).
+///
+/// # Safety
+/// As [`ibv_create_qp`].
+pub unsafe fn create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr, for_cm: bool) -> *mut ffi::ibv_qp {
+    // SAFETY: the caller's contract.
     let (Some(spd), Some(a)) = (unsafe { soft_pd(pd) }, unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
     // SAFETY: the caller's contract: live CQs of the same context.
     let (Some(scq), Some(rcq)) = (unsafe { soft_cq(a.send_cq) }, unsafe { soft_cq(a.recv_cq) }) else {
@@ -79,7 +92,15 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
     // SAFETY: the PD's context is open.
     let Some(soft) = (unsafe { soft_context(spd.ibv.context) }) else { return fail(libc::EINVAL) };
     let Ok(engine) = soft.engine() else { return fail(libc::EIO) };
-    let qp = match engine.create_qp(&spd.pd, &scq.cq, &rcq.cq, kind, caps, None) {
+    if for_cm && kind != QpType::Rc {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let made = if for_cm {
+        engine.create_cm_qp(&spd.pd, &scq.cq, &rcq.cq, caps)
+    } else {
+        engine.create_qp(&spd.pd, &scq.cq, &rcq.cq, kind, caps, None)
+    };
+    let qp = match made {
         Ok(q) => q,
         Err(_) => return fail(libc::ENOMEM),
     };
@@ -97,9 +118,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
     ibv.send_cq = a.send_cq;
     ibv.recv_cq = a.recv_cq;
     ibv.qp_num = qp.qp_num();
-    ibv.state = ffi::IBV_QPS_RESET;
+    ibv.state = qp.state().map_or(ffi::IBV_QPS_RESET, ibv_state);
     ibv.qp_type = a.qp_type;
-    let soft_qp = SoftQp { ibv, qp, sig_all: a.sq_sig_all != 0, inline: Mutex::new(inline) };
+    let soft_qp = SoftQp { ibv, qp, sig_all: a.sq_sig_all != 0, inline: Mutex::new(inline), cm_gate: Mutex::new(None) };
     Box::into_raw(Box::new(soft_qp)).cast()
 }
 
@@ -113,7 +134,16 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: allocated by Box in ibv_create_qp, given back once.
-    drop(unsafe { Box::from_raw(qp.cast::<SoftQp>()) });
+    let owned = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
+    let gate = owned.cm_gate.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // Closed before the QP goes: a thread holding the gate finishes with the QP first.
+    let closed = gate.as_ref().map(|g| {
+        let mut open = g.lock().unwrap_or_else(|e| e.into_inner());
+        *open = false;
+        open
+    });
+    drop(owned);
+    drop(closed);
     0
 }
 

@@ -35,11 +35,6 @@ fn enosys() -> c_int {
     -1
 }
 
-fn enosys_null() -> *mut c_void {
-    crate::set_errno(libc::ENOSYS);
-    std::ptr::null_mut()
-}
-
 fn null() -> *mut c_void {
     crate::set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()
@@ -120,34 +115,8 @@ unsupported!("IBVERBS_1.10", c_int, eopnotsupp(), [ibv_query_ece, ibv_set_ece]);
 // Shared receive queues are in the engine; their C interface is not yet.
 unsupported!("IBVERBS_1.1", *mut c_void, null(), [ibv_create_srq]);
 unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_destroy_srq, ibv_modify_srq, ibv_query_srq]);
-// librdmacm: connection management is not exported yet; applications that use it see
-// every call refused (ENOSYS, as librdmacm answers without its kernel module).
-unsupported!("RDMACM_1.0", *mut c_void, enosys_null(), [rdma_create_event_channel, rdma_event_str,]);
-unsupported!(
-    "RDMACM_1.0",
-    c_int,
-    enosys(),
-    [
-        rdma_accept,
-        rdma_ack_cm_event,
-        rdma_bind_addr,
-        rdma_connect,
-        rdma_create_id,
-        rdma_create_qp,
-        rdma_create_qp_ex,
-        rdma_destroy_id,
-        rdma_disconnect,
-        rdma_get_cm_event,
-        rdma_getaddrinfo,
-        rdma_listen,
-        rdma_reject,
-        rdma_resolve_addr,
-        rdma_resolve_route,
-        rdma_set_option,
-        rpoll,
-    ]
-);
-unsupported!("RDMACM_1.0", (), (), [rdma_destroy_event_channel, rdma_destroy_qp, rdma_freeaddrinfo]);
+// librdmacm beyond what `cm.rs` implements.
+unsupported!("RDMACM_1.0", c_int, enosys(), [rdma_create_qp_ex, rpoll]);
 unsupported!("RDMACM_1.2", c_int, enosys(), [rdma_establish, rdma_init_qp_attr]);
 
 /// rdma-core's switch for providers' disassociation (a kernel device going away): there is

@@ -11,9 +11,14 @@ fn lib_dir() -> PathBuf {
     exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps/<test>").to_path_buf()
 }
 
-/// `tool args` with the library and one device `softrdma0` on `addr`; as an unprivileged
+/// `tool args` with the library and one RoCEv2 device `softrdma0` on `addr`; as an unprivileged
 /// user (nobody) when the tests run as root, since needing no privilege is the point.
 fn tool(tool: &str, addr: &str, args: &[&str]) -> Command {
+    tool_on(tool, "rocev2", addr, args)
+}
+
+/// As [`tool`], with the device's transport named (`rocev2` or `iwarp`).
+fn tool_on(tool: &str, transport: &str, addr: &str, args: &[&str]) -> Command {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut c = if root {
@@ -25,7 +30,7 @@ fn tool(tool: &str, addr: &str, args: &[&str]) -> Command {
     };
     c.args(args)
         .env("LD_LIBRARY_PATH", lib_dir())
-        .env("SOFTRDMA_DEVICES", format!("softrdma0 rocev2 {addr}"))
+        .env("SOFTRDMA_DEVICES", format!("softrdma0 {transport} {addr}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
@@ -131,5 +136,64 @@ fn perftest_latency_tools_run() {
         let net = format!("127.0.{}", 50 + i);
         let port = format!("{}", 18750 + i);
         perftest(program, &net, &port, &["-n", "200"]);
+    }
+}
+
+/// rping (librdmacm) server on `net`.1 and client on `net`.2 over `transport`: both end
+/// well, and the client saw every ping's data come back.
+fn rping(transport: &str, net: &str, port: &str) {
+    let count = "20";
+    let server_addr = format!("{net}.1");
+    let server = tool_on("rping", transport, &server_addr, &["-s", "-a", &server_addr, "-p", port, "-C", count])
+        .spawn()
+        .expect("rping runs");
+    std::thread::sleep(Duration::from_millis(300));
+    let client =
+        tool_on("rping", transport, &format!("{net}.2"), &["-c", "-v", "-a", &server_addr, "-p", port, "-C", count])
+            .spawn()
+            .expect("rping runs");
+    let (c, s) = (finish(client, Duration::from_secs(30)), finish(server, Duration::from_secs(10)));
+    assert!(c.status.success() && s.status.success(), "rping {transport}:\n{}\n{}", text(&c), text(&s));
+    let pings = text(&c).lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+    assert_eq!(pings, 20, "rping {transport} client:\n{}", text(&c));
+}
+
+#[test]
+fn rping_runs_over_rocev2_through_the_ib_cm() {
+    rping("rocev2", "127.0.70", "7171");
+}
+
+#[test]
+fn rping_runs_over_iwarp_through_mpa() {
+    rping("iwarp", "127.0.71", "7172");
+}
+
+/// perftest with `-R` (connected by rdma_cm) on `transport`.
+fn perftest_cm(program: &str, transport: &str, net: &str, port: &str) {
+    let server_addr = format!("{net}.1");
+    let args = ["-R", "-d", "softrdma0", "-p", port, "-n", "200"];
+    let server = tool_on(program, transport, &server_addr, &args).spawn().expect("perftest runs");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client_args = args.to_vec();
+    client_args.push(&server_addr);
+    let client = tool_on(program, transport, &format!("{net}.2"), &client_args).spawn().expect("perftest runs");
+    let (c, s) = (finish(client, Duration::from_secs(60)), finish(server, Duration::from_secs(10)));
+    assert!(c.status.success() && s.status.success(), "{program} -R {transport}:\n{}\n{}", text(&c), text(&s));
+    let out = text(&c);
+    let row = out.lines().skip_while(|l| !l.contains("#bytes")).nth(1).unwrap_or("");
+    assert!(
+        row.split_whitespace().next().is_some_and(|f| f.parse::<u64>().is_ok()),
+        "{program} -R {transport}:\n{out}"
+    );
+}
+
+#[test]
+fn perftest_runs_connected_by_rdma_cm_on_both_transports() {
+    let tools = ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_read_lat", "ib_send_lat"];
+    for (i, program) in tools.iter().enumerate() {
+        for (j, transport) in ["rocev2", "iwarp"].iter().enumerate() {
+            let net = format!("127.{}.{}", 80 + j, 80 + i);
+            perftest_cm(program, transport, &net, &format!("{}", 18800 + 10 * j + i));
+        }
     }
 }

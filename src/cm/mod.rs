@@ -460,6 +460,12 @@ impl Cm {
         Ok(())
     }
 
+    /// [`Cm::disconnect`] of the connection QP `qpn` belongs to.
+    pub fn disconnect_qp(&mut self, now: u64, qpn: u32, qps: &mut dyn QpControl) -> Result<(), CmError> {
+        let id = self.conn_of_qp(qpn).ok_or(CmError::NoConnection)?;
+        self.disconnect(now, id, qps)
+    }
+
     /// The device is closing: every connection up is torn down (DREQ), every request
     /// waiting is rejected.
     pub fn disconnect_all(&mut self, now: u64, qps: &mut dyn QpControl) {

@@ -284,6 +284,17 @@ impl IwarpDevice {
         }
     }
 
+    /// Tears QP `qpn`'s connection down (`rdma_disconnect`): its stream closes and the QP
+    /// goes to ERR, its work requests flushed.
+    pub fn disconnect(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        let t = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?.conn.take();
+        self.set_error(qpn)?;
+        if let Some(t) = t {
+            self.close(t);
+        }
+        Ok(())
+    }
+
     /// The QP's state.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         let s = self.qps.get(&qpn)?;

@@ -828,6 +828,18 @@ impl QueuePair {
         }
     }
 
+    /// Tears the QP's connection down (`rdma_disconnect`): the QP goes to ERR (its work
+    /// requests flush) and the peer hears of it: a DREQ on RoCEv2 (IBTA 12.9.8.2), the TCP
+    /// stream closed on iWARP. NotFound if the QP was not connected by the CM.
+    pub fn disconnect(&self) -> Result<(), VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => s.with_core_at(|d, now| {
+                d.with_cm(now, |cm, qps| cm.disconnect_qp(now, self.qpn, qps)).map_err(|_| VerbsError::NotFound)
+            }),
+            Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.disconnect(self.qpn)),
+        }
+    }
+
     /// Takes an RC or UC QP from RESET to RTS towards `dest_qpn` at `dest_gid`, the way
     /// perftest and ibv_rc_pingpong do: `rq_psn` is the PSN the peer starts sending with,
     /// `sq_psn` the one this QP starts with. Timeout 14 (67 ms), 7 retries, infinite RNR

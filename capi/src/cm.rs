@@ -1,0 +1,676 @@
+//! librdmacm on softrdma's connection managers: the IB CM's MADs on RoCEv2 (IBTA ch. 12)
+//! and MPA on iWARP (RFC 5044), both behind the verbs API's `listen` / `connect` /
+//! `accept`. Those calls block; rdma_cm is asynchronous, so each runs on a thread of its
+//! own and reports through the id's event channel, a real file descriptor (an eventfd in
+//! semaphore mode, one count per queued event).
+
+use crate::cm_addr::{context_for, from_c, to_storage};
+use crate::device::soft_context;
+use crate::ffi;
+use crate::objects::{ibv_alloc_pd, ibv_dealloc_pd};
+use crate::qp::{create_qp, ibv_destroy_qp, soft_qp};
+use softrdma::verbs::{ConnParam, ConnRequest, ConnectError, Listener, QpState};
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long `rdma_connect` and `rdma_accept` wait for the peer before reporting failure.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often a connection is checked for its end (DISCONNECTED).
+const WATCH_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Events waiting on a channel, and the eventfd that counts them.
+pub struct Queue {
+    fd: c_int,
+    events: Mutex<VecDeque<usize>>,
+}
+
+impl Queue {
+    fn push(&self, ev: Box<EventBox>) {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).push_back(Box::into_raw(ev) as usize);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to the channel's eventfd.
+        unsafe { libc::write(self.fd, (&raw const one).cast(), 8) };
+    }
+}
+
+/// `rdma_event_channel` and its queue.
+#[repr(C)]
+pub struct SoftEventChannel {
+    ibv: ffi::rdma_event_channel,
+    queue: Arc<Queue>,
+}
+
+/// An event and the private data it points into, freed together by `rdma_ack_cm_event`.
+#[repr(C)]
+struct EventBox {
+    ev: ffi::rdma_cm_event,
+    private_data: Vec<u8>,
+}
+
+/// `rdma_cm_id` and what softrdma keeps for it.
+#[repr(C)]
+pub struct SoftId {
+    ibv: ffi::rdma_cm_id,
+    queue: Arc<Queue>,
+    /// Set when the id goes: its listener thread and connection watch end.
+    stop: Arc<AtomicBool>,
+    /// A connection request this id (a listener's child) answers.
+    request: Mutex<Option<ConnRequest>>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+    /// Held while a thread uses the QP, and by `rdma_destroy_qp`: true while it lives.
+    qp_gate: Arc<Mutex<bool>>,
+    /// The PD `rdma_create_qp` made when given none.
+    own_pd: Mutex<usize>,
+}
+
+/// A raw pointer a worker thread carries (the objects it names outlive the thread by
+/// rdma_cm's rules, and `qp_gate` guards the QP).
+#[derive(Clone, Copy)]
+struct Ptr(usize);
+
+fn event(
+    id: *mut ffi::rdma_cm_id,
+    listen: *mut ffi::rdma_cm_id,
+    kind: ffi::rdma_cm_event_type,
+    status: c_int,
+) -> Box<EventBox> {
+    // SAFETY: plain C data; all-zero is valid.
+    let mut ev: ffi::rdma_cm_event = unsafe { std::mem::zeroed() };
+    ev.id = id;
+    ev.listen_id = listen;
+    ev.event = kind;
+    ev.status = status;
+    Box::new(EventBox { ev, private_data: Vec::new() })
+}
+
+/// A connection event carrying the peer's private data and read depths.
+fn conn_event(
+    id: *mut ffi::rdma_cm_id,
+    listen: *mut ffi::rdma_cm_id,
+    kind: ffi::rdma_cm_event_type,
+    data: Vec<u8>,
+    depths: (u16, u16),
+) -> Box<EventBox> {
+    let mut b = event(id, listen, kind, 0);
+    b.private_data = data;
+    // SAFETY: the conn member is the one connection events fill.
+    let conn = unsafe { &mut b.ev.param.conn };
+    conn.private_data = b.private_data.as_ptr().cast();
+    conn.private_data_len = b.private_data.len().min(255) as u8;
+    conn.responder_resources = depths.0.min(255) as u8;
+    conn.initiator_depth = depths.1.min(255) as u8;
+    b
+}
+
+/// `rdma_create_event_channel`.
+#[no_mangle]
+pub extern "C" fn rdma_create_event_channel() -> *mut ffi::rdma_event_channel {
+    // SAFETY: eventfd with valid flags.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    if fd < 0 {
+        return std::ptr::null_mut();
+    }
+    let queue = Arc::new(Queue { fd, events: Mutex::new(VecDeque::new()) });
+    Box::into_raw(Box::new(SoftEventChannel { ibv: ffi::rdma_event_channel { fd }, queue })).cast()
+}
+
+/// `rdma_destroy_event_channel` (events not acknowledged are freed with it).
+///
+/// # Safety
+/// `ch` came from [`rdma_create_event_channel`]; no id uses it any more.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut ffi::rdma_event_channel) {
+    if ch.is_null() {
+        return;
+    }
+    // SAFETY: allocated by Box in rdma_create_event_channel, given back once.
+    let owned = unsafe { Box::from_raw(ch.cast::<SoftEventChannel>()) };
+    for ev in owned.queue.events.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        // SAFETY: queued events are boxes nobody else holds.
+        drop(unsafe { Box::from_raw(ev as *mut EventBox) });
+    }
+    // SAFETY: the channel's eventfd.
+    unsafe { libc::close(owned.ibv.fd) };
+}
+
+/// `rdma_get_cm_event`: the next event, waiting unless the channel's fd is non-blocking.
+///
+/// # Safety
+/// `ch` is a live channel; `out` points to an event pointer.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_cm_event(
+    ch: *mut ffi::rdma_event_channel,
+    out: *mut *mut ffi::rdma_cm_event,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(c), false) = (unsafe { ch.cast::<SoftEventChannel>().as_ref() }, out.is_null()) else {
+        crate::set_errno(libc::EINVAL);
+        return -1;
+    };
+    let mut n: u64 = 0;
+    // SAFETY: reading 8 bytes from the channel's eventfd (semaphore mode: one event).
+    if unsafe { libc::read(c.ibv.fd, (&raw mut n).cast(), 8) } != 8 {
+        return -1;
+    }
+    let Some(ev) = c.queue.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+        crate::set_errno(libc::EAGAIN);
+        return -1;
+    };
+    let ev = ev as *mut ffi::rdma_cm_event;
+    // SAFETY: a queued event; `ev` is the first field of its EventBox.
+    unsafe {
+        if let Some(id) = (*ev).id.as_mut() {
+            id.event = ev;
+        }
+        *out = ev;
+    }
+    0
+}
+
+/// `rdma_ack_cm_event`.
+///
+/// # Safety
+/// `ev` came from [`rdma_get_cm_event`] and is acknowledged once.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_ack_cm_event(ev: *mut ffi::rdma_cm_event) -> c_int {
+    if ev.is_null() {
+        crate::set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: an event this library queued, freed once.
+    drop(unsafe { Box::from_raw(ev.cast::<EventBox>()) });
+    0
+}
+
+fn new_id(
+    queue: Arc<Queue>,
+    channel: *mut ffi::rdma_event_channel,
+    context: *mut c_void,
+    ps: ffi::rdma_port_space,
+) -> *mut SoftId {
+    // SAFETY: plain C data; all-zero is valid.
+    let mut ibv: ffi::rdma_cm_id = unsafe { std::mem::zeroed() };
+    ibv.channel = channel;
+    ibv.context = context;
+    ibv.ps = ps;
+    ibv.qp_type = ffi::IBV_QPT_RC;
+    let id = SoftId {
+        ibv,
+        queue,
+        stop: Arc::new(AtomicBool::new(false)),
+        request: Mutex::new(None),
+        listener: Mutex::new(None),
+        qp_gate: Arc::new(Mutex::new(false)),
+        own_pd: Mutex::new(0),
+    };
+    Box::into_raw(Box::new(id))
+}
+
+/// The [`SoftId`] of an id this library made.
+///
+/// # Safety
+/// `id` came from [`rdma_create_id`] (or a CONNECT_REQUEST event) and is not destroyed.
+unsafe fn soft_id<'a>(id: *mut ffi::rdma_cm_id) -> Option<&'a mut SoftId> {
+    // SAFETY: `ibv` is the first field of the repr(C) SoftId.
+    unsafe { id.cast::<SoftId>().as_mut() }
+}
+
+/// `rdma_create_id`: RC ids (RDMA_PS_TCP, and RDMA_PS_IB taken the same way).
+///
+/// # Safety
+/// `ch` is a live channel; `out` points to an id pointer.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_id(
+    ch: *mut ffi::rdma_event_channel,
+    out: *mut *mut ffi::rdma_cm_id,
+    context: *mut c_void,
+    ps: ffi::rdma_port_space,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(c) = (unsafe { ch.cast::<SoftEventChannel>().as_ref() }) else { return einval() };
+    if out.is_null() || !(ps == ffi::RDMA_PS_TCP || ps == ffi::RDMA_PS_IB) {
+        return einval();
+    }
+    let id = new_id(c.queue.clone(), ch, context, ps);
+    // SAFETY: a valid out-pointer.
+    unsafe { *out = id.cast() };
+    0
+}
+
+fn einval() -> c_int {
+    crate::set_errno(libc::EINVAL);
+    -1
+}
+
+/// The id's source and destination addresses.
+fn addrs(id: &SoftId) -> (Option<SocketAddr>, Option<SocketAddr>) {
+    let a = &id.ibv.route.addr;
+    // SAFETY: the storage members are what this library writes; a zeroed one reads None.
+    unsafe {
+        (
+            from_c((&raw const a.__bindgen_anon_1.src_storage).cast()),
+            from_c((&raw const a.__bindgen_anon_2.dst_storage).cast()),
+        )
+    }
+}
+
+/// Binds `id` to the device owning `local` (or serving `peer`).
+fn bind_device(id: &mut SoftId, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> Result<(), c_int> {
+    let ctx = context_for(local.map(|a| a.ip()), peer.map(|a| a.ip())).ok_or(libc::EADDRNOTAVAIL)?;
+    id.ibv.verbs = ctx;
+    id.ibv.port_num = 1;
+    // A wildcard source becomes the device's own address, keeping the port.
+    // SAFETY: an open context.
+    let dev_ip = unsafe { soft_context(ctx) }.map(|s| s.device.cfg.addr).ok_or(libc::ENODEV)?;
+    let src = SocketAddr::new(dev_ip, local.map_or(0, |a| a.port()));
+    // SAFETY: writing the storage member of the union.
+    to_storage(src, unsafe { &mut id.ibv.route.addr.__bindgen_anon_1.src_storage });
+    if let Some(p) = peer {
+        // SAFETY: as above.
+        to_storage(p, unsafe { &mut id.ibv.route.addr.__bindgen_anon_2.dst_storage });
+    }
+    Ok(())
+}
+
+/// `rdma_bind_addr`.
+///
+/// # Safety
+/// `id` is a live id; `addr` a socket address.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_bind_addr(id: *mut ffi::rdma_cm_id, addr: *mut ffi::sockaddr) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(s), Some(a)) = (unsafe { soft_id(id) }, unsafe { from_c(addr) }) else { return einval() };
+    match bind_device(s, Some(a), None) {
+        Ok(()) => 0,
+        Err(e) => {
+            crate::set_errno(e);
+            -1
+        }
+    }
+}
+
+/// `rdma_resolve_addr`: the device is chosen now; ADDR_RESOLVED (or ADDR_ERROR) follows.
+///
+/// # Safety
+/// `id` is a live id; `src` NULL or a socket address; `dst` a socket address.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut ffi::rdma_cm_id,
+    src: *mut ffi::sockaddr,
+    dst: *mut ffi::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(s), Some(peer)) = (unsafe { soft_id(id) }, unsafe { from_c(dst) }) else { return einval() };
+    // SAFETY: the caller's contract.
+    let local = unsafe { from_c(src) }.or(addrs(s).0);
+    let kind = match bind_device(s, local, Some(peer)) {
+        Ok(()) => ffi::RDMA_CM_EVENT_ADDR_RESOLVED,
+        Err(_) => ffi::RDMA_CM_EVENT_ADDR_ERROR,
+    };
+    let status = if kind == ffi::RDMA_CM_EVENT_ADDR_RESOLVED { 0 } else { -libc::EADDRNOTAVAIL };
+    s.queue.push(event(id, std::ptr::null_mut(), kind, status));
+    0
+}
+
+/// `rdma_resolve_route`: RoCE and iWARP route by IP; ROUTE_RESOLVED follows.
+///
+/// # Safety
+/// `id` is a live id whose address is resolved.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut ffi::rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    if s.ibv.verbs.is_null() {
+        return einval();
+    }
+    s.queue.push(event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+    0
+}
+
+/// `rdma_create_qp`: an RC QP the CM brings up; a PD is made if none is given.
+///
+/// # Safety
+/// `id` is a live id bound to a device; `pd` NULL or a PD of that device; `attr` names
+/// the CQs.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut ffi::rdma_cm_id,
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    if s.ibv.verbs.is_null() || !s.ibv.qp.is_null() {
+        return einval();
+    }
+    let pd = if pd.is_null() {
+        // SAFETY: the id's context is open.
+        let own = unsafe { ibv_alloc_pd(s.ibv.verbs) };
+        *s.own_pd.lock().unwrap_or_else(|e| e.into_inner()) = own as usize;
+        own
+    } else {
+        pd
+    };
+    // SAFETY: the caller's contract.
+    let qp = unsafe { create_qp(pd, attr, true) };
+    if qp.is_null() {
+        return -1;
+    }
+    s.ibv.qp = qp;
+    s.ibv.pd = pd;
+    // SAFETY: the QP was just made from `attr`.
+    unsafe {
+        s.ibv.send_cq = (*qp).send_cq;
+        s.ibv.recv_cq = (*qp).recv_cq;
+    }
+    *s.qp_gate.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    // SAFETY: just made by create_qp.
+    if let Some(q) = unsafe { soft_qp(qp) } {
+        *q.cm_gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.qp_gate.clone());
+    }
+    0
+}
+
+/// `rdma_destroy_qp`.
+///
+/// # Safety
+/// `id` is a live id.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_qp(id: *mut ffi::rdma_cm_id) {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return };
+    let live = *s.qp_gate.lock().unwrap_or_else(|e| e.into_inner());
+    if live {
+        // SAFETY: the id's QP, made by rdma_create_qp; destroying it closes the gate.
+        unsafe { ibv_destroy_qp(s.ibv.qp) };
+    }
+    s.ibv.qp = std::ptr::null_mut();
+}
+
+fn conn_param(p: Option<&ffi::rdma_conn_param>) -> ConnParam {
+    let Some(p) = p else {
+        return ConnParam { private_data: Vec::new(), responder_resources: 16, initiator_depth: 16 };
+    };
+    let data = if p.private_data.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the caller's private data of the length it gives.
+        unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), usize::from(p.private_data_len)) }.to_vec()
+    };
+    ConnParam {
+        private_data: data,
+        responder_resources: u16::from(p.responder_resources),
+        initiator_depth: u16::from(p.initiator_depth),
+    }
+}
+
+/// The failure event of a connection that did not come up.
+fn failure(id: *mut ffi::rdma_cm_id, e: &ConnectError) -> Box<EventBox> {
+    match e {
+        ConnectError::Rejected(_) | ConnectError::NoListener(_) => {
+            event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, 28)
+        }
+        ConnectError::Timeout | ConnectError::Tcp(_) => {
+            event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
+        }
+        _ => event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNABORTED),
+    }
+}
+
+/// Watches a connection until it ends, then reports DISCONNECTED once.
+fn watch(id: Ptr, gate: Arc<Mutex<bool>>, stop: Arc<AtomicBool>, queue: Arc<Queue>) {
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(WATCH_INTERVAL);
+        let live = gate.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the gate is held and says the id's QP lives.
+        let ended = !*live
+            || unsafe { soft_qp((*(id.0 as *mut ffi::rdma_cm_id)).qp) }
+                .and_then(|q| q.qp.state())
+                .is_none_or(|st| st == QpState::Err);
+        drop(live);
+        if ended {
+            queue.push(event(id.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_DISCONNECTED, 0));
+            return;
+        }
+    }
+}
+
+/// `rdma_connect`: the CM's REQ (RoCEv2) or TCP and the MPA Request (iWARP) go out on a
+/// thread; ESTABLISHED, REJECTED or UNREACHABLE follows.
+///
+/// # Safety
+/// `id` is a live id with a QP; `param` NULL or connection parameters.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn_param) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    let (Some(peer), false) = (addrs(s).1, s.ibv.qp.is_null()) else { return einval() };
+    // SAFETY: the caller's contract.
+    let p = conn_param(unsafe { param.as_ref() });
+    let (gate, stop, queue, at) = (s.qp_gate.clone(), s.stop.clone(), s.queue.clone(), Ptr(id as usize));
+    std::thread::spawn(move || {
+        let at = at;
+        let result = {
+            let live = gate.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the gate is held and says the id's QP lives.
+            let qp = (*live).then(|| unsafe { soft_qp((*(at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten();
+            match qp {
+                Some(q) => q.qp.connect(peer, &p, CONNECT_TIMEOUT),
+                None => Err(ConnectError::Invalid("the QP went")),
+            }
+        };
+        let ev = match result {
+            Ok(data) => conn_event(
+                at.0 as *mut _,
+                std::ptr::null_mut(),
+                ffi::RDMA_CM_EVENT_ESTABLISHED,
+                data,
+                (p.responder_resources, p.initiator_depth),
+            ),
+            Err(e) => failure(at.0 as *mut _, &e),
+        };
+        let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
+        queue.push(ev);
+        if up {
+            watch(at, gate, stop, queue);
+        }
+    });
+    0
+}
+
+/// `rdma_listen`: requests arrive as CONNECT_REQUEST events, each with a new id.
+///
+/// # Safety
+/// `id` is a live id bound with `rdma_bind_addr`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_listen(id: *mut ffi::rdma_cm_id, _backlog: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    let Some(local) = addrs(s).0 else { return einval() };
+    // SAFETY: a bound id's context is open.
+    let Some(engine) = (unsafe { soft_context(s.ibv.verbs) }).and_then(|c| c.engine().ok()) else { return einval() };
+    let listener = match engine.listen(local) {
+        Ok(l) => l,
+        Err(_) => {
+            crate::set_errno(libc::EADDRINUSE);
+            return -1;
+        }
+    };
+    let (stop, at) = (s.stop.clone(), Ptr(id as usize));
+    let handle = std::thread::spawn(move || serve(listener, at, stop));
+    *s.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+    0
+}
+
+/// The listening thread: each request becomes a child id and a CONNECT_REQUEST event.
+fn serve(listener: Listener, listen_id: Ptr, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        let Some(req) = listener.get_request(Duration::from_millis(100)) else { continue };
+        // SAFETY: the listening id lives until its thread is joined (rdma_destroy_id).
+        let parent = unsafe { &*(listen_id.0 as *const SoftId) };
+        let child = new_id(parent.queue.clone(), parent.ibv.channel, parent.ibv.context, parent.ibv.ps);
+        // SAFETY: just made.
+        let c = unsafe { &mut *child };
+        c.ibv.verbs = parent.ibv.verbs;
+        c.ibv.port_num = 1;
+        c.ibv.route = parent.ibv.route;
+        if let Some(peer) = req.peer {
+            // SAFETY: writing the storage member of the union.
+            to_storage(peer, unsafe { &mut c.ibv.route.addr.__bindgen_anon_2.dst_storage });
+        }
+        let depths = (req.responder_resources, req.initiator_depth);
+        let data = req.private_data.clone();
+        *c.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(req);
+        let ev = conn_event(child.cast(), listen_id.0 as *mut _, ffi::RDMA_CM_EVENT_CONNECT_REQUEST, data, depths);
+        parent.queue.push(ev);
+    }
+}
+
+/// `rdma_accept`: the MPA Reply or the CM's REP goes out on a thread; ESTABLISHED (or
+/// CONNECT_ERROR) follows.
+///
+/// # Safety
+/// `id` is a CONNECT_REQUEST's id with a QP; `param` NULL or connection parameters.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn_param) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    let Some(req) = s.request.lock().unwrap_or_else(|e| e.into_inner()).take() else { return einval() };
+    if s.ibv.qp.is_null() {
+        return einval();
+    }
+    // SAFETY: the caller's contract.
+    let p = conn_param(unsafe { param.as_ref() });
+    let (gate, stop, queue, at) = (s.qp_gate.clone(), s.stop.clone(), s.queue.clone(), Ptr(id as usize));
+    std::thread::spawn(move || {
+        let at = at;
+        let result = {
+            let live = gate.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the gate is held and says the id's QP lives.
+            let qp = (*live).then(|| unsafe { soft_qp((*(at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten();
+            match qp {
+                Some(q) => req.accept(&q.qp, &p),
+                None => Err(ConnectError::Invalid("the QP went")),
+            }
+        };
+        let ev = match result {
+            Ok(()) => conn_event(
+                at.0 as *mut _,
+                std::ptr::null_mut(),
+                ffi::RDMA_CM_EVENT_ESTABLISHED,
+                Vec::new(),
+                (p.responder_resources, p.initiator_depth),
+            ),
+            Err(_) => {
+                event(at.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNABORTED)
+            }
+        };
+        let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
+        queue.push(ev);
+        if up {
+            watch(at, gate, stop, queue);
+        }
+    });
+    0
+}
+
+/// `rdma_reject`.
+///
+/// # Safety
+/// `id` is a CONNECT_REQUEST's id; `data` holds `len` bytes (or is NULL).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject(id: *mut ffi::rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    let Some(req) = s.request.lock().unwrap_or_else(|e| e.into_inner()).take() else { return einval() };
+    let bytes = if data.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }
+    };
+    req.reject(bytes);
+    0
+}
+
+/// `rdma_disconnect`: a DREQ (RoCEv2) or the stream closed (iWARP); both sides then get
+/// DISCONNECTED.
+///
+/// # Safety
+/// `id` is a live id.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    let live = s.qp_gate.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: the gate is held and says the QP lives.
+    if let Some(q) = (*live).then(|| unsafe { soft_qp(s.ibv.qp) }).flatten() {
+        let _ = q.qp.disconnect();
+    }
+    0
+}
+
+/// `rdma_destroy_id`: its threads end, an unanswered request is rejected.
+///
+/// # Safety
+/// `id` is a live id whose QP was destroyed; nothing uses it afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    s.stop.store(true, Ordering::Release);
+    if let Some(h) = s.listener.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let _ = h.join();
+    }
+    // The QP is the application's to destroy (rdma_destroy_qp or ibv_destroy_qp) first.
+    let pd = *s.own_pd.lock().unwrap_or_else(|e| e.into_inner());
+    if pd != 0 {
+        // SAFETY: the PD rdma_create_qp made; its QP is gone.
+        unsafe { ibv_dealloc_pd(pd as *mut ffi::ibv_pd) };
+    }
+    // A watch thread still running holds its own handles and stops on `stop`; it may
+    // still read `id` for a moment, so the id's memory is kept (a few hundred bytes).
+    0
+}
+
+/// `rdma_set_option`: accepted and ignored (type of service, address reuse).
+#[no_mangle]
+pub extern "C" fn rdma_set_option(
+    _id: *mut ffi::rdma_cm_id,
+    _level: c_int,
+    _name: c_int,
+    _val: *mut c_void,
+    _len: usize,
+) -> c_int {
+    0
+}
+
+/// `rdma_event_str`.
+#[no_mangle]
+pub extern "C" fn rdma_event_str(e: ffi::rdma_cm_event_type) -> *const c_char {
+    const NAMES: [&std::ffi::CStr; 16] = [
+        c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        c"RDMA_CM_EVENT_ADDR_ERROR",
+        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        c"RDMA_CM_EVENT_ROUTE_ERROR",
+        c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        c"RDMA_CM_EVENT_CONNECT_ERROR",
+        c"RDMA_CM_EVENT_UNREACHABLE",
+        c"RDMA_CM_EVENT_REJECTED",
+        c"RDMA_CM_EVENT_ESTABLISHED",
+        c"RDMA_CM_EVENT_DISCONNECTED",
+        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        c"RDMA_CM_EVENT_ADDR_CHANGE",
+        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    ];
+    NAMES.get(e as usize).copied().unwrap_or(c"UNKNOWN EVENT").as_ptr()
+}
