@@ -172,3 +172,36 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut ffi::rdma_addrinfo) {
         drop(unsafe { Box::from_raw(res.cast::<AddrInfoBox>()) });
     }
 }
+
+/// `rdma_get_devices`: every configured device's context, NULL-terminated.
+///
+/// # Safety
+/// `num` is NULL or points to an int.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num: *mut std::ffi::c_int) -> *mut *mut ffi::ibv_context {
+    let all = contexts();
+    // SAFETY: calloc of n+1 pointers, given back to rdma_free_devices.
+    let list = unsafe { libc::calloc(all.len() + 1, std::mem::size_of::<usize>()) }.cast::<*mut ffi::ibv_context>();
+    if list.is_null() {
+        return list;
+    }
+    for (i, &(_, ctx)) in all.iter().enumerate() {
+        // SAFETY: i < n.
+        unsafe { *list.add(i) = ctx as *mut ffi::ibv_context };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { *num = all.len() as std::ffi::c_int };
+    }
+    list
+}
+
+/// `rdma_free_devices` (the contexts stay open, as librdmacm's do).
+///
+/// # Safety
+/// `list` came from [`rdma_get_devices`].
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ffi::ibv_context) {
+    // SAFETY: calloc'd by rdma_get_devices.
+    unsafe { libc::free(list.cast()) };
+}

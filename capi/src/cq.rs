@@ -88,11 +88,12 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ffi::ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ffi::ibv_cq {
     // SAFETY: the caller's contract.
     let Some(soft) = (unsafe { soft_context(ctx) }) else { return fail(libc::EINVAL) };
-    if cqe < 1 || cqe as usize > softrdma::verbs::MAX_CQE {
+    // One completion vector (`num_comp_vectors`).
+    if cqe < 1 || cqe as usize > softrdma::verbs::MAX_CQE || comp_vector != 0 {
         return fail(libc::EINVAL);
     }
     let engine = match soft.engine() {

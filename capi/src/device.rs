@@ -23,22 +23,15 @@ pub struct SoftDevice {
     pub ibv: ffi::ibv_device,
     /// What the configuration says.
     pub cfg: DeviceConfig,
-}
-
-/// An open device.
-#[repr(C)]
-pub struct SoftContext {
-    /// rdma-core's extended context, the application's `ibv_context` at its end.
-    pub vctx: ffi::verbs_context,
-    /// The device it was opened on.
-    pub device: &'static SoftDevice,
-    /// The engine, opened when the first object needs it.
+    /// The engine, opened when the first object of any context needs it: every context
+    /// of the device in this process shares it (one address, one port), as every context
+    /// of a kernel device shares the device.
     engine: OnceLock<Context>,
     /// Serializes the first opening.
     opening: Mutex<()>,
 }
 
-impl SoftContext {
+impl SoftDevice {
     /// The engine, opened now if not yet (binding the device's address): an errno if it
     /// cannot be (EADDRINUSE when another process holds the port).
     pub fn engine(&self) -> Result<&Context, c_int> {
@@ -49,7 +42,7 @@ impl SoftContext {
         if let Some(c) = self.engine.get() {
             return Ok(c);
         }
-        let cfg = &self.device.cfg;
+        let cfg = &self.cfg;
         let mut open = OpenConfig::new(cfg.addr);
         open.transport = cfg.transport;
         open.port = cfg.port;
@@ -58,6 +51,22 @@ impl SoftContext {
             e.raw_os_error().unwrap_or(libc::EIO)
         })?;
         Ok(self.engine.get_or_init(|| ctx))
+    }
+}
+
+/// An open device.
+#[repr(C)]
+pub struct SoftContext {
+    /// rdma-core's extended context, the application's `ibv_context` at its end.
+    pub vctx: ffi::verbs_context,
+    /// The device it was opened on.
+    pub device: &'static SoftDevice,
+}
+
+impl SoftContext {
+    /// The device's engine ([`SoftDevice::engine`]).
+    pub fn engine(&self) -> Result<&Context, c_int> {
+        self.device.engine()
     }
 }
 
@@ -88,7 +97,7 @@ fn soft_device(cfg: DeviceConfig) -> SoftDevice {
     ibv.transport_type = transport;
     copy_c_string(&mut ibv.name, &cfg.name);
     copy_c_string(&mut ibv.dev_name, &cfg.name);
-    SoftDevice { ibv, cfg }
+    SoftDevice { ibv, cfg, engine: OnceLock::new(), opening: Mutex::new(()) }
 }
 
 /// Copies `s` into a C string field, truncated to leave its NUL.
@@ -224,7 +233,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.context.num_comp_vectors = 1;
     // rdma-core's __VERBS_ABI_IS_EXTENDED: the context is a verbs_context's tail.
     vctx.context.abi_compat = usize::MAX as *mut c_void;
-    let ctx = Box::into_raw(Box::new(SoftContext { vctx, device, engine: OnceLock::new(), opening: Mutex::new(()) }));
+    let ctx = Box::into_raw(Box::new(SoftContext { vctx, device }));
     // SAFETY: just allocated.
     unsafe { &raw mut (*ctx).vctx.context }
 }

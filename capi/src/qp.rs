@@ -26,6 +26,11 @@ pub struct SoftQp {
     /// The gate of the rdma_cm id that made it (`rdma_create_qp`), closed when the QP is
     /// destroyed, however the application destroys it, so the id's threads stop using it.
     pub cm_gate: Mutex<Option<std::sync::Arc<Mutex<bool>>>>,
+    /// The capacities it was created with, as `ibv_query_qp` reports them.
+    pub caps: ffi::ibv_qp_cap,
+    /// Attributes the engine does not report back: the Q_Key, the destination QP, the
+    /// access flags, as last set.
+    pub set: Mutex<ffi::ibv_qp_attr>,
 }
 
 /// The [`SoftQp`] of a QP this library made.
@@ -120,7 +125,16 @@ pub unsafe fn create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr, 
     ibv.qp_num = qp.qp_num();
     ibv.state = qp.state().map_or(ffi::IBV_QPS_RESET, ibv_state);
     ibv.qp_type = a.qp_type;
-    let soft_qp = SoftQp { ibv, qp, sig_all: a.sq_sig_all != 0, inline: Mutex::new(inline), cm_gate: Mutex::new(None) };
+    let soft_qp = SoftQp {
+        ibv,
+        qp,
+        sig_all: a.sq_sig_all != 0,
+        inline: Mutex::new(inline),
+        cm_gate: Mutex::new(None),
+        caps: a.cap,
+        // SAFETY: plain C data; all-zero is valid.
+        set: Mutex::new(unsafe { std::mem::zeroed() }),
+    };
     Box::into_raw(Box::new(soft_qp)).cast()
 }
 
@@ -235,11 +249,45 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv
     if sq.qp.modify(&q).is_err() {
         return libc::EINVAL;
     }
+    remember(&mut sq.set.lock().unwrap_or_else(|e| e.into_inner()), a, mask);
     if let Some(s) = sq.qp.state() {
         // SAFETY: the QP is live; applications read `state` without a call.
         unsafe { (*qp).state = ibv_state(s) };
     }
     0
+}
+
+/// Keeps what `ibv_query_qp` reports from the application's own settings.
+fn remember(set: &mut ffi::ibv_qp_attr, a: &ffi::ibv_qp_attr, mask: c_int) {
+    let has = |m: ffi::ibv_qp_attr_mask| mask as u32 & m != 0;
+    if has(ffi::IBV_QP_QKEY) {
+        set.qkey = a.qkey;
+    }
+    if has(ffi::IBV_QP_DEST_QPN) {
+        set.dest_qp_num = a.dest_qp_num;
+    }
+    if has(ffi::IBV_QP_ACCESS_FLAGS) {
+        set.qp_access_flags = a.qp_access_flags;
+    }
+    if has(ffi::IBV_QP_PATH_MTU) {
+        set.path_mtu = a.path_mtu;
+    }
+    if has(ffi::IBV_QP_AV) {
+        set.ah_attr = a.ah_attr;
+    }
+    let bytes = [
+        (ffi::IBV_QP_TIMEOUT, &mut set.timeout, a.timeout),
+        (ffi::IBV_QP_RETRY_CNT, &mut set.retry_cnt, a.retry_cnt),
+        (ffi::IBV_QP_RNR_RETRY, &mut set.rnr_retry, a.rnr_retry),
+        (ffi::IBV_QP_MIN_RNR_TIMER, &mut set.min_rnr_timer, a.min_rnr_timer),
+        (ffi::IBV_QP_MAX_QP_RD_ATOMIC, &mut set.max_rd_atomic, a.max_rd_atomic),
+        (ffi::IBV_QP_MAX_DEST_RD_ATOMIC, &mut set.max_dest_rd_atomic, a.max_dest_rd_atomic),
+    ];
+    for (m, field, v) in bytes {
+        if has(m) {
+            *field = v;
+        }
+    }
 }
 
 /// `ibv_query_qp`: the state and sequence numbers softrdma keeps, and the capacities.
@@ -256,11 +304,13 @@ pub unsafe extern "C" fn ibv_query_qp(
     // SAFETY: the caller's contract.
     let (Some(sq), Some(a)) = (unsafe { soft_qp(qp) }, unsafe { attr.as_mut() }) else { return libc::EINVAL };
     let Some(info) = sq.qp.query() else { return libc::EINVAL };
+    *a = *sq.set.lock().unwrap_or_else(|e| e.into_inner());
+    a.cap = sq.caps;
+    a.port_num = 1;
     a.qp_state = ibv_state(info.state);
     a.cur_qp_state = a.qp_state;
     a.sq_psn = info.sq_psn;
     a.rq_psn = info.rq_psn;
-    a.cap.max_inline_data = INLINE_MAX_BYTES;
     // SAFETY: the caller's contract.
     if let Some(i) = unsafe { init.as_mut() } {
         i.qp_context = sq.ibv.qp_context;
@@ -268,7 +318,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         i.recv_cq = sq.ibv.recv_cq;
         i.qp_type = sq.ibv.qp_type;
         i.sq_sig_all = c_int::from(sq.sig_all);
-        i.cap.max_inline_data = INLINE_MAX_BYTES;
+        i.cap = sq.caps;
     }
     0
 }

@@ -25,6 +25,8 @@ fn device_attr(soft: &SoftContext) -> ffi::ibv_device_attr {
         *d = b as c_char;
     }
     a.node_guid = node_guid(cfg.addr).to_be();
+    // No IEEE OUI of its own: 0xffffff, as rdma_rxe and siw report.
+    a.vendor_id = 0xff_ffff;
     a.sys_image_guid = a.node_guid;
     a.max_mr_size = u64::MAX;
     a.page_size_cap = 0xffff_f000;
@@ -368,3 +370,45 @@ pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ffi::ibv_device) -> c_in
     let Some(d) = (unsafe { crate::device::soft_device_of(dev) }) else { return -1 };
     crate::device::index_of(d).map_or(-1, |i| i as c_int)
 }
+
+/// `_ibv_query_gid_table` (behind the inline `ibv_query_gid_table`): the device's one GID.
+///
+/// # Safety
+/// `ctx` is an open context; `entries` holds `max` entries of `entry_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    ctx: *mut ffi::ibv_context,
+    entries: *mut ffi::ibv_gid_entry,
+    max: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    if max == 0 || entries.is_null() {
+        return -(libc::EINVAL as isize);
+    }
+    // SAFETY: the caller's contract.
+    match unsafe { _ibv_query_gid_ex(ctx, 1, 0, entries, flags, entry_size) } {
+        0 => 1,
+        e => -(e as isize),
+    }
+}
+
+/// `ibv_get_async_event`: softrdma raises none yet, so this waits on the context's
+/// `async_fd` as on a device that stays healthy (EAGAIN if the fd is non-blocking).
+///
+/// # Safety
+/// `ctx` is an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ffi::ibv_context, _event: *mut ffi::ibv_async_event) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(soft) = (unsafe { soft_context(ctx) }) else { return -1 };
+    let mut n: u64 = 0;
+    // SAFETY: reading 8 bytes from the context's eventfd; it never counts, so this
+    // returns only with an error.
+    unsafe { libc::read(soft.vctx.context.async_fd, (&raw mut n).cast(), 8) };
+    -1
+}
+
+/// `ibv_ack_async_event`: there is none to acknowledge.
+#[no_mangle]
+pub extern "C" fn ibv_ack_async_event(_event: *mut ffi::ibv_async_event) {}

@@ -61,5 +61,10 @@ std::arch::global_asm!(
     ".symver rdma_set_option, rdma_set_option@@RDMACM_1.0",
     ".symver rdma_event_str, rdma_event_str@@RDMACM_1.0",
     ".symver rdma_getaddrinfo, rdma_getaddrinfo@@RDMACM_1.0",
+    ".symver rdma_get_devices, rdma_get_devices@@RDMACM_1.0",
+    ".symver rdma_free_devices, rdma_free_devices@@RDMACM_1.0",
+    ".symver _ibv_query_gid_table, _ibv_query_gid_table@@IBVERBS_1.11",
+    ".symver ibv_get_async_event, ibv_get_async_event@@IBVERBS_1.1",
+    ".symver ibv_ack_async_event, ibv_ack_async_event@@IBVERBS_1.1",
     ".symver rdma_freeaddrinfo, rdma_freeaddrinfo@@RDMACM_1.0",
 );

@@ -115,8 +115,23 @@ unsupported!("IBVERBS_1.10", c_int, eopnotsupp(), [ibv_query_ece, ibv_set_ece]);
 // Shared receive queues are in the engine; their C interface is not yet.
 unsupported!("IBVERBS_1.1", *mut c_void, null(), [ibv_create_srq]);
 unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_destroy_srq, ibv_modify_srq, ibv_query_srq]);
+// Importing another process's objects, dma-buf memory, re-registration, resizing a CQ.
+unsupported!("IBVERBS_1.10", *mut c_void, null(), [ibv_import_device, ibv_import_mr, ibv_import_pd]);
+unsupported!("IBVERBS_1.10", (), (), [ibv_unimport_mr, ibv_unimport_pd]);
+unsupported!("IBVERBS_1.13", *mut c_void, null(), [ibv_import_dm]);
+unsupported!("IBVERBS_1.13", (), (), [ibv_unimport_dm]);
+unsupported!("IBVERBS_1.12", *mut c_void, null(), [ibv_reg_dmabuf_mr]);
+unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_rereg_mr, ibv_resize_cq]);
 // librdmacm beyond what `cm.rs` implements.
-unsupported!("RDMACM_1.0", c_int, enosys(), [rdma_create_qp_ex, rpoll]);
+unsupported!(
+    "RDMACM_1.0",
+    c_int,
+    enosys(),
+    [rdma_create_qp_ex, rpoll, rdma_create_ep, rdma_get_request, rdma_join_multicast, rdma_leave_multicast,]
+);
+unsupported!("RDMACM_1.0", (), (), [rdma_destroy_ep]);
+unsupported!("RDMACM_1.1", c_int, enosys(), [rdma_join_multicast_ex]);
+unsupported!("RDMACM_1.3", c_int, enosys(), [rdma_get_remote_ece, rdma_set_local_ece]);
 unsupported!("RDMACM_1.2", c_int, enosys(), [rdma_establish, rdma_init_qp_attr]);
 
 /// rdma-core's switch for providers' disassociation (a kernel device going away): there is
@@ -125,6 +140,29 @@ unsupported!("RDMACM_1.2", c_int, enosys(), [rdma_establish, rdma_init_qp_attr])
 pub static verbs_allow_disassociate_destroy: bool = false;
 std::arch::global_asm!(
     ".symver verbs_allow_disassociate_destroy, verbs_allow_disassociate_destroy@@IBVERBS_PRIVATE_34"
+);
+
+/// `ibv_fork_init`: nothing to prepare (below).
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+/// `ibv_is_fork_initialized`: IBV_FORK_UNNEEDED, as on a kernel that keeps pinned pages
+/// safe across fork: softrdma pins nothing.
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
+}
+/// `ibv_query_qp_data_in_order`: no promise beyond what IBTA makes (0), though softrdma
+/// places a QP's data in PSN order.
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut c_void, _op: c_int, _flags: u32) -> c_int {
+    0
+}
+std::arch::global_asm!(
+    ".symver ibv_fork_init, ibv_fork_init@@IBVERBS_1.1",
+    ".symver ibv_is_fork_initialized, ibv_is_fork_initialized@@IBVERBS_1.13",
+    ".symver ibv_query_qp_data_in_order, ibv_query_qp_data_in_order@@IBVERBS_1.14"
 );
 
 /// `ibv_dofork_range` and `ibv_dontfork_range`: softrdma pins nothing, so a region stays
