@@ -9,7 +9,7 @@ use crate::device::soft_context;
 use crate::ffi;
 use crate::objects::{ibv_alloc_pd, ibv_dealloc_pd};
 use crate::qp::{create_qp, ibv_destroy_qp, soft_qp};
-use softrdma::verbs::{ConnParam, ConnRequest, ConnectError, Listener, QpState};
+use softrdma::verbs::{ConnParam, ConnRequest, ConnectError, Listener, QpState, QueuePair};
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void};
 use std::net::SocketAddr;
@@ -441,6 +441,42 @@ fn watch(id: Ptr, gate: Arc<Mutex<bool>>, stop: Arc<AtomicBool>, queue: Arc<Queu
     }
 }
 
+/// What a thread bringing a connection up needs of its id.
+struct Setup {
+    at: Ptr,
+    gate: Arc<Mutex<bool>>,
+    stop: Arc<AtomicBool>,
+    queue: Arc<Queue>,
+}
+
+impl Setup {
+    fn of(s: &SoftId, id: *mut ffi::rdma_cm_id) -> Setup {
+        Setup { at: Ptr(id as usize), gate: s.qp_gate.clone(), stop: s.stop.clone(), queue: s.queue.clone() }
+    }
+
+    /// Runs `f` on the id's QP with the gate held (so the QP cannot go meanwhile).
+    fn with_qp<T>(&self, f: impl FnOnce(&QueuePair) -> Result<T, ConnectError>) -> Result<T, ConnectError> {
+        let live = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the gate is held and says the id's QP lives.
+        let qp = (*live).then(|| unsafe { soft_qp((*(self.at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten();
+        qp.map_or(Err(ConnectError::Invalid("the QP went")), |q| f(&q.qp))
+    }
+
+    fn established(&self, data: Vec<u8>, p: &ConnParam) -> Box<EventBox> {
+        let depths = (p.responder_resources, p.initiator_depth);
+        conn_event(self.at.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_ESTABLISHED, data, depths)
+    }
+
+    /// Queues how the setup ended; a connection that came up is then watched for its end.
+    fn report(self, ev: Box<EventBox>) {
+        let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
+        self.queue.push(ev);
+        if up {
+            watch(self.at, self.gate, self.stop, self.queue);
+        }
+    }
+}
+
 /// `rdma_connect`: the CM's REQ (RoCEv2) or TCP and the MPA Request (iWARP) go out on a
 /// thread; ESTABLISHED, REJECTED or UNREACHABLE follows.
 ///
@@ -453,33 +489,13 @@ pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi:
     let (Some(peer), false) = (addrs(s).1, s.ibv.qp.is_null()) else { return einval() };
     // SAFETY: the caller's contract.
     let p = conn_param(unsafe { param.as_ref() });
-    let (gate, stop, queue, at) = (s.qp_gate.clone(), s.stop.clone(), s.queue.clone(), Ptr(id as usize));
+    let conn = Setup::of(s, id);
     std::thread::spawn(move || {
-        let at = at;
-        let result = {
-            let live = gate.lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY: the gate is held and says the id's QP lives.
-            let qp = (*live).then(|| unsafe { soft_qp((*(at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten();
-            match qp {
-                Some(q) => q.qp.connect(peer, &p, CONNECT_TIMEOUT),
-                None => Err(ConnectError::Invalid("the QP went")),
-            }
+        let ev = match conn.with_qp(|q| q.connect(peer, &p, CONNECT_TIMEOUT)) {
+            Ok(data) => conn.established(data, &p),
+            Err(e) => failure(conn.at.0 as *mut _, &e),
         };
-        let ev = match result {
-            Ok(data) => conn_event(
-                at.0 as *mut _,
-                std::ptr::null_mut(),
-                ffi::RDMA_CM_EVENT_ESTABLISHED,
-                data,
-                (p.responder_resources, p.initiator_depth),
-            ),
-            Err(e) => failure(at.0 as *mut _, &e),
-        };
-        let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
-        queue.push(ev);
-        if up {
-            watch(at, gate, stop, queue);
-        }
+        conn.report(ev);
     });
     0
 }
@@ -547,35 +563,15 @@ pub unsafe extern "C" fn rdma_accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::
     }
     // SAFETY: the caller's contract.
     let p = conn_param(unsafe { param.as_ref() });
-    let (gate, stop, queue, at) = (s.qp_gate.clone(), s.stop.clone(), s.queue.clone(), Ptr(id as usize));
+    let conn = Setup::of(s, id);
     std::thread::spawn(move || {
-        let at = at;
-        let result = {
-            let live = gate.lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY: the gate is held and says the id's QP lives.
-            let qp = (*live).then(|| unsafe { soft_qp((*(at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten();
-            match qp {
-                Some(q) => req.accept(&q.qp, &p),
-                None => Err(ConnectError::Invalid("the QP went")),
-            }
-        };
-        let ev = match result {
-            Ok(()) => conn_event(
-                at.0 as *mut _,
-                std::ptr::null_mut(),
-                ffi::RDMA_CM_EVENT_ESTABLISHED,
-                Vec::new(),
-                (p.responder_resources, p.initiator_depth),
-            ),
+        let ev = match conn.with_qp(|q| req.accept(q, &p)) {
+            Ok(()) => conn.established(Vec::new(), &p),
             Err(_) => {
-                event(at.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNABORTED)
+                event(conn.at.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNABORTED)
             }
         };
-        let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
-        queue.push(ev);
-        if up {
-            watch(at, gate, stop, queue);
-        }
+        conn.report(ev);
     });
     0
 }
