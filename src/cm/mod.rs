@@ -9,6 +9,9 @@
 
 mod inbound;
 mod msg;
+/// MAD builders, for other modules' tests.
+#[cfg(test)]
+pub(crate) use msg::{dreq as test_dreq, req as test_req, rtu as test_rtu};
 #[cfg(test)]
 mod tests;
 
@@ -249,6 +252,8 @@ pub struct Cm {
     out: VecDeque<OutMad>,
     /// Counters: MADs in, dropped (malformed, unknown IDs), retransmissions.
     pub stats: CmStats,
+    /// The top byte of every local communication ID, if set ([`Cm::set_id_tag`]).
+    id_tag: Option<u8>,
 }
 
 /// CM counters.
@@ -277,7 +282,14 @@ impl Cm {
             listeners: HashMap::new(),
             out: VecDeque::new(),
             stats: CmStats::default(),
+            id_tag: None,
         }
+    }
+
+    /// Makes every later local communication ID carry `tag` in its top byte, so a peer's
+    /// reply reaches this CM among the devices sharing its address (`transport::share`).
+    pub fn set_id_tag(&mut self, tag: u8) {
+        self.id_tag = Some(tag);
     }
 
     /// Starts taking REQs for `port`'s ServiceID (`rdma_listen`).
@@ -571,7 +583,8 @@ impl Cm {
 
     fn new_id(&mut self) -> ConnId {
         loop {
-            let id = self.rng.next_u64() as u32;
+            let drawn = self.rng.next_u64() as u32;
+            let id = self.id_tag.map_or(drawn, |t| u32::from(t) << 24 | drawn & 0xff_ffff);
             if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }

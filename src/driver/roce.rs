@@ -115,6 +115,17 @@ impl RoceDriver {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Takes the CM requests for `port` among the devices sharing the address (fails if
+    /// another one listens there).
+    pub fn claim_service(&self, port: u16) -> io::Result<()> {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner()).claim_service(port)
+    }
+
+    /// Gives up `port`'s CM requests.
+    pub fn release_service(&self, port: u16) {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner()).release_service(port)
+    }
+
     /// A CQ's queue, so that completions for CQ `id` reach it.
     pub fn add_cq(&self, id: u32, queue: Arc<CqQueue>) {
         self.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue);

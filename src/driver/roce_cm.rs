@@ -118,23 +118,38 @@ pub fn connect(
 }
 
 /// `rdma_listen` on `port` (0: a free one, drawn at random); returns the port.
+/// The port is also claimed among the devices of other processes on the same address.
 pub fn listen(d: &RoceDriver, port: u16) -> Result<u16, ConnectError> {
-    d.with_core_at(|dev, now| {
-        if port != 0 {
-            return dev.with_cm(now, |cm, _| cm.listen(port)).map(|_| port).map_err(describe);
+    if port != 0 {
+        return listen_on(d, port);
+    }
+    for _ in 0..LISTEN_DRAWS_MAX {
+        let p = 0xc000 | (d.with_core(|dev| dev.random_psn()) as u16 & 0x3fff);
+        if let Ok(p) = listen_on(d, p) {
+            return Ok(p);
         }
-        loop {
-            let p = 0xc000 | (dev.random_psn() as u16 & 0x3fff);
-            if dev.with_cm(now, |cm, _| cm.listen(p)).is_ok() {
-                return Ok(p);
-            }
-        }
-    })
+    }
+    Err(ConnectError::Invalid("no free port to listen on"))
+}
+
+/// Random ports tried before `listen` on port 0 gives up (16384 of them to draw from).
+const LISTEN_DRAWS_MAX: usize = 1000;
+
+fn listen_on(d: &RoceDriver, port: u16) -> Result<u16, ConnectError> {
+    d.claim_service(port)
+        .map_err(|_| ConnectError::Invalid("the port is listened on already, by this or another process"))?;
+    let listened = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.listen(port)));
+    if let Err(e) = listened {
+        d.release_service(port);
+        return Err(describe(e));
+    }
+    Ok(port)
 }
 
 /// Stops listening on `port`, rejecting the requests nobody took.
 pub fn close_listener(d: &RoceDriver, port: u16) {
     d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.close_listener(now, port)));
+    d.release_service(port);
 }
 
 /// The next request on `port`, waiting at most `timeout`.

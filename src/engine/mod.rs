@@ -148,6 +148,8 @@ pub struct Device {
     pub stats: Stats,
     /// QP1's counters.
     pub gsi_stats: gsi::GsiStats,
+    /// The top byte of every QPN, when the address is shared ([`Device::set_id_tag`]).
+    id_tag: Option<u8>,
 }
 
 impl Device {
@@ -164,6 +166,7 @@ impl Device {
             gsi_psn: 0,
             now_hint: 0,
             gsi_stats: gsi::GsiStats::default(),
+            id_tag: None,
             cfg,
             mrs,
             cqs: HashMap::new(),
@@ -310,7 +313,15 @@ impl Device {
     /// A random QPN for a new QP: 24 bits, never 0 or 1 (SMI, GSI) nor the rest of the
     /// first 16, drawn from the device's random source so that a peer cannot guess one.
     pub fn draw_qpn(&mut self, taken: impl Fn(u32) -> bool) -> u32 {
-        draw_qpn(&mut self.rng, taken)
+        draw_qpn(&mut self.rng, self.id_tag, taken)
+    }
+
+    /// Makes every later QPN and CM communication ID carry `tag` in its top byte (the
+    /// rest stays random): the devices of several processes sharing one address tell
+    /// their packets apart by it (`transport::share`).
+    pub fn set_id_tag(&mut self, tag: u8) {
+        self.id_tag = Some(tag);
+        self.cm.set_id_tag(tag);
     }
 
     /// Creates a QP in RESET with a random QPN, never one of a live QP.
@@ -324,7 +335,7 @@ impl Device {
         if init.srq.is_some_and(|s| !self.srqs.contains_key(&s)) {
             return Err(VerbsError::NotFound);
         }
-        let qpn = draw_qpn(&mut self.rng, |q| self.qps.contains_key(&q));
+        let qpn = draw_qpn(&mut self.rng, self.id_tag, |q| self.qps.contains_key(&q));
         let mut qp = Qp::new(qpn, init);
         qp.path.src_gid = self.cfg.gid;
         if self.cfg.cc.enabled {
@@ -658,11 +669,12 @@ fn pkey_matches(packet: u16, qp: u16) -> bool {
     packet & 0x7fff == qp & 0x7fff && (packet | qp) & 0x8000 != 0
 }
 
-/// A QPN from `rng` that `taken` does not refuse: 24 bits, not the 16 reserved ones, nor
-/// 0xFFFFFF (the multicast QPN, IBTA 9.6.1).
-fn draw_qpn(rng: &mut Rng, taken: impl Fn(u32) -> bool) -> u32 {
+/// A QPN from `rng` that `taken` does not refuse: 24 bits (the top 8 `tag`, if given), not
+/// the 16 reserved ones, nor 0xFFFFFF (the multicast QPN, IBTA 9.6.1).
+fn draw_qpn(rng: &mut Rng, tag: Option<u8>, taken: impl Fn(u32) -> bool) -> u32 {
     loop {
-        let q = rng.next_u64() as u32 & 0xff_ffff;
+        let drawn = rng.next_u64() as u32;
+        let q = tag.map_or(drawn & 0xff_ffff, |t| u32::from(t) << 16 | drawn & 0xffff);
         if q >= 16 && q != 0xff_ffff && !taken(q) {
             return q;
         }

@@ -33,6 +33,18 @@ pub trait PacketRx: Send {
     fn recv(&mut self) -> io::Result<usize>;
     /// Checks every packet of the last [`PacketRx::recv`] and hands the good ones to `dev`.
     fn deliver(&mut self, dev: &mut Device, now_ns: u64);
+    /// The tag the device's QPNs and CM IDs carry when it shares its address with other
+    /// processes ([`super::share`]); `None`: it does not.
+    fn id_tag(&self) -> Option<u8> {
+        None
+    }
+    /// Takes the CM requests for `port` among the devices sharing the address; fails if
+    /// another of them listens there.
+    fn claim_service(&mut self, _port: u16) -> io::Result<()> {
+        Ok(())
+    }
+    /// Gives up `port`'s CM requests.
+    fn release_service(&mut self, _port: u16) {}
 }
 
 /// Transport counters, shared by both halves (the engine counts the rest).
@@ -62,4 +74,11 @@ pub struct LinkStats {
     pub echo_replies: AtomicU64,
     /// Raw: packets dropped because their next hop did not resolve in time.
     pub tx_unresolved: AtomicU64,
+    /// UDP, address shared: packets read for another device on the address and handed on.
+    pub forwarded_out: AtomicU64,
+    /// UDP, address shared: packets another device on the address handed to this one.
+    pub forwarded_in: AtomicU64,
+    /// UDP, address shared: packets for another device whose queue was full (lost, as on
+    /// a wire).
+    pub forward_dropped: AtomicU64,
 }

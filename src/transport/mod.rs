@@ -6,6 +6,7 @@ pub mod headers;
 pub mod link;
 pub mod pcap;
 pub mod raw;
+pub mod share;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
 pub mod udp;

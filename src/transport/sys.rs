@@ -437,6 +437,12 @@ pub fn wait_writable(fd: RawFd) -> io::Result<()> {
     check(unsafe { libc::poll(&mut p, 1, 10) }).map(drop)
 }
 
+/// Waits up to `timeout_ms` for one of `fds` to be ready (`poll(2)`); returns how many are.
+pub fn poll_ms(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+    // SAFETY: `fds` is a live array of its length.
+    check(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) }).map(|n| n as usize)
+}
+
 /// The TCP connection's maximum segment size (`TCP_MAXSEG`): the effective MSS that
 /// iWARP sizes its FPDUs to (RFC 5044 §8).
 pub fn tcp_maxseg(fd: RawFd) -> io::Result<usize> {
@@ -619,6 +625,57 @@ pub fn catch_stop_signals() {
 /// True once SIGINT or SIGTERM came after [`catch_stop_signals`].
 pub fn stop_requested() -> bool {
     STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// A UDP socket bound to `addr` with `SO_REUSEPORT` set first, so that other processes of
+/// the same user can bind the same address and port (several softrdma devices on one
+/// address, [`super::share`]).
+pub fn bind_udp_shared(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let family = if addr.is_ipv6() { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: socket has no pointer arguments; on success we own the returned fd.
+    let fd = check(unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    let (sa, len) = std_to_sockaddr(&addr);
+    // SAFETY: `sa` is a sockaddr of `len` bytes that lives across the call.
+    check(unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) })?;
+    Ok(std::net::UdpSocket::from(owned))
+}
+
+/// An epoll set: one descriptor that is readable while any member is, so a poll thread
+/// waiting on one descriptor waits on a set that changes under it.
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    /// An empty set.
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: no pointer arguments; on success we own the returned fd.
+        let fd = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(Epoll { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Adds `fd` (level-triggered, readable).
+    pub fn add(&self, fd: RawFd) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
+        // SAFETY: `ev` lives across the call.
+        check(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) }).map(drop)
+    }
+
+    /// Removes `fd`.
+    pub fn remove(&self, fd: RawFd) {
+        // SAFETY: a null event is allowed for EPOLL_CTL_DEL.
+        let _ = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+    }
+}
+
+impl AsRawFd for Epoll {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ use super::headers::udp_header;
 pub use super::headers::{gid_to_ip, ip_header, ip_to_gid};
 use super::link::{LinkStats, PacketRx, PacketTx};
 use super::pcap::FrameLog;
+use super::share::{self, Share};
 use super::sys::{self, RecvBatch};
+use crate::engine::rng::Rng;
 use crate::engine::verbs::Gid;
 use crate::engine::{Device, Transmit};
 use crate::proto::roce::icrc::{self, IpHeader};
@@ -74,12 +76,16 @@ pub struct UdpConfig {
     /// UDP segmentation and receive offload (GSO, GRO): runs of equal-sized datagrams to
     /// one peer leave as one send, and come in as one buffer.
     pub offload: bool,
+    /// Share the address and port with softrdma devices in other processes
+    /// ([`super::share`]): the port is bound with `SO_REUSEPORT` and packets for another
+    /// device's QPs are handed on to it.
+    pub share: bool,
 }
 
 impl UdpConfig {
     /// Port 4791 on `addr`, with 8 source ports, offloads as [`offload_by_default`].
     pub fn new(addr: IpAddr) -> Self {
-        UdpConfig { addr, port: ROCE_PORT, source_ports: 8, offload: offload_by_default(addr) }
+        UdpConfig { addr, port: ROCE_PORT, source_ports: 8, offload: offload_by_default(addr), share: true }
     }
 }
 
@@ -91,8 +97,8 @@ struct Sockets {
     port: u16,
 }
 
-fn open_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
-    let s = UdpSocket::bind(addr)?;
+fn open_socket(addr: SocketAddr, shared: bool) -> io::Result<UdpSocket> {
+    let s = if shared { sys::bind_udp_shared(addr)? } else { UdpSocket::bind(addr)? };
     s.set_nonblocking(true)?;
     let fd = s.as_raw_fd();
     sys::set_dont_fragment(fd, addr.is_ipv6())?;
@@ -104,20 +110,24 @@ fn open_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
 /// Opens the receive socket on `cfg.addr:cfg.port` and the source-port pool; returns the two
 /// halves.
 pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, UdpRx)> {
-    let rx = open_socket(SocketAddr::new(cfg.addr, cfg.port))?;
+    let rx = open_socket(SocketAddr::new(cfg.addr, cfg.port), cfg.share)?;
     // Without GRO the kernel cuts a GSO send back into datagrams for us; with it, one
     // buffer holds them all, which needs room for a whole GSO send.
     let offload = cfg.offload && sys::set_udp_gro(rx.as_raw_fd()).is_ok();
     let rx_buffer = if offload { 65536 } else { RX_DATAGRAM_MAX };
     let mut tx = Vec::new();
     for _ in 0..cfg.source_ports.max(1) {
-        let s = open_socket(SocketAddr::new(cfg.addr, 0))?;
+        let s = open_socket(SocketAddr::new(cfg.addr, 0), false)?;
         let port = s.local_addr()?.port();
         tx.push((s, port));
     }
     let port = rx.local_addr()?.port();
-    let sockets = Arc::new(Sockets { rx, tx, local: cfg.addr, port });
     let stats = Arc::new(LinkStats::default());
+    let share = match cfg.share {
+        true => Some(Share::claim(cfg.addr, port, rx.as_raw_fd(), &mut Rng::os(), stats.clone())?),
+        false => None,
+    };
+    let sockets = Arc::new(Sockets { rx, tx, local: cfg.addr, port });
     let tx_half = UdpTx {
         sockets: sockets.clone(),
         stats: stats.clone(),
@@ -132,6 +142,8 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
         log,
         batch: RecvBatch::new(RX_BATCH, rx_buffer),
         recovery: icrc::RecoveryCache::default(),
+        share,
+        looks: 0,
     };
     Ok((tx_half, rx_half))
 }
@@ -365,7 +377,17 @@ pub struct UdpRx {
     log: Option<Arc<FrameLog>>,
     batch: RecvBatch,
     recovery: icrc::RecoveryCache,
+    /// The other devices on this address, if it is shared.
+    share: Option<Share>,
+    /// Calls to [`UdpRx::recv`], to look at forwarded packets now and then while the
+    /// UDP socket is busy.
+    looks: u32,
 }
+
+/// While the UDP socket keeps delivering, forwarded packets are looked for once in this
+/// many reads (an idle socket's every read looks): the common case, a packet for this
+/// device, costs no second system call.
+const FORWARD_LOOK_EVERY: u32 = 16;
 
 /// What one received datagram becomes, before the engine sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -384,11 +406,25 @@ pub enum RxVerdict {
 impl UdpRx {
     /// The receive socket's descriptor, for a poll.
     pub fn fd(&self) -> RawFd {
-        self.sockets.rx.as_raw_fd()
+        self.share.as_ref().map_or(self.sockets.rx.as_raw_fd(), Share::fd)
     }
 
-    /// Reads what is queued (up to one batch) without blocking; returns the count.
+    /// Reads what is queued (up to one batch, and what other devices on a shared address
+    /// handed on) without blocking; returns the count.
     pub fn recv(&mut self) -> io::Result<usize> {
+        let udp = self.recv_udp();
+        self.looks = self.looks.wrapping_add(1);
+        let Some(share) = self.share.as_mut() else { return udp };
+        let idle = udp.as_ref().map_or(true, |&n| n == 0);
+        let forwarded = if idle || self.looks.is_multiple_of(FORWARD_LOOK_EVERY) { share.recv() } else { 0 };
+        match udp {
+            Ok(n) => Ok(n + forwarded),
+            Err(_) if forwarded > 0 => Ok(forwarded),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn recv_udp(&mut self) -> io::Result<usize> {
         let n = self.batch.recv(self.sockets.rx.as_raw_fd())?;
         let datagrams: usize = (0..n)
             .filter_map(|i| {
@@ -407,12 +443,34 @@ impl UdpRx {
             let Some((bytes, src, tos)) = batch.get(i) else { break };
             let segment = batch.segment_bytes(i).unwrap_or(bytes.len()).max(1);
             for payload in bytes.chunks(segment) {
+                if let Some(share) = self.share.as_mut() {
+                    if share.forward(share::owner_of(payload), src, tos, payload) {
+                        continue;
+                    }
+                }
                 if let RxVerdict::Good { src, ce } = self.check(src, tos, payload) {
                     dev.handle_packet_ecn(now_ns, src, ce, payload);
                 }
             }
         }
         self.batch = batch;
+        self.deliver_forwarded(dev, now_ns);
+    }
+
+    /// Checks and hands to `dev` what other devices on the address handed on to this one.
+    fn deliver_forwarded(&mut self, dev: &mut Device, now_ns: u64) {
+        let Some(mut share) = self.share.take() else { return };
+        for i in 0..share.pending() {
+            let Some(f) = share.received(i) else {
+                self.runt();
+                continue;
+            };
+            if let RxVerdict::Good { src, ce } = self.check(f.src, f.tos, f.payload) {
+                dev.handle_packet_ecn(now_ns, src, ce, f.payload);
+            }
+        }
+        share.clear();
+        self.share = Some(share);
     }
 
     fn check(&mut self, src: SocketAddr, tos: u8, payload: &[u8]) -> RxVerdict {
@@ -473,6 +531,17 @@ impl PacketRx for UdpRx {
     fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
         UdpRx::deliver(self, dev, now_ns)
     }
+    fn id_tag(&self) -> Option<u8> {
+        self.share.as_ref().map(Share::tag)
+    }
+    fn claim_service(&mut self, port: u16) -> io::Result<()> {
+        self.share.as_mut().map_or(Ok(()), |s| s.claim_service(port))
+    }
+    fn release_service(&mut self, port: u16) {
+        if let Some(s) = self.share.as_mut() {
+            s.release_service(port);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -486,7 +555,7 @@ mod tests {
     #[test]
     fn a_refused_gso_send_goes_out_datagram_by_datagram() {
         let local = IpAddr::from([127, 0, 0, 1]);
-        let cfg = UdpConfig { addr: local, port: 0, source_ports: 1, offload: true };
+        let cfg = UdpConfig { addr: local, port: 0, source_ports: 1, offload: true, share: false };
         let (mut tx, _rx) = open(&cfg, None).unwrap();
         assert!(tx.offload, "loopback takes GSO");
         sys::set_int_option(tx.sockets.tx[0].0.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 1).unwrap();

@@ -149,6 +149,10 @@ pub struct OpenConfig {
     /// RoCEv2 on raw Ethernet frames on a network interface, with an address of its own
     /// (`addr` is then `raw.ip`); `None`: kernel UDP sockets.
     pub raw: Option<RawConfig>,
+    /// Kernel UDP sockets: let softrdma devices in other processes (of the same user) open
+    /// the same address and port, each with its own QPs (on by default, as rxe devices
+    /// share their host's address).
+    pub share_address: bool,
 }
 
 impl OpenConfig {
@@ -177,6 +181,7 @@ impl OpenConfig {
             source_ports: 8,
             udp_offload: udp::offload_by_default(addr),
             raw: None,
+            share_address: true,
         }
     }
 
@@ -251,6 +256,12 @@ pub struct DeviceStats {
     pub neighbour_requests: u64,
     /// Raw: ICMP echo requests answered.
     pub echo_replies: u64,
+    /// Shared address: packets read for another process's device and handed on.
+    pub forwarded_out: u64,
+    /// Shared address: packets another process's device handed on to this one.
+    pub forwarded_in: u64,
+    /// Shared address: packets for another device whose queue was full (lost).
+    pub forward_dropped: u64,
     /// Raw: packets dropped because their next hop did not resolve.
     pub tx_unresolved: u64,
     /// iWARP: TCP connections open (in MPA setup, connected, or closing).
@@ -281,19 +292,23 @@ impl Context {
                     port: cfg.port,
                     source_ports: cfg.source_ports,
                     offload: cfg.udp_offload,
+                    share: cfg.share_address,
                 };
                 let (tx, rx) = udp::open(&ucfg, log.clone())?;
                 let stats = tx.stats().clone();
                 Link { tx: Box::new(tx), rx: Box::new(rx), stats, log }
             }
         };
-        let dev = Device::new(DeviceConfig {
+        let mut dev = Device::new(DeviceConfig {
             gid: udp::ip_to_gid(cfg.addr),
             seed: cfg.seed,
             max_qps: cfg.max_qps,
             max_mrs: cfg.max_mrs,
             cc: cfg.cc,
         });
+        if let Some(tag) = link.rx.id_tag() {
+            dev.set_id_tag(tag);
+        }
         let path_mtu = cfg.active_mtu().unwrap_or(Mtu::M1024);
         let (driver, thread) = RoceDriver::start(dev, link, cfg.addr, path_mtu)?;
         Ok(Context { backend: Backend::Roce(driver), thread: Some(thread) })
@@ -593,6 +608,9 @@ impl Context {
             neighbour_requests: get(&u.neighbour_requests),
             echo_replies: get(&u.echo_replies),
             tx_unresolved: get(&u.tx_unresolved),
+            forwarded_out: get(&u.forwarded_out),
+            forwarded_in: get(&u.forwarded_in),
+            forward_dropped: get(&u.forward_dropped),
             iwarp_connections: 0,
         }
     }
