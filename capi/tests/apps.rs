@@ -197,3 +197,50 @@ fn perftest_runs_connected_by_rdma_cm_on_both_transports() {
         }
     }
 }
+
+/// Two ibv_rc_pingpong pairs and two rping pairs on each transport run at once, the servers
+/// of each kind sharing one address and their clients another, as applications share their
+/// host's address with rxe and siw: every pair runs to the end and checks its data, whichever
+/// process the kernel hands a packet to (src/transport/share.rs). The pingpongs wait on
+/// completion events: four processes busy-polling two CPUs measure the scheduler.
+#[test]
+fn several_processes_share_one_address() {
+    let iters = "500";
+    let mut runs = Vec::new();
+    for port in ["18631", "18632"] {
+        let args = ["-d", "softrdma0", "-g", "0", "-n", iters, "-p", port, "-s", "4096", "-e"];
+        let server = tool("ibv_rc_pingpong", "127.0.26.1", &args).spawn().expect("the tool runs");
+        runs.push(("ibv_rc_pingpong server", server));
+    }
+    for (transport, net) in [("rocev2", "127.0.27"), ("iwarp", "127.0.28")] {
+        let server_addr = format!("{net}.1");
+        for port in ["18641", "18642"] {
+            let args = ["-s", "-a", &server_addr, "-p", port, "-C", "20"];
+            runs.push(("rping server", tool_on("rping", transport, &server_addr, &args).spawn().expect("rping runs")));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for port in ["18631", "18632"] {
+        let args = ["-d", "softrdma0", "-g", "0", "-n", iters, "-p", port, "-s", "4096", "-e", "127.0.0.1"];
+        let client = tool("ibv_rc_pingpong", "127.0.26.2", &args).spawn().expect("the tool runs");
+        runs.push(("ibv_rc_pingpong client", client));
+    }
+    for (transport, net) in [("rocev2", "127.0.27"), ("iwarp", "127.0.28")] {
+        let server_addr = format!("{net}.1");
+        for port in ["18641", "18642"] {
+            let args = ["-c", "-v", "-a", &server_addr, "-p", port, "-C", "20"];
+            let client = tool_on("rping", transport, &format!("{net}.2"), &args).spawn().expect("rping runs");
+            runs.push(("rping client", client));
+        }
+    }
+    for (who, child) in runs {
+        let out = finish(child, Duration::from_secs(60));
+        let all = text(&out);
+        assert!(out.status.success(), "{who}:\n{all}");
+        match who {
+            "rping client" => assert_eq!(all.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count(), 20),
+            "rping server" => {}
+            _ => assert!(all.contains(&format!("{iters} iters in")), "{who}:\n{all}"),
+        }
+    }
+}
