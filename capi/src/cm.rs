@@ -345,6 +345,43 @@ pub unsafe extern "C" fn rdma_create_qp(
     attr: *mut ffi::ibv_qp_init_attr,
 ) -> c_int {
     // SAFETY: the caller's contract.
+    unsafe { attach_qp(id, pd, attr, false) }
+}
+
+/// `rdma_create_qp_ex`: as [`rdma_create_qp`], with the PD and send operations (the
+/// `ibv_wr_*` API) in the extended attributes, checked as `ibv_create_qp_ex` checks them.
+///
+/// # Safety
+/// `id` is a live id bound to a device; `attr` names the CQs and, if it says so, a PD.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut ffi::rdma_cm_id, attr: *mut ffi::ibv_qp_init_attr_ex) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(a) = (unsafe { attr.as_mut() }) else { return einval() };
+    let (mut basic, extended) = match crate::qp::basic_attr(a) {
+        Ok(b) => b,
+        Err(e) => {
+            crate::set_errno(e);
+            return -1;
+        }
+    };
+    let pd = if a.comp_mask & ffi::IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
+    // SAFETY: the caller's contract.
+    let made = unsafe { attach_qp(id, pd, &mut basic, extended) };
+    a.cap = basic.cap;
+    made
+}
+
+/// Makes the id's QP, [`SoftQp::extended`](crate::qp::SoftQp) if asked.
+///
+/// # Safety
+/// As [`rdma_create_qp`].
+unsafe fn attach_qp(
+    id: *mut ffi::rdma_cm_id,
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_qp_init_attr,
+    extended: bool,
+) -> c_int {
+    // SAFETY: the caller's contract.
     let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
     if s.ibv.verbs.is_null() || !s.ibv.qp.is_null() {
         return einval();
@@ -358,7 +395,7 @@ pub unsafe extern "C" fn rdma_create_qp(
         pd
     };
     // SAFETY: the caller's contract.
-    let qp = unsafe { create_qp(pd, attr, true) };
+    let qp = unsafe { create_qp(pd, attr, true, extended) };
     if qp.is_null() {
         return -1;
     }

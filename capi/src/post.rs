@@ -13,7 +13,7 @@ use std::ffi::c_int;
 ///
 /// # Safety
 /// `sg_list` holds `num_sge` entries (or `num_sge` is 0).
-unsafe fn sgl_of(sg_list: *const ffi::ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
+pub(crate) unsafe fn sgl_of(sg_list: *const ffi::ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
     if !(0..=16).contains(&num_sge) || (num_sge > 0 && sg_list.is_null()) {
         return Err(libc::EINVAL);
     }
@@ -56,7 +56,7 @@ unsafe fn op_of(wr: &ffi::ibv_send_wr, is_ud: bool) -> Result<(SendOp, Option<Ud
 }
 
 /// Errno for a refused post.
-fn errno_of(e: VerbsError) -> c_int {
+pub(crate) fn errno_of(e: VerbsError) -> c_int {
     match e {
         VerbsError::QueueFull => libc::ENOMEM,
         _ => libc::EINVAL,
@@ -70,7 +70,7 @@ fn errno_of(e: VerbsError) -> c_int {
 unsafe fn post_one(sq: &SoftQp, wr: &ffi::ibv_send_wr) -> Result<(), c_int> {
     // SAFETY: the caller's contract.
     let sgl = unsafe { sgl_of(wr.sg_list, wr.num_sge) }?;
-    let is_ud = sq.ibv.qp_type == ffi::IBV_QPT_UD;
+    let is_ud = sq.ibv().qp_type == ffi::IBV_QPT_UD;
     // SAFETY: the caller's contract.
     let (op, ud) = unsafe { op_of(wr, is_ud) }?;
     let flags = wr.send_flags;
@@ -86,11 +86,25 @@ unsafe fn post_one(sq: &SoftQp, wr: &ffi::ibv_send_wr) -> Result<(), c_int> {
     if total > u64::from(INLINE_MAX_BYTES) {
         return Err(libc::EINVAL);
     }
+    let parts: Vec<&[u8]> = req
+        .sgl
+        .iter()
+        // SAFETY: an inline request's SGEs point at the caller's readable bytes.
+        .map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) })
+        .collect();
+    post_inline(sq, req, &parts)
+}
+
+/// Posts `req` with `parts` as its payload, copied into the QP's inline buffer (at most
+/// [`INLINE_MAX_BYTES`] in all).
+pub(crate) fn post_inline(sq: &SoftQp, mut req: SendWr, parts: &[&[u8]]) -> Result<(), c_int> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    if total > INLINE_MAX_BYTES as usize {
+        return Err(libc::EINVAL);
+    }
     let bounce = sq.inline.lock().unwrap_or_else(|e| e.into_inner());
     let mut at = 0usize;
-    for s in &req.sgl {
-        // SAFETY: an inline request's SGEs point at the caller's readable bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+    for bytes in parts {
         bounce.write(at, bytes);
         at += bytes.len();
     }

@@ -14,8 +14,13 @@ pub const INLINE_MAX_BYTES: u32 = 256;
 /// `ibv_qp` and its softrdma QP.
 #[repr(C)]
 pub struct SoftQp {
-    /// What applications see.
-    pub ibv: ffi::ibv_qp,
+    /// What applications see: an `ibv_qp`, extended by the `ibv_wr_*` table
+    /// ([`crate::wr`]) when it was made with `ibv_create_qp_ex` and send operations.
+    pub ex: ffi::ibv_qp_ex,
+    /// Made with send operations: [`ibv_qp_to_qp_ex`] hands out `ex`.
+    pub extended: bool,
+    /// The requests an application builds with `ibv_wr_*` until `wr_complete`.
+    pub batch: Mutex<crate::wr::WrBatch>,
     /// The engine's QP.
     pub qp: QueuePair,
     /// Every send request completes (`sq_sig_all`).
@@ -33,12 +38,19 @@ pub struct SoftQp {
     pub set: Mutex<ffi::ibv_qp_attr>,
 }
 
+impl SoftQp {
+    /// The `ibv_qp` applications see.
+    pub fn ibv(&self) -> &ffi::ibv_qp {
+        &self.ex.qp_base
+    }
+}
+
 /// The [`SoftQp`] of a QP this library made.
 ///
 /// # Safety
 /// `qp` came from [`ibv_create_qp`] and is not destroyed.
 pub unsafe fn soft_qp<'a>(qp: *mut ffi::ibv_qp) -> Option<&'a SoftQp> {
-    // SAFETY: `ibv` is the first field of the repr(C) SoftQp.
+    // SAFETY: `ex` begins the repr(C) SoftQp, and its `qp_base` begins `ex`.
     unsafe { qp.cast::<SoftQp>().as_ref() }
 }
 
@@ -71,7 +83,56 @@ fn caps_of(cap: &ffi::ibv_qp_cap) -> Result<QpCaps, c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp {
     // SAFETY: the caller's contract.
-    unsafe { create_qp(pd, attr, false) }
+    unsafe { create_qp(pd, attr, false, false) }
+}
+
+/// `verbs_context.create_qp_ex`, which the inline `ibv_create_qp_ex` calls for anything
+/// beyond a PD: send operations (the `ibv_wr_*` API) and no creation flags.
+///
+/// # Safety
+/// `attr` points to a `struct ibv_qp_init_attr_ex` naming a live PD and CQs.
+pub unsafe extern "C" fn create_qp_ex(
+    _ctx: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_qp_init_attr_ex,
+) -> *mut ffi::ibv_qp {
+    // SAFETY: the caller's contract.
+    let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
+    let (mut basic, extended) = match basic_attr(a) {
+        Ok(b) => b,
+        Err(e) => return fail(e),
+    };
+    if a.comp_mask & ffi::IBV_QP_INIT_ATTR_PD == 0 {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract.
+    let qp = unsafe { create_qp(a.pd, &mut basic, false, extended) };
+    a.cap = basic.cap;
+    qp
+}
+
+/// The basic attributes the extended ones begin with, field for field, and whether
+/// they ask for send operations; EOPNOTSUPP for what softrdma does not do (creation
+/// flags, XRC, RSS, TSO, an operation outside [`crate::wr::SEND_OPS_SUPPORTED`]).
+pub fn basic_attr(a: &ffi::ibv_qp_init_attr_ex) -> Result<(ffi::ibv_qp_init_attr, bool), c_int> {
+    let known = ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    let has = |m: u32| a.comp_mask & m != 0;
+    if a.comp_mask & !known != 0 || (has(ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS) && a.create_flags != 0) {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let extended = has(ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS);
+    if extended && a.send_ops_flags & !crate::wr::SEND_OPS_SUPPORTED != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let basic = ffi::ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    Ok((basic, extended))
 }
 
 /// A QP for `ibv_create_qp`, or (`for_cm`) an RC QP for `rdma_create_qp`, which the
@@ -79,7 +140,12 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
 ///
 /// # Safety
 /// As [`ibv_create_qp`].
-pub unsafe fn create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr, for_cm: bool) -> *mut ffi::ibv_qp {
+pub unsafe fn create_qp(
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_qp_init_attr,
+    for_cm: bool,
+    extended: bool,
+) -> *mut ffi::ibv_qp {
     // SAFETY: the caller's contract.
     let (Some(spd), Some(a)) = (unsafe { soft_pd(pd) }, unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
     // SAFETY: the caller's contract: live CQs of the same context.
@@ -125,8 +191,16 @@ pub unsafe fn create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr, 
     ibv.qp_num = qp.qp_num();
     ibv.state = qp.state().map_or(ffi::IBV_QPS_RESET, ibv_state);
     ibv.qp_type = a.qp_type;
+    // SAFETY: ibv_qp_ex is plain C data; all-zero is valid (every slot empty).
+    let mut ex: ffi::ibv_qp_ex = unsafe { std::mem::zeroed() };
+    ex.qp_base = ibv;
+    if extended {
+        crate::wr::install(&mut ex);
+    }
     let soft_qp = SoftQp {
-        ibv,
+        ex,
+        extended,
+        batch: Mutex::default(),
         qp,
         sig_all: a.sq_sig_all != 0,
         inline: Mutex::new(inline),
@@ -313,22 +387,27 @@ pub unsafe extern "C" fn ibv_query_qp(
     a.rq_psn = info.rq_psn;
     // SAFETY: the caller's contract.
     if let Some(i) = unsafe { init.as_mut() } {
-        i.qp_context = sq.ibv.qp_context;
-        i.send_cq = sq.ibv.send_cq;
-        i.recv_cq = sq.ibv.recv_cq;
-        i.qp_type = sq.ibv.qp_type;
+        i.qp_context = sq.ibv().qp_context;
+        i.send_cq = sq.ibv().send_cq;
+        i.recv_cq = sq.ibv().recv_cq;
+        i.qp_type = sq.ibv().qp_type;
         i.sq_sig_all = c_int::from(sq.sig_all);
         i.cap = sq.caps;
     }
     0
 }
 
-/// `ibv_qp_to_qp_ex`: the extended post-send API is not there yet; NULL (EOPNOTSUPP),
-/// which applications take as "use ibv_post_send".
+/// `ibv_qp_to_qp_ex`: the extended QP of one made with send operations
+/// ([`create_qp_ex`]); NULL (EOPNOTSUPP) for any other, which applications take as
+/// "use ibv_post_send".
 ///
 /// # Safety
-/// Reads nothing.
+/// `qp` is NULL or a live QP this library made.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ffi::ibv_qp) -> *mut ffi::ibv_qp_ex {
-    fail(libc::EOPNOTSUPP)
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ffi::ibv_qp) -> *mut ffi::ibv_qp_ex {
+    // SAFETY: the caller's contract.
+    match unsafe { soft_qp(qp) } {
+        Some(sq) if sq.extended => qp.cast(),
+        _ => fail(libc::EOPNOTSUPP),
+    }
 }

@@ -51,6 +51,7 @@ std::arch::global_asm!(
     ".symver rdma_resolve_addr, rdma_resolve_addr@@RDMACM_1.0",
     ".symver rdma_resolve_route, rdma_resolve_route@@RDMACM_1.0",
     ".symver rdma_create_qp, rdma_create_qp@@RDMACM_1.0",
+    ".symver rdma_create_qp_ex, rdma_create_qp_ex@@RDMACM_1.0",
     ".symver rdma_destroy_qp, rdma_destroy_qp@@RDMACM_1.0",
     ".symver rdma_connect, rdma_connect@@RDMACM_1.0",
     ".symver rdma_listen, rdma_listen@@RDMACM_1.0",

@@ -127,7 +127,7 @@ unsupported!(
     "RDMACM_1.0",
     c_int,
     enosys(),
-    [rdma_create_qp_ex, rpoll, rdma_create_ep, rdma_get_request, rdma_join_multicast, rdma_leave_multicast,]
+    [rpoll, rdma_create_ep, rdma_get_request, rdma_join_multicast, rdma_leave_multicast,]
 );
 unsupported!("RDMACM_1.0", (), (), [rdma_destroy_ep]);
 unsupported!("RDMACM_1.1", c_int, enosys(), [rdma_join_multicast_ex]);

@@ -244,3 +244,23 @@ fn several_processes_share_one_address() {
         }
     }
 }
+
+/// A C program using the extended post-send API (`ibv_create_qp_ex`, `ibv_wr_*`), built
+/// against rdma-core's headers and run on the library: a batched WRITE, inline SEND and
+/// FETCH_AND_ADD, a READ, an aborted batch and a refused operation, every byte checked
+/// (capi/tests/c/wr_api.c).
+#[test]
+fn the_ibv_wr_post_send_api_runs() {
+    let dir = std::env::temp_dir().join(format!("softrdma-wr-api-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let exe = dir.join("wr_api");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/wr_api.c");
+    let cc = Command::new("cc").args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).arg("-libverbs").output();
+    let cc = cc.expect("a C compiler (cc) runs");
+    assert!(cc.status.success(), "wr_api.c builds:\n{}", text(&cc));
+    let run = tool(exe.to_str().unwrap(), "127.0.29.1", &[]).spawn().expect("wr_api runs");
+    let out = finish(run, Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success() && text(&out).contains("wr api ok"), "wr_api:\n{}", text(&out));
+}
