@@ -185,6 +185,12 @@ fn srq_is_shared_and_raises_its_limit_event() {
     sim.devices[0].post_send(pairs[1].0[0], send(6, SendOp::Send, vec![sge(&ma, 0, 10)], None)).unwrap();
     sim.run_until(u64::MAX);
     assert_eq!(sim.devices[1].poll_async_event(), None, "one-shot");
+    assert_eq!(sim.devices[1].destroy_srq(srq), Err(VerbsError::InvalidRequest), "QPs use it (EBUSY)");
+    for (q, _) in &pairs {
+        sim.devices[1].destroy_qp(q[1]).unwrap();
+    }
+    assert_eq!(sim.devices[1].destroy_srq(srq), Ok(()));
+    assert_eq!(sim.devices[1].post_srq_recv(srq, RecvWr { wr_id: 7, sgl: vec![] }), Err(VerbsError::NotFound));
 }
 
 // IBTA 9.8.3: UC delivers a message at most once: a duplicated packet is dropped.

@@ -217,7 +217,17 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     };
     // SAFETY: eventfd with valid flags.
     let async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if async_fd < 0 {
+    // A descriptor where rdma-core has the kernel's uverbs file: applications dup and
+    // poll it (pyverbs hands it to ibv_import_device, which refuses). It never reads.
+    // SAFETY: eventfd with valid flags.
+    let cmd_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if async_fd < 0 || cmd_fd < 0 {
+        // SAFETY: closing what was opened above, if it was.
+        unsafe {
+            for fd in [async_fd, cmd_fd].into_iter().filter(|fd| *fd >= 0) {
+                libc::close(fd);
+            }
+        }
         return null_mut();
     }
     // SAFETY: verbs_context is plain C data (pointers, ints, a pthread mutex whose
@@ -229,7 +239,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
     crate::ops::install(&mut vctx.context.ops);
     vctx.context.device = dev;
-    vctx.context.cmd_fd = -1;
+    vctx.context.cmd_fd = cmd_fd;
     vctx.context.async_fd = async_fd;
     vctx.context.num_comp_vectors = 1;
     // rdma-core's __VERBS_ABI_IS_EXTENDED: the context is a verbs_context's tail.
@@ -264,7 +274,10 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
     let owned = (soft as *const SoftContext).cast_mut();
     // SAFETY: allocated by Box in ibv_open_device, given back once.
     let soft = unsafe { Box::from_raw(owned) };
-    // SAFETY: the eventfd opened with the context.
-    unsafe { libc::close(soft.vctx.context.async_fd) };
+    // SAFETY: the eventfds opened with the context.
+    unsafe {
+        libc::close(soft.vctx.context.async_fd);
+        libc::close(soft.vctx.context.cmd_fd);
+    }
     0
 }

@@ -18,6 +18,7 @@ mod ops;
 pub mod post;
 pub mod qp;
 pub mod query;
+pub mod srq;
 mod symver;
 pub mod unsupported;
 pub mod wr;

@@ -13,7 +13,7 @@ pub fn install(ops: &mut ffi::ibv_context_ops) {
     ops.dealloc_mw = Some(dealloc_mw);
     ops.poll_cq = Some(crate::cq::poll_cq);
     ops.req_notify_cq = Some(crate::cq::req_notify_cq);
-    ops.post_srq_recv = Some(post_srq_recv);
+    ops.post_srq_recv = Some(crate::srq::post_srq_recv);
     ops.post_send = Some(crate::post::post_send);
     ops.post_recv = Some(crate::post::post_recv);
 }
@@ -28,22 +28,5 @@ unsafe extern "C" fn bind_mw(_qp: *mut ffi::ibv_qp, _mw: *mut ffi::ibv_mw, _bind
 }
 
 unsafe extern "C" fn dealloc_mw(_mw: *mut ffi::ibv_mw) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-unsafe extern "C" fn post_srq_recv(
-    _srq: *mut ffi::ibv_srq,
-    wr: *mut ffi::ibv_recv_wr,
-    bad: *mut *mut ffi::ibv_recv_wr,
-) -> c_int {
-    refuse(wr, bad)
-}
-
-/// A post refused whole: the first request is the bad one.
-fn refuse<T>(wr: *mut T, bad: *mut *mut T) -> c_int {
-    if !bad.is_null() {
-        // SAFETY: the caller passes a valid out-pointer or NULL.
-        unsafe { *bad = wr };
-    }
     libc::EOPNOTSUPP
 }

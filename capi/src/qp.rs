@@ -153,7 +153,9 @@ pub unsafe fn create_qp(
         return fail(libc::EINVAL);
     };
     let Some(kind) = qp_type_of(a.qp_type) else { return fail(libc::EOPNOTSUPP) };
-    if !a.srq.is_null() {
+    // SAFETY: the caller's contract: NULL or a live SRQ of the same context.
+    let srq = unsafe { crate::srq::soft_srq(a.srq) };
+    if srq.is_some() && for_cm {
         return fail(libc::EOPNOTSUPP);
     }
     let caps = match caps_of(&a.cap) {
@@ -169,7 +171,7 @@ pub unsafe fn create_qp(
     let made = if for_cm {
         engine.create_cm_qp(&spd.pd, &scq.cq, &rcq.cq, caps)
     } else {
-        engine.create_qp(&spd.pd, &scq.cq, &rcq.cq, kind, caps, None)
+        engine.create_qp(&spd.pd, &scq.cq, &rcq.cq, kind, caps, srq.map(|s| &s.srq))
     };
     let qp = match made {
         Ok(q) => q,

@@ -112,9 +112,6 @@ unsupported!("IBVERBS_1.0", *mut c_void, null(), [ibv_get_sysfs_path]);
 unsupported!("IBVERBS_1.1", (), (), [ibv_copy_ah_attr_from_kern]);
 unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_attach_mcast, ibv_detach_mcast, ibv_resolve_eth_l2_from_gid]);
 unsupported!("IBVERBS_1.10", c_int, eopnotsupp(), [ibv_query_ece, ibv_set_ece]);
-// Shared receive queues are in the engine; their C interface is not yet.
-unsupported!("IBVERBS_1.1", *mut c_void, null(), [ibv_create_srq]);
-unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_destroy_srq, ibv_modify_srq, ibv_query_srq]);
 // Importing another process's objects, dma-buf memory, re-registration, resizing a CQ.
 unsupported!("IBVERBS_1.10", *mut c_void, null(), [ibv_import_device, ibv_import_mr, ibv_import_pd]);
 unsupported!("IBVERBS_1.10", (), (), [ibv_unimport_mr, ibv_unimport_pd]);

@@ -264,3 +264,13 @@ fn the_ibv_wr_post_send_api_runs() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success() && text(&out).contains("wr api ok"), "wr_api:\n{}", text(&out));
 }
+
+/// perftest's SEND tools with the receiver's requests in a shared receive queue
+/// (`--use-srq`: ibv_create_srq, ibv_post_srq_recv, a QP made on the SRQ), in bandwidth
+/// and in latency, on UD as well as RC.
+#[test]
+fn perftest_runs_on_a_shared_receive_queue() {
+    perftest("ib_send_bw", "127.0.32", "18911", &["-n", "500", "--use-srq"]);
+    perftest("ib_send_lat", "127.0.33", "18912", &["-n", "200", "--use-srq"]);
+    perftest("ib_send_bw", "127.0.34", "18913", &["-n", "500", "--use-srq", "-c", "UD", "-s", "1024"]);
+}

@@ -289,6 +289,15 @@ impl Device {
         id
     }
 
+    /// Destroys a shared receive queue; refused (`InvalidRequest`) while a QP uses it,
+    /// as `ibv_destroy_srq` refuses with EBUSY.
+    pub fn destroy_srq(&mut self, srq: u32) -> Result<(), VerbsError> {
+        if self.qps.values().any(|q| q.init.srq == Some(srq)) {
+            return Err(VerbsError::InvalidRequest);
+        }
+        self.srqs.remove(&srq).map(drop).ok_or(VerbsError::NotFound)
+    }
+
     /// Posts a receive to a shared receive queue.
     pub fn post_srq_recv(&mut self, srq: u32, wr: RecvWr) -> Result<(), VerbsError> {
         self.srqs.get_mut(&srq).ok_or(VerbsError::NotFound)?.post(wr)

@@ -758,6 +758,18 @@ impl SharedReceiveQueue {
     pub fn arm_limit(&self, limit: usize) -> Result<(), VerbsError> {
         self.backend.with_dev(|d| d.arm_srq_limit(self.id, limit))
     }
+    /// `ibv_destroy_srq`: refused (`InvalidRequest`) while a QP uses it; dropping the
+    /// handle afterwards is then all that is left.
+    pub fn destroy(&self) -> Result<(), VerbsError> {
+        self.backend.with_dev(|d| d.destroy_srq(self.id))
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // Gone already if `destroy` ran; still used by a QP, it stays for that QP.
+        let _ = self.destroy();
+    }
 }
 
 /// What [`QueuePair::query`] reports.
