@@ -350,9 +350,10 @@ fn ird_bounds_reads_and_the_output_they_make() {
     assert_eq!((t.layer, t.etype, t.ecode), (Layer::Rdmap, 2, 7));
 }
 
-/// The device connects to the attacker, which answers MPA as responder.
+/// The device connects to the attacker, which answers MPA as responder (in peer-to-peer
+/// mode, which the device offers here).
 fn attacked_initiator() -> (Victim, MemoryRegion, Wire) {
-    let client = victim(open(|_| {}), 64 * 1024);
+    let client = victim(open(|c| c.iwarp.offer_rtr = true), 64 * 1024);
     let other = client.ctx.reg_mr(&client.pd, 4096, Access::ALL).unwrap();
     other.write(0, &[0xee; 4096]);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -18,7 +18,8 @@ struct Side {
 
 fn side(seed: u64) -> Side {
     let cfg = DeviceConfig { gid: [0; 16], seed: Some(seed), max_qps: 16, max_mrs: 16, cc: Default::default() };
-    let mut dev = IwarpDevice::new(Device::new(cfg), IwarpConfig::default());
+    // Peer-to-peer offered, so its held RTR is on the path under test.
+    let mut dev = IwarpDevice::new(Device::new(cfg), IwarpConfig { offer_rtr: true, ..IwarpConfig::default() });
     let pd = dev.dev.alloc_pd();
     let cq = dev.dev.create_cq(256);
     let mr = dev.dev.reg_mr(pd, 1 << 20, Access::ALL).unwrap();
@@ -110,6 +111,12 @@ fn two_devices_with_no_io_connect_and_run_every_operation() {
     let remote = Remote { addr: b.mr.addr + 8192, rkey: b.mr.rkey };
     a.dev.post_send(a.qpn, [SendWr::new(2, SendOp::Write(remote), vec![sge(&a.mr, 4096, big.len())])]).unwrap();
     a.dev.post_send(a.qpn, [SendWr::new(3, SendOp::Read(remote), vec![sge(&a.mr, 512 * 1024, big.len())])]).unwrap();
+    // The initiator's RTR, and all behind it, waits out `IwarpConfig::first_fpdu_delay_us`.
+    assert!(a.dev.tx_pending(ta).is_empty(), "nothing before the RTR");
+    let rtr_at = a.dev.poll_timeout().expect("the held RTR's deadline");
+    a.dev.set_now(rtr_at);
+    a.dev.handle_timeout();
+    assert!(!a.dev.tx_pending(ta).is_empty());
     shuttle(&mut a, ta, &mut b, tb, &mut cuts);
     let got_a: Vec<(u64, WcStatus)> = completions(&mut a).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got_a, vec![(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);

@@ -33,8 +33,8 @@ fn pair(crc: bool, markers: bool, ord: u16) -> (Side, Side) {
         Some(Outcome::Established(n)) => n.clone(),
         o => panic!("{o:?}"),
     };
-    let a = IwarpQp::new(1, Pd(1), &neg(&ini), true, 1460);
-    let b = IwarpQp::new(2, Pd(1), &neg(&res), false, 1460);
+    let a = IwarpQp::new(1, Pd(1), &neg(&ini), true, 1460, None);
+    let b = IwarpQp::new(2, Pd(1), &neg(&res), false, 1460, None);
     (side(a, 1), side(b, 2))
 }
 

@@ -55,7 +55,7 @@ pub fn iwarp_qp(data: &[u8]) {
         peer_private_data: Vec::new(),
     };
     let mut r = regions();
-    let mut qp = IwarpQp::new(1, Pd(1), &neg, mode & 4 != 0, 1460);
+    let mut qp = IwarpQp::new(1, Pd(1), &neg, mode & 4 != 0, 1460, None);
     let mut posted_recvs = 0u64;
     for k in 0..8u64 {
         let sge = Sge { addr: r.recv.addr + k * 4096, length: 4096, lkey: r.recv.lkey };

@@ -375,7 +375,10 @@ impl IwarpDevice {
         if s.conn.is_some() || s.qp.is_some() || s.failed {
             return Err(ConnectError::Invalid("the QP is connected already"));
         }
-        let policy = self.policy(param);
+        let mut policy = self.policy(param);
+        if !self.cfg.offer_rtr {
+            policy.rtr.clear();
+        }
         let t = self.add_conn(None, None, 576);
         if let Some(c) = self.conns.get_mut(&t) {
             c.initiator_policy = Some(policy);

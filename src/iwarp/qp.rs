@@ -106,6 +106,9 @@ pub struct IwarpQp {
     ird: usize,
     reads_in: VecDeque<ReadJob>,
     rtr_expected: bool,
+    /// The initiator's first FPDU (its RTR, if any, else the first request) is held
+    /// until this time (ns), and everything posted behind it.
+    hold: Option<(Option<RtrKind>, u64)>,
     completions: VecDeque<Wc>,
     terminated: Option<Terminated>,
     max_send_wr: usize,
@@ -114,8 +117,9 @@ pub struct IwarpQp {
 
 impl IwarpQp {
     /// A QP in RTS on a connection set up with `neg`, sending FPDUs of at most `mss`
-    /// octets. The initiator of a peer-to-peer connection sends its RTR first.
-    pub fn new(qpn: u32, pd: Pd, neg: &Negotiated, initiator: bool, mss: usize) -> IwarpQp {
+    /// octets. The initiator of a peer-to-peer connection sends its RTR first; an
+    /// initiator sends nothing before `first_at_ns` (at once if that is `None`).
+    pub fn new(qpn: u32, pd: Pd, neg: &Negotiated, initiator: bool, mss: usize, first_at_ns: Option<u64>) -> IwarpQp {
         // FPDU overhead: length, pad, CRC, and up to 3 markers in a 1500-byte segment.
         let overhead = 2 + 3 + 4 + if neg.markers_tx { 12 } else { 0 };
         let mut qp = IwarpQp {
@@ -137,17 +141,41 @@ impl IwarpQp {
             ird: usize::from(neg.ird),
             reads_in: VecDeque::new(),
             rtr_expected: !initiator && neg.rtr.is_some(),
+            hold: None,
             completions: VecDeque::new(),
             terminated: None,
             max_send_wr: usize::MAX,
             max_recv_wr: usize::MAX,
         };
-        if initiator {
-            if let Some(kind) = neg.rtr {
-                qp.send_rtr(kind);
+        let rtr = initiator.then_some(neg.rtr).flatten();
+        match (initiator, first_at_ns) {
+            (true, Some(at)) => qp.hold = Some((rtr, at)),
+            _ => {
+                if let Some(kind) = rtr {
+                    qp.send_rtr(kind);
+                }
             }
         }
         qp
+    }
+
+    /// When the held first FPDU goes (ns), if one is held.
+    pub fn hold_deadline(&self) -> Option<u64> {
+        self.hold.map(|(_, at)| at)
+    }
+
+    /// Ends the hold if it is due at `now_ns`: the RTR, then what was posted behind it.
+    pub fn release_hold(&mut self, now_ns: u64, mrs: &MrTable) {
+        match self.hold {
+            Some((rtr, at)) if at <= now_ns => {
+                self.hold = None;
+                if let (Some(kind), QpState::Rts) = (rtr, self.state) {
+                    self.send_rtr(kind);
+                }
+                self.start_waiting(mrs);
+            }
+            _ => {}
+        }
     }
 
     /// Bounds the send and receive queues (`ibv_qp_cap`): posting beyond is `QueueFull`.
@@ -276,7 +304,8 @@ impl IwarpQp {
         // Requests go on the wire in posting order: behind a Read that waits for the ORD,
         // and, on the responder of a peer-to-peer connection, until the initiator's RTR
         // has arrived (RFC 6581 §6: the responder must not send before it).
-        if self.rtr_expected || !self.waiting.is_empty() || (is_read && self.reads_out >= self.ord) {
+        let rtr_first = self.rtr_expected || self.hold.is_some();
+        if rtr_first || !self.waiting.is_empty() || (is_read && self.reads_out >= self.ord) {
             self.waiting.push_back(wr);
             return Ok(());
         }
@@ -558,7 +587,7 @@ impl IwarpQp {
     }
 
     fn start_waiting(&mut self, mrs: &MrTable) {
-        while self.state == QpState::Rts && !self.rtr_expected {
+        while self.state == QpState::Rts && !self.rtr_expected && self.hold.is_none() {
             let Some(front) = self.waiting.front() else { break };
             if matches!(front.op, SendOp::Read(_)) && self.reads_out >= self.ord {
                 break;

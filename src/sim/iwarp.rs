@@ -23,6 +23,9 @@ const AREA: usize = 256 * 1024;
 const MAX_MESSAGE: usize = 200_000;
 /// Turns of the network without progress before the run is declared stuck.
 const STUCK_TURNS: u32 = 10_000;
+/// A timer this close (ns) is waited for when the streams go quiet: a held first FPDU is, an MPA
+/// timeout (seconds away, for a handshake still under way) is not.
+const TIMER_SOON_NS: u64 = 50_000_000;
 
 /// What one seed did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,7 +49,11 @@ struct Side {
 }
 
 fn side(seed: u64, crc: CrcPolicy, rng: &mut Rng) -> Side {
-    let cfg = IwarpConfig { crc, markers: rng.below(4) == 0, ..IwarpConfig::default() };
+    // Peer-to-peer offered or not (the default), and the initiator's first FPDU held for
+    // the shipped delay (sent on a timer) or sent at once.
+    let offer_rtr = rng.below(2) == 0;
+    let first_fpdu_delay_us = if rng.below(2) == 0 { 0 } else { IwarpConfig::default().first_fpdu_delay_us };
+    let cfg = IwarpConfig { crc, markers: rng.below(4) == 0, offer_rtr, first_fpdu_delay_us, ..IwarpConfig::default() };
     let dcfg = DeviceConfig { gid: [0; 16], seed: Some(seed), max_qps: 4, max_mrs: 4, cc: Default::default() };
     let mut dev = IwarpDevice::new(Device::new(dcfg), cfg);
     let pd = dev.dev.alloc_pd();
@@ -106,10 +113,18 @@ impl Wire {
         true
     }
 
-    /// Turns until neither stream has anything left.
+    /// Turns until neither stream has anything left nor a timer due soon (a held first FPDU,
+    /// not an MPA timeout) to fire; with both streams empty, time jumps to that timer.
     fn settle(&mut self, a: &mut Side, b: &mut Side) -> Result<(), String> {
         let mut idle = 0;
-        while !(a.dev.tx_pending(a.conn).is_empty() && b.dev.tx_pending(b.conn).is_empty()) {
+        loop {
+            if a.dev.tx_pending(a.conn).is_empty() && b.dev.tx_pending(b.conn).is_empty() {
+                let next = a.dev.poll_timeout().into_iter().chain(b.dev.poll_timeout()).min();
+                match next {
+                    Some(at) if at <= self.now_ns + TIMER_SOON_NS => self.now_ns = self.now_ns.max(at),
+                    _ => break,
+                }
+            }
             idle = if self.turn(a, b) { 0 } else { idle + 1 };
             if idle > STUCK_TURNS {
                 return Err("the streams stopped moving".into());

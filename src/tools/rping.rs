@@ -141,8 +141,8 @@ enum Which {
     Rdma,
 }
 
-/// The device to open: iWARP as rping's rdma_cm sets it up (no peer-to-peer RTR), or
-/// RoCEv2; from `local` or on a raw device.
+/// The device to open: iWARP as rping's rdma_cm sets it up (neither offering nor
+/// accepting peer-to-peer RTR), or RoCEv2; from `local` or on a raw device.
 fn open_config(a: &RpingArgs, local: IpAddr) -> OpenConfig {
     let mut cfg = OpenConfig::new(a.raw.as_ref().map_or(local, |r| r.ip));
     cfg.raw = a.raw.clone();

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::engine::verbs::{WcOpcode, WcStatus};
+use crate::iwarp::config::FIRST_FPDU_DELAY_MAX_MS;
 use crate::iwarp::setup::{Negotiated, Outcome};
 
 impl IwarpDevice {
@@ -96,15 +97,29 @@ impl IwarpDevice {
         std::mem::take(&mut self.completions)
     }
 
-    /// The earliest MPA timeout or close linger deadline (ns).
+    /// The earliest MPA timeout, close linger or held first FPDU deadline (ns).
     pub fn poll_timeout(&self) -> Option<u64> {
         let setup = self.conns.values().filter_map(|c| c.setup.as_ref().and_then(|s| s.poll_timeout()));
-        setup.chain(self.conns.values().filter_map(|c| c.linger_deadline())).min()
+        let rtr = self.qps.values().filter_map(|s| s.qp.as_ref().and_then(|q| q.hold_deadline()));
+        setup.chain(self.conns.values().filter_map(|c| c.linger_deadline())).chain(rtr).min()
     }
 
-    /// Fires what is due at the time last set: MPA timeouts, close lingers.
+    /// Fires what is due at the time last set: held first FPDUs, MPA timeouts, close lingers.
     pub fn handle_timeout(&mut self) {
         let now = self.now_ns;
+        let rtr_due: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, s)| s.qp.as_ref().and_then(|q| q.hold_deadline()).is_some_and(|d| d <= now))
+            .map(|(n, _)| *n)
+            .collect();
+        for qpn in rtr_due {
+            let IwarpDevice { dev, qps, .. } = self;
+            if let Some(qp) = qps.get_mut(&qpn).and_then(|s| s.qp.as_mut()) {
+                qp.release_hold(now, dev.mrs_mut());
+            }
+            self.pump_qp(qpn);
+        }
         let lingering: Vec<ConnId> =
             self.conns.iter().filter(|(_, c)| c.linger_deadline().is_some_and(|d| d <= now)).map(|(t, _)| *t).collect();
         for t in lingering {
@@ -187,7 +202,8 @@ impl IwarpDevice {
         c.setup = None;
         c.qp_base = c.queued;
         self.results.insert(t, Ok(neg.peer_private_data.clone()));
-        let mut qp = IwarpQp::new(qpn, s.pd, neg, c.initiator, c.mss);
+        let first_at = first_fpdu_at(&self.cfg, c.opened_ns, self.now_ns);
+        let mut qp = IwarpQp::new(qpn, s.pd, neg, c.initiator, c.mss, first_at);
         qp.set_queue_depths(s.caps.max_send_wr, s.caps.max_recv_wr);
         for wr in s.early_recvs.drain(..) {
             let _ = qp.post_recv(wr);
@@ -303,4 +319,16 @@ impl IwarpDevice {
         }
         self.completions(qpn);
     }
+}
+
+/// When an initiator's first FPDU may go, connected at `opened_ns` and established at
+/// `now_ns` ([`IwarpConfig::first_fpdu_delay_us`]); `None`: at once.
+fn first_fpdu_at(cfg: &IwarpConfig, opened_ns: u64, now_ns: u64) -> Option<u64> {
+    let floor_ns = cfg.first_fpdu_delay_us.saturating_mul(1_000);
+    if floor_ns == 0 {
+        return None;
+    }
+    let setup_ns = now_ns.saturating_sub(opened_ns);
+    let delay_ns = floor_ns.max(setup_ns).min(FIRST_FPDU_DELAY_MAX_MS * 1_000_000);
+    Some(now_ns.saturating_add(delay_ns))
 }
