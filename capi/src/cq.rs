@@ -8,7 +8,7 @@ use crate::objects::fail;
 use softrdma::verbs::{CompletionQueue, Wc, WcOpcode, WcStatus};
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// `ibv_comp_channel` and the events waiting on it.
@@ -67,6 +67,36 @@ pub struct SoftCq {
     /// Cleared (under the channel's event lock) when the CQ is destroyed, so that a late
     /// completion raises no event naming it.
     alive: Arc<AtomicBool>,
+    /// When a poll last found completions (monotonic ns; 0: the next poll has looked).
+    found_at_ns: AtomicU64,
+    /// The application went elsewhere after its last finds (it polled again only after
+    /// [`ELSEWHERE_GAP_NS`]): a find hands the socket back to the poll thread.
+    goes_elsewhere: AtomicBool,
+}
+
+/// A call this long after a find means the application did something else in between
+/// (perftest's latency tests spin on memory for the peer's WRITE), not a post or a poll
+/// (a few µs).
+const ELSEWHERE_GAP_NS: u64 = 10_000;
+
+/// Monotonic time, ns.
+fn monotonic_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1
+}
+
+impl SoftCq {
+    /// The application calls in (a poll, or a post on a QP completing here): if it is
+    /// the first call since a poll found completions, notes whether the application was
+    /// elsewhere in between. Returns the time (monotonic ns).
+    pub fn note_call(&self) -> u64 {
+        let now = monotonic_ns();
+        let found_at = self.found_at_ns.swap(0, Ordering::Relaxed);
+        if found_at != 0 {
+            self.goes_elsewhere.store(now.saturating_sub(found_at) > ELSEWHERE_GAP_NS, Ordering::Relaxed);
+        }
+        now
+    }
 }
 
 /// The [`SoftCq`] of a CQ this library made.
@@ -109,7 +139,13 @@ pub unsafe extern "C" fn ibv_create_cq(
     ibv.cq_context = cq_context;
     ibv.cqe = cq.capacity() as c_int;
     let alive = Arc::new(AtomicBool::new(true));
-    let raw = Box::into_raw(Box::new(SoftCq { ibv, cq, alive: alive.clone() }));
+    let raw = Box::into_raw(Box::new(SoftCq {
+        ibv,
+        cq,
+        alive: alive.clone(),
+        found_at_ns: AtomicU64::new(0),
+        goes_elsewhere: AtomicBool::new(false),
+    }));
     // SAFETY: a channel pointer from the caller is live (contract).
     if let Some(ch) = unsafe { channel.cast::<SoftChannel>().as_mut() } {
         ch.ibv.refcnt += 1;
@@ -208,15 +244,24 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::i
     if n <= 0 || wc.is_null() {
         return 0;
     }
+    let now = c.note_call();
     let mut got = c.cq.poll(n as usize);
+    // SAFETY: a live CQ's context is open.
+    let engine = unsafe { soft_context(c.ibv.context) }.and_then(|s| s.engine().ok());
     if got.is_empty() {
         // An application spinning on its CQ keeps a core busy: receive on its thread, so
         // that what it waits for does not wait for the poll thread to be scheduled.
-        // SAFETY: a live CQ's context is open.
-        if let Some(engine) = unsafe { soft_context(c.ibv.context) }.and_then(|s| s.engine().ok()) {
-            if engine.progress_now() > 0 {
-                got = c.cq.poll(n as usize);
-            }
+        if engine.is_some_and(|e| e.progress_now() > 0) {
+            got = c.cq.poll(n as usize);
+        }
+    }
+    if !got.is_empty() {
+        c.found_at_ns.store(now, Ordering::Relaxed);
+        // An application that goes elsewhere after what it waited for (and does not call
+        // here again until the peer's next message has come) would leave that message
+        // unread for the rest of its polling window: the poll thread takes the socket.
+        if c.goes_elsewhere.load(Ordering::Relaxed) {
+            engine.inspect(|e| e.stop_polling());
         }
     }
     for (i, w) in got.iter().enumerate() {

@@ -125,6 +125,10 @@ pub unsafe extern "C" fn post_send(
 ) -> c_int {
     // SAFETY: the caller's contract.
     let Some(sq) = (unsafe { soft_qp(qp) }) else { return libc::EINVAL };
+    // SAFETY: a live QP's send CQ is live.
+    if let Some(cq) = unsafe { crate::cq::soft_cq(sq.ibv().send_cq) } {
+        cq.note_call();
+    }
     let mut cur = wr;
     // SAFETY: a NULL-terminated chain of the caller's requests.
     while let Some(w) = unsafe { cur.as_ref() } {
