@@ -156,12 +156,26 @@ pub unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: the caller's contract.
     let Some(sq) = (unsafe { soft_qp(qp) }) else { return libc::EINVAL };
+    // SAFETY: the caller's contract.
+    unsafe { post_recv_chain(wr, bad, |r| sq.qp.post_recv(r)) }
+}
+
+/// Posts a chain of receive requests with `post`, in order until one is refused, which
+/// `bad` then names (a QP's receive queue, or an SRQ).
+///
+/// # Safety
+/// `wr` is a NULL-terminated chain of requests; `bad` NULL or writable.
+pub(crate) unsafe fn post_recv_chain(
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+    post: impl Fn(RecvWr) -> Result<(), VerbsError>,
+) -> c_int {
     let mut cur = wr;
     // SAFETY: a NULL-terminated chain of the caller's requests.
     while let Some(w) = unsafe { cur.as_ref() } {
         // SAFETY: the caller's contract.
         let posted = unsafe { sgl_of(w.sg_list, w.num_sge) }
-            .and_then(|sgl| sq.qp.post_recv(RecvWr { wr_id: w.wr_id, sgl }).map_err(errno_of));
+            .and_then(|sgl| post(RecvWr { wr_id: w.wr_id, sgl }).map_err(errno_of));
         if let Err(e) = posted {
             if !bad.is_null() {
                 // SAFETY: a valid out-pointer.

@@ -5,8 +5,8 @@
 use crate::device::soft_context;
 use crate::ffi;
 use crate::objects::{fail, soft_pd};
-use crate::post::{errno_of, sgl_of};
-use softrdma::verbs::{RecvWr, SharedReceiveQueue, VerbsError};
+use crate::post::{errno_of, post_recv_chain};
+use softrdma::verbs::{SharedReceiveQueue, VerbsError};
 use std::ffi::c_int;
 use std::sync::Mutex;
 
@@ -128,20 +128,6 @@ pub unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: the caller's contract.
     let Some(s) = (unsafe { soft_srq(srq) }) else { return libc::EINVAL };
-    let mut cur = wr;
-    // SAFETY: a NULL-terminated chain of the caller's requests.
-    while let Some(w) = unsafe { cur.as_ref() } {
-        // SAFETY: the caller's contract.
-        let posted = unsafe { sgl_of(w.sg_list, w.num_sge) }
-            .and_then(|sgl| s.srq.post_recv(RecvWr { wr_id: w.wr_id, sgl }).map_err(errno_of));
-        if let Err(e) = posted {
-            if !bad.is_null() {
-                // SAFETY: a valid out-pointer.
-                unsafe { *bad = cur };
-            }
-            return e;
-        }
-        cur = w.next;
-    }
-    0
+    // SAFETY: the caller's contract.
+    unsafe { post_recv_chain(wr, bad, |r| s.srq.post_recv(r)) }
 }
