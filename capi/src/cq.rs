@@ -60,8 +60,9 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ffi::ibv_comp_channel
 /// `ibv_cq` and its softrdma CQ.
 #[repr(C)]
 pub struct SoftCq {
-    /// What applications see.
-    pub ibv: ffi::ibv_cq,
+    /// What applications see: an `ibv_cq`, or the `ibv_cq_ex` it begins
+    /// ([`crate::cq_ex`]), whose table is filled only for a CQ made by `ibv_create_cq_ex`.
+    pub ibv: ffi::ibv_cq_ex,
     /// The engine's CQ.
     pub cq: CompletionQueue,
     /// Cleared (under the channel's event lock) when the CQ is destroyed, so that a late
@@ -69,6 +70,8 @@ pub struct SoftCq {
     alive: Arc<AtomicBool>,
     /// When a poll last found completions (monotonic ns; 0: the next poll has looked).
     found_at_ns: AtomicU64,
+    /// The completion an extended CQ's `read_*` calls read.
+    pub current: Mutex<ffi::ibv_wc>,
     /// The application went elsewhere after its last finds (it polled again only after
     /// [`ELSEWHERE_GAP_NS`]): a find hands the socket back to the poll thread.
     goes_elsewhere: AtomicBool,
@@ -85,7 +88,34 @@ fn monotonic_ns() -> u64 {
     EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1
 }
 
+// An `ibv_cq` is the head of an `ibv_cq_ex` (rdma-core's layout), so one allocation is
+// either.
+const _: () = {
+    assert!(
+        std::mem::offset_of!(ffi::ibv_cq, async_events_completed)
+            == std::mem::offset_of!(ffi::ibv_cq_ex, async_events_completed)
+    );
+    assert!(std::mem::size_of::<ffi::ibv_cq>() <= std::mem::offset_of!(ffi::ibv_cq_ex, status));
+};
+
 impl SoftCq {
+    /// One completion for an extended CQ's poll, received on the caller's thread if none
+    /// is queued (as [`poll_cq`] does).
+    pub fn poll_one(&self) -> Option<softrdma::verbs::Wc> {
+        let now = self.note_call();
+        let mut got = self.cq.poll(1);
+        if got.is_empty() {
+            // SAFETY: a live CQ's context is open.
+            let engine = unsafe { soft_context(self.ibv.context) }.and_then(|s| s.engine().ok());
+            if engine.is_some_and(|e| e.progress_now() > 0) {
+                got = self.cq.poll(1);
+            }
+        }
+        let w = got.pop()?;
+        self.found_at_ns.store(now, Ordering::Relaxed);
+        Some(w)
+    }
+
     /// The application calls in (a poll, or a post on a QP completing here): if it is
     /// the first call since a poll found completions, notes whether the application was
     /// elsewhere in between. Returns the time (monotonic ns).
@@ -131,9 +161,9 @@ pub unsafe extern "C" fn ibv_create_cq(
         Err(e) => return fail(e),
     };
     let cq = engine.create_cq(cqe as usize);
-    // SAFETY: ibv_cq is plain C data (its mutex and condition variable are valid
-    // all-zero on glibc, as PTHREAD_*_INITIALIZER).
-    let mut ibv: ffi::ibv_cq = unsafe { std::mem::zeroed() };
+    // SAFETY: ibv_cq_ex is plain C data (its mutex and condition variable are valid
+    // all-zero on glibc, as PTHREAD_*_INITIALIZER; its table empty).
+    let mut ibv: ffi::ibv_cq_ex = unsafe { std::mem::zeroed() };
     ibv.context = ctx;
     ibv.channel = channel;
     ibv.cq_context = cq_context;
@@ -145,6 +175,8 @@ pub unsafe extern "C" fn ibv_create_cq(
         alive: alive.clone(),
         found_at_ns: AtomicU64::new(0),
         goes_elsewhere: AtomicBool::new(false),
+        // SAFETY: ibv_wc is plain C data; all-zero is valid.
+        current: Mutex::new(unsafe { std::mem::zeroed() }),
     }));
     // SAFETY: a channel pointer from the caller is live (contract).
     if let Some(ch) = unsafe { channel.cast::<SoftChannel>().as_mut() } {
@@ -282,7 +314,7 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, _solicited_only: c_
     0
 }
 
-fn to_ibv_wc(w: &Wc) -> ffi::ibv_wc {
+pub(crate) fn to_ibv_wc(w: &Wc) -> ffi::ibv_wc {
     let mut flags = 0;
     let mut extra = ffi::ibv_wc__bindgen_ty_1 { imm_data: 0 };
     if let Some(imm) = w.imm {

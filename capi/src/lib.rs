@@ -12,6 +12,7 @@ pub mod cm;
 mod cm_addr;
 pub mod config;
 pub mod cq;
+pub mod cq_ex;
 pub mod device;
 pub mod objects;
 mod ops;

@@ -1,8 +1,9 @@
-/* The extended post-send API (ibv_create_qp_ex, ibv_qp_to_qp_ex, ibv_wr_*) as an
- * application uses it: two RC QPs of one device connected to each other; a batch of an
- * RDMA WRITE (SGE), a SEND with inline data and an atomic FETCH_AND_ADD, then a READ
- * back; every completion and every byte checked. Built against rdma-core's headers and
- * run on softrdma's library by capi/tests/apps.rs. Prints "wr api ok" and exits 0. */
+/* The extended post-send API (ibv_create_qp_ex, ibv_qp_to_qp_ex, ibv_wr_*) and the
+ * extended CQ (ibv_create_cq_ex, ibv_start_poll / ibv_next_poll / ibv_end_poll, ibv_wc_read_*)
+ * as an application uses them: two RC QPs of one device connected to each other; a batch
+ * of an RDMA WRITE (SGE), a SEND with inline data and an atomic FETCH_AND_ADD, then a
+ * READ back; every completion and every byte checked. Built against rdma-core's headers
+ * and run on softrdma's library by capi/tests/apps.rs. Prints "wr api ok" and exits 0. */
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
@@ -58,22 +59,29 @@ static void connect_to(struct ibv_qp *qp, uint32_t peer_qpn, union ibv_gid *gid)
 			     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
 }
 
-/* Waits for `n` completions, each a success, and puts their wr_ids in `ids`. */
-static void reap(struct ibv_cq *cq, int n, uint64_t *ids)
+/* Waits for `n` completions through the extended CQ, each a success, and puts their
+ * wr_ids in `ids` and byte lengths in `lens`. */
+static void reap(struct ibv_cq_ex *cq, int n, uint64_t *ids, uint32_t *lens)
 {
-	struct ibv_wc wc;
 	for (int got = 0, spins = 0; got < n; ) {
-		int r = ibv_poll_cq(cq, 1, &wc);
-		CHECK(r >= 0, "ibv_poll_cq");
-		if (r == 0) {
+		struct ibv_poll_cq_attr attr = {};
+		int r = ibv_start_poll(cq, &attr);
+		if (r == ENOENT) {
 			CHECK(++spins < 50000000, "completions in time");
 			continue;
 		}
-		if (wc.status != IBV_WC_SUCCESS) {
-			fprintf(stderr, "wr_id %llu: %s\n", (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
-			exit(1);
-		}
-		ids[got++] = wc.wr_id;
+		CHECK(r == 0, "ibv_start_poll");
+		do {
+			if (cq->status != IBV_WC_SUCCESS) {
+				fprintf(stderr, "wr_id %llu: %s\n", (unsigned long long)cq->wr_id,
+					ibv_wc_status_str(cq->status));
+				exit(1);
+			}
+			CHECK(got < n, "no more completions than requests");
+			lens[got] = ibv_wc_read_byte_len(cq);
+			ids[got++] = cq->wr_id;
+		} while (ibv_next_poll(cq) == 0);
+		ibv_end_poll(cq);
 	}
 }
 
@@ -85,8 +93,13 @@ int main(void)
 	struct ibv_context *ctx = ibv_open_device(list[0]);
 	CHECK(ctx, "ibv_open_device");
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
-	CHECK(pd && cq, "PD and CQ");
+	struct ibv_cq_init_attr_ex cq_attr = { .cqe = 64,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM };
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cq_attr);
+	CHECK(pd && cqx, "PD and extended CQ");
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+	cq_attr.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+	CHECK(!ibv_create_cq_ex(ctx, &cq_attr) && errno == EOPNOTSUPP, "timestamps are refused");
 	char *local = aligned_alloc(4096, LEN), *remote = aligned_alloc(4096, LEN);
 	memset(local, 0, LEN);
 	memset(remote, 0, LEN);
@@ -131,7 +144,11 @@ int main(void)
 	CHECK(!ibv_wr_complete(ax), "ibv_wr_complete");
 
 	uint64_t ids[4];
-	reap(cq, 4, ids);
+	uint32_t lens[4];
+	reap(cqx, 4, ids, lens);
+	for (int i = 0; i < 4; i++)
+		if (ids[i] == 100)
+			CHECK(lens[i] == sizeof hello, "the receive's byte length");
 	CHECK(memcmp(remote, local, 1024) == 0, "the WRITE's bytes");
 	CHECK(strcmp(remote + 2048, hello) == 0, "the inline SEND's bytes");
 	CHECK(*(uint64_t *)(local + 3072) == 40, "FETCH_AND_ADD returns the old value");
@@ -149,8 +166,8 @@ int main(void)
 	ibv_wr_rdma_read(ax, rmr->rkey, (uintptr_t)remote);
 	ibv_wr_set_sge(ax, lmr->lkey, (uintptr_t)local + 1024, 1024);
 	CHECK(!ibv_wr_complete(ax), "ibv_wr_complete (READ)");
-	reap(cq, 1, ids);
-	CHECK(ids[0] == 4, "the READ completes, not the aborted SEND");
+	reap(cqx, 1, ids, lens);
+	CHECK(ids[0] == 4 && lens[0] == 1024, "the READ completes, not the aborted SEND");
 	CHECK(memcmp(local + 1024, local, 1024) == 0, "the READ's bytes");
 
 	/* An operation softrdma does not do fails the batch, posting nothing. */
@@ -158,8 +175,8 @@ int main(void)
 	ax->wr_id = 5;
 	ibv_wr_local_inv(ax, 1);
 	CHECK(ibv_wr_complete(ax) == EOPNOTSUPP, "LOCAL_INV is refused");
-	struct ibv_wc wc;
-	CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "nothing posted");
+	struct ibv_poll_cq_attr attr = {};
+	CHECK(ibv_start_poll(cqx, &attr) == ENOENT, "nothing posted");
 
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
