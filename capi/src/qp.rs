@@ -168,6 +168,10 @@ pub unsafe fn create_qp(
     if for_cm && kind != QpType::Rc {
         return fail(libc::EOPNOTSUPP);
     }
+    if srq.is_some() && engine.transport() == softrdma::verbs::Transport::Iwarp {
+        // The iWARP engine takes receives per QP only.
+        return fail(libc::EOPNOTSUPP);
+    }
     let made = if for_cm {
         engine.create_cm_qp(&spd.pd, &scq.cq, &rcq.cq, caps)
     } else {
