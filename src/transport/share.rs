@@ -86,6 +86,11 @@ const FORWARD_BATCH: usize = 32;
 /// Devices this one keeps a connected socket to; past it, it forgets them all and
 /// connects again as packets come (a bound on what a flood of tags can make it hold).
 const FORWARD_PEERS_MAX: usize = 64;
+/// Names found unheld are not probed again for this long, ms: a peer sending to QPNs or
+/// ports nobody on the address holds costs one failed connect per name, not per packet.
+const ABSENT_RECHECK_MS: u64 = 100;
+/// Names remembered as unheld; past it, they are forgotten (and probed again).
+const ABSENT_MAX: usize = 1024;
 /// How long a forward waits for room in a device's queue (the kernel holds only
 /// `net.unix.max_dgram_qlen` datagrams, 10 by default) before dropping the packet, as
 /// a full link would; RC retransmits it.
@@ -130,6 +135,10 @@ pub struct Share {
     own: UnixDatagram,
     services: HashMap<u16, UnixDatagram>,
     peers: HashMap<String, Peer>,
+    /// Names no device held when last probed, and when.
+    absent: HashMap<String, Instant>,
+    /// Connects tried to other devices' names (what [`ABSENT_RECHECK_MS`] saves).
+    probes: u64,
     epoll: super::sys::Epoll,
     buffers: Vec<(Vec<u8>, usize)>,
     /// How many of `buffers` the last [`Share::recv`] filled and nobody has taken yet.
@@ -164,6 +173,8 @@ impl Share {
             own,
             services: HashMap::new(),
             peers: HashMap::new(),
+            absent: HashMap::new(),
+            probes: 0,
             epoll,
             buffers,
             pending: 0,
@@ -275,15 +286,26 @@ impl Share {
         }
     }
 
-    /// The connected socket to `name`; `None` if no device holds it.
+    /// The connected socket to `name`; `None` if no device holds it (or held it when
+    /// last probed, less than [`ABSENT_RECHECK_MS`] ago).
     fn peer(&mut self, name: &str) -> Option<&mut Peer> {
         if !self.peers.contains_key(name) {
+            let recheck = Duration::from_millis(ABSENT_RECHECK_MS);
+            if self.absent.get(name).is_some_and(|at| at.elapsed() < recheck) {
+                return None;
+            }
             if self.peers.len() >= FORWARD_PEERS_MAX {
                 self.peers.clear();
             }
-            let socket = UnixDatagram::unbound().ok()?;
-            socket.connect_addr(&UnixAddr::from_abstract_name(name.as_bytes()).ok()?).ok()?;
-            socket.set_nonblocking(true).ok()?;
+            self.probes += 1;
+            let Some(socket) = connect_to(name) else {
+                if self.absent.len() >= ABSENT_MAX {
+                    self.absent.clear();
+                }
+                self.absent.insert(name.to_owned(), Instant::now());
+                return None;
+            };
+            self.absent.remove(name);
             self.peers.insert(name.to_owned(), Peer { socket, stalled: false });
         }
         self.peers.get_mut(name)
@@ -338,6 +360,14 @@ impl Share {
     pub fn clear(&mut self) {
         self.pending = 0;
     }
+}
+
+/// A non-blocking socket connected to the abstract name `name`; `None` if nobody holds it.
+fn connect_to(name: &str) -> Option<UnixDatagram> {
+    let socket = UnixDatagram::unbound().ok()?;
+    socket.connect_addr(&UnixAddr::from_abstract_name(name.as_bytes()).ok()?).ok()?;
+    socket.set_nonblocking(true).ok()?;
+    Some(socket)
 }
 
 fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
@@ -490,6 +520,24 @@ mod tests {
         let (from_a, from_b) = (flood(a, tb), flood(b, ta));
         assert_eq!(from_a.join().unwrap(), (PACKETS, 0));
         assert_eq!(from_b.join().unwrap(), (PACKETS, 0));
+    }
+
+    #[test]
+    fn a_flood_for_tags_nobody_holds_probes_each_name_once() {
+        let addr = IpAddr::from([127, 44, 0, 4]);
+        let mut a = share_on(addr, 4791);
+        let from = SocketAddr::from(([127, 44, 0, 9], 50_126));
+        let free: Vec<u8> = (0..=255u8).filter(|t| *t != a.tag()).take(8).collect();
+        for _ in 0..1000 {
+            for t in &free {
+                assert!(!a.forward(Owner::Tag(*t), from, 0, b"x"), "nobody holds it: answered here");
+            }
+        }
+        assert_eq!(a.probes, free.len() as u64, "one probe per name, not per packet");
+        let b = share_on(addr, 4791);
+        let held = b.tag();
+        a.absent.insert(format!("{}/qp/{held}", a.scope), Instant::now() - Duration::from_millis(ABSENT_RECHECK_MS));
+        assert!(a.forward(Owner::Tag(held), from, 0, b"y"), "a name taken since is probed again");
     }
 
     #[test]
