@@ -99,21 +99,28 @@ const _: () = {
 };
 
 impl SoftCq {
-    /// One completion for an extended CQ's poll, received on the caller's thread if none
-    /// is queued (as [`poll_cq`] does).
-    pub fn poll_one(&self) -> Option<softrdma::verbs::Wc> {
+    /// Up to `n` completions (`ibv_poll_cq`, or one for an extended CQ's poll). An
+    /// application spinning on its CQ keeps a core busy: if none is queued it receives
+    /// on its own thread, so that what it waits for does not wait for the poll thread.
+    pub fn poll_app(&self, n: usize) -> Vec<softrdma::verbs::Wc> {
         let now = self.note_call();
-        let mut got = self.cq.poll(1);
-        if got.is_empty() {
-            // SAFETY: a live CQ's context is open.
-            let engine = unsafe { soft_context(self.ibv.context) }.and_then(|s| s.engine().ok());
-            if engine.is_some_and(|e| e.progress_now() > 0) {
-                got = self.cq.poll(1);
+        let mut got = self.cq.poll(n);
+        // SAFETY: a live CQ's context is open.
+        let engine = unsafe { soft_context(self.ibv.context) }.and_then(|s| s.engine().ok());
+        if got.is_empty() && engine.is_some_and(|e| e.progress_now() > 0) {
+            got = self.cq.poll(n);
+        }
+        if !got.is_empty() {
+            self.found_at_ns.store(now, Ordering::Relaxed);
+            // An application that goes elsewhere after what it waited for (and does not
+            // call here again until the peer's next message has come) would leave that
+            // message unread for the rest of its polling window: the poll thread takes
+            // the socket.
+            if self.goes_elsewhere.load(Ordering::Relaxed) {
+                engine.inspect(|e| e.stop_polling());
             }
         }
-        let w = got.pop()?;
-        self.found_at_ns.store(now, Ordering::Relaxed);
-        Some(w)
+        got
     }
 
     /// The application calls in (a poll, or a post on a QP completing here): if it is
@@ -276,26 +283,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::i
     if n <= 0 || wc.is_null() {
         return 0;
     }
-    let now = c.note_call();
-    let mut got = c.cq.poll(n as usize);
-    // SAFETY: a live CQ's context is open.
-    let engine = unsafe { soft_context(c.ibv.context) }.and_then(|s| s.engine().ok());
-    if got.is_empty() {
-        // An application spinning on its CQ keeps a core busy: receive on its thread, so
-        // that what it waits for does not wait for the poll thread to be scheduled.
-        if engine.is_some_and(|e| e.progress_now() > 0) {
-            got = c.cq.poll(n as usize);
-        }
-    }
-    if !got.is_empty() {
-        c.found_at_ns.store(now, Ordering::Relaxed);
-        // An application that goes elsewhere after what it waited for (and does not call
-        // here again until the peer's next message has come) would leave that message
-        // unread for the rest of its polling window: the poll thread takes the socket.
-        if c.goes_elsewhere.load(Ordering::Relaxed) {
-            engine.inspect(|e| e.stop_polling());
-        }
-    }
+    let got = c.poll_app(n as usize);
     for (i, w) in got.iter().enumerate() {
         // SAFETY: i < n.
         unsafe { wc.add(i).write(to_ibv_wc(w)) };

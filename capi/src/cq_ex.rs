@@ -72,7 +72,7 @@ fn install(ex: &mut ffi::ibv_cq_ex) {
 unsafe fn take_next(cq: *mut ffi::ibv_cq_ex) -> c_int {
     // SAFETY: the caller's contract; the ibv_cq_ex begins the SoftCq.
     let Some(c) = (unsafe { soft_cq(cq.cast()) }) else { return libc::EINVAL };
-    let Some(w) = c.poll_one() else { return libc::ENOENT };
+    let Some(w) = c.poll_app(1).pop() else { return libc::ENOENT };
     let wc = to_ibv_wc(&w);
     *c.current.lock().unwrap_or_else(|e| e.into_inner()) = wc;
     // SAFETY: the caller's CQ; these two fields are the application's to read.

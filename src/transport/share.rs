@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Who a received packet is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Owner {
     /// This device (or nobody in particular: QP0, multicast, a MAD that names no one).
     Here,
@@ -134,9 +134,11 @@ pub struct Share {
     scope: String,
     own: UnixDatagram,
     services: HashMap<u16, UnixDatagram>,
-    peers: HashMap<String, Peer>,
-    /// Names no device held when last probed, and when.
-    absent: HashMap<String, Instant>,
+    peers: HashMap<Owner, Peer>,
+    /// Owners no device held when last probed, and when.
+    absent: HashMap<Owner, Instant>,
+    /// The datagram being forwarded, reused from packet to packet.
+    out: Vec<u8>,
     /// Connects tried to other devices' names (what [`ABSENT_RECHECK_MS`] saves).
     probes: u64,
     epoll: super::sys::Epoll,
@@ -174,6 +176,7 @@ impl Share {
             services: HashMap::new(),
             peers: HashMap::new(),
             absent: HashMap::new(),
+            out: Vec::new(),
             probes: 0,
             epoll,
             buffers,
@@ -198,7 +201,7 @@ impl Share {
         if self.services.contains_key(&port) {
             return Err(io::Error::new(io::ErrorKind::AddrInUse, "this device listens there already"));
         }
-        let s = bind_abstract(&format!("{}/svc/{port}", self.scope))?;
+        let s = bind_abstract(&self.name_of(Owner::Service(port)))?;
         self.epoll.add(s.as_raw_fd())?;
         self.services.insert(port, s);
         Ok(())
@@ -214,17 +217,19 @@ impl Share {
     /// Hands `payload` on to the device `owner` names if that is another live one; false:
     /// it is this device's to handle (its own, or nobody else's).
     pub fn forward(&mut self, owner: Owner, src: SocketAddr, tos: u8, payload: &[u8]) -> bool {
-        let name = match owner {
+        match owner {
             Owner::Here => return false,
             Owner::Tag(t) if t == self.tag => return false,
             Owner::Service(p) if self.services.contains_key(&p) => return false,
-            Owner::Tag(t) => format!("{}/qp/{t}", self.scope),
-            Owner::Service(p) => format!("{}/svc/{p}", self.scope),
-        };
-        let mut datagram = Vec::with_capacity(FORWARD_HEADER + payload.len());
+            _ => {}
+        }
+        let mut datagram = std::mem::take(&mut self.out);
+        datagram.clear();
         datagram.extend_from_slice(&forward_header(src, tos));
         datagram.extend_from_slice(payload);
-        let counter = match self.send_to(name, &datagram) {
+        let sent = self.send_to(owner, &datagram);
+        self.out = datagram;
+        let counter = match sent {
             Sent::Delivered => &self.stats.forwarded_out,
             // Nobody holds that name: the packet is nobody else's (a dead device's QPN,
             // a port nobody listens on), and this device answers it as its own.
@@ -235,20 +240,20 @@ impl Share {
         true
     }
 
-    /// Sends `datagram` to the device bound to `name`, connecting first if this device
+    /// Sends `datagram` to the device `owner` names, connecting first if this device
     /// has no socket to it, and once more if that device has gone (another may hold the
     /// name now).
-    fn send_to(&mut self, name: String, datagram: &[u8]) -> Sent {
+    fn send_to(&mut self, owner: Owner, datagram: &[u8]) -> Sent {
         for _ in 0..2 {
-            let Some(peer) = self.peer(&name) else { return Sent::NoOne };
+            let Some(peer) = self.peer(owner) else { return Sent::NoOne };
             match peer.socket.send(datagram) {
                 Ok(_) => {
                     peer.stalled = false;
                     return Sent::Delivered;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return self.send_when_room(&name, datagram),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return self.send_when_room(owner, datagram),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) => {
-                    self.peers.remove(&name);
+                    self.peers.remove(&owner);
                 }
                 Err(_) => return Sent::Dropped,
             }
@@ -256,13 +261,13 @@ impl Share {
         Sent::NoOne
     }
 
-    /// Waits up to [`FORWARD_WAIT_MS`] for room in `name`'s queue (unless it is
+    /// Waits up to [`FORWARD_WAIT_MS`] for room in `owner`'s queue (unless it is
     /// stalled), sending `datagram` when there is; meanwhile reads what is forwarded to
     /// this device, which may be what that device waits on.
-    fn send_when_room(&mut self, name: &str, datagram: &[u8]) -> Sent {
+    fn send_when_room(&mut self, owner: Owner, datagram: &[u8]) -> Sent {
         let deadline = Instant::now() + Duration::from_millis(FORWARD_WAIT_MS);
         loop {
-            let Some(peer) = self.peers.get_mut(name) else { return Sent::Dropped };
+            let Some(peer) = self.peers.get_mut(&owner) else { return Sent::Dropped };
             match peer.socket.send(datagram) {
                 Ok(_) => {
                     peer.stalled = false;
@@ -286,29 +291,38 @@ impl Share {
         }
     }
 
-    /// The connected socket to `name`; `None` if no device holds it (or held it when
-    /// last probed, less than [`ABSENT_RECHECK_MS`] ago).
-    fn peer(&mut self, name: &str) -> Option<&mut Peer> {
-        if !self.peers.contains_key(name) {
+    /// The abstract socket name of the device `owner` names on this address.
+    fn name_of(&self, owner: Owner) -> String {
+        match owner {
+            Owner::Service(p) => format!("{}/svc/{p}", self.scope),
+            Owner::Tag(t) => format!("{}/qp/{t}", self.scope),
+            Owner::Here => format!("{}/qp/{}", self.scope, self.tag),
+        }
+    }
+
+    /// The connected socket to the device `owner` names; `None` if no device holds its
+    /// name (or held it when last probed, less than [`ABSENT_RECHECK_MS`] ago).
+    fn peer(&mut self, owner: Owner) -> Option<&mut Peer> {
+        if !self.peers.contains_key(&owner) {
             let recheck = Duration::from_millis(ABSENT_RECHECK_MS);
-            if self.absent.get(name).is_some_and(|at| at.elapsed() < recheck) {
+            if self.absent.get(&owner).is_some_and(|at| at.elapsed() < recheck) {
                 return None;
             }
             if self.peers.len() >= FORWARD_PEERS_MAX {
                 self.peers.clear();
             }
             self.probes += 1;
-            let Some(socket) = connect_to(name) else {
+            let Some(socket) = connect_to(&self.name_of(owner)) else {
                 if self.absent.len() >= ABSENT_MAX {
                     self.absent.clear();
                 }
-                self.absent.insert(name.to_owned(), Instant::now());
+                self.absent.insert(owner, Instant::now());
                 return None;
             };
-            self.absent.remove(name);
-            self.peers.insert(name.to_owned(), Peer { socket, stalled: false });
+            self.absent.remove(&owner);
+            self.peers.insert(owner, Peer { socket, stalled: false });
         }
-        self.peers.get_mut(name)
+        self.peers.get_mut(&owner)
     }
 
     /// Reads what other devices handed on, up to one batch, without blocking; returns
@@ -536,7 +550,7 @@ mod tests {
         assert_eq!(a.probes, free.len() as u64, "one probe per name, not per packet");
         let b = share_on(addr, 4791);
         let held = b.tag();
-        a.absent.insert(format!("{}/qp/{held}", a.scope), Instant::now() - Duration::from_millis(ABSENT_RECHECK_MS));
+        a.absent.insert(Owner::Tag(held), Instant::now() - Duration::from_millis(ABSENT_RECHECK_MS));
         assert!(a.forward(Owner::Tag(held), from, 0, b"y"), "a name taken since is probed again");
     }
 
