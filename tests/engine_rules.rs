@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use softrdma::engine::event::AsyncEvent;
 use softrdma::engine::qp::RNR_TIMER_NS;
 use softrdma::engine::verbs::*;
 use softrdma::proto::roce::ext::{AtomicEthRepr, NakCode, RethRepr, Syndrome};
@@ -30,6 +31,11 @@ fn bad_rkey_is_a_remote_access_error_and_writes_nothing() {
     assert_eq!(p.mb.mem.to_vec()[..64], [0u8; 64]);
     assert_eq!(p.sim.devices[0].qp_state(p.qa), Some(QpState::Err));
     assert_eq!(p.sim.devices[1].qp_state(p.qb), Some(QpState::Err), "responder errors too");
+    // IBTA 11.6.3.1: the responder's application learns why from an asynchronous event;
+    // the requester's learns it from its completion and gets no event.
+    assert_eq!(p.sim.devices[1].poll_async_event(), Some(AsyncEvent::QpAccessError(p.qb)));
+    assert_eq!(p.sim.devices[1].poll_async_event(), None, "once");
+    assert_eq!(p.sim.devices[0].poll_async_event(), None);
 }
 
 // IBTA 9.7.5.1.5: the range must lie inside the region.
@@ -65,6 +71,7 @@ fn middle_without_first_is_an_invalid_request() {
     let out = p.inject_to_b(&request(&p, 0x01, e, &[0; 256]));
     assert_eq!(syndrome_of(&out), vec![(0x11, e.value(), Syndrome::Nak(NakCode::InvalidRequest))]);
     assert_eq!(p.sim.devices[1].qp_state(p.qb), Some(QpState::Err));
+    assert_eq!(p.sim.devices[1].poll_async_event(), Some(AsyncEvent::QpRequestError(p.qb)), "IBTA 11.6.3.1");
 }
 
 // IBTA 9.7.5.1.4: a FIRST must carry exactly one MTU.

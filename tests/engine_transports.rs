@@ -151,7 +151,7 @@ fn uc_drops_a_damaged_message_and_resumes() {
 // limit raises one event when the queue falls below it.
 #[test]
 fn srq_is_shared_and_raises_its_limit_event() {
-    use softrdma::engine::srq::AsyncEvent;
+    use softrdma::engine::event::AsyncEvent;
     let mut sim = sim_pair(Faults::none(), 1);
     let srq = sim.devices[1].create_srq(16, 1);
     let mut pairs = Vec::new();
@@ -186,6 +186,12 @@ fn srq_is_shared_and_raises_its_limit_event() {
     sim.run_until(u64::MAX);
     assert_eq!(sim.devices[1].poll_async_event(), None, "one-shot");
     assert_eq!(sim.devices[1].destroy_srq(srq), Err(VerbsError::InvalidRequest), "QPs use it (EBUSY)");
+    // IBTA 10.2.9.5: a QP on an SRQ entering ERR raises "last WQE reached", once.
+    let to_err = QpAttr { state: Some(QpState::Err), ..QpAttr::default() };
+    sim.devices[1].modify_qp(pairs[0].0[1], &to_err).unwrap();
+    sim.devices[1].modify_qp(pairs[0].0[1], &to_err).unwrap();
+    assert_eq!(sim.devices[1].poll_async_event(), Some(AsyncEvent::LastWqeReached(pairs[0].0[1])));
+    assert_eq!(sim.devices[1].poll_async_event(), None, "once");
     for (q, _) in &pairs {
         sim.devices[1].destroy_qp(q[1]).unwrap();
     }

@@ -125,6 +125,11 @@ fn a_terminate_on_one_connection_leaves_the_others_running() {
     let _ = wait(&a1.cq);
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(b1.qp.state(), Some(QpState::Err));
+    // Both applications of connection 1 hear of it (the sender of the Terminate and its
+    // receiver), as from siw: IBTA 11.6.3.1's catastrophic error.
+    assert_eq!(b.poll_async_event(), Some(AsyncEvent::QpFatal(b1.qp.qp_num())));
+    assert_eq!(a.poll_async_event(), Some(AsyncEvent::QpFatal(a1.qp.qp_num())));
+    assert_eq!((a.poll_async_event(), b.poll_async_event()), (None, None), "once each");
     // Connection 2 still carries a Write and a Send.
     b2.qp.post_recv(RecvWr { wr_id: 9, sgl: vec![b2.mr.sge(0, 16)] }).unwrap();
     a2.mr.write(0, b"still here");
@@ -136,6 +141,7 @@ fn a_terminate_on_one_connection_leaves_the_others_running() {
     b2.mr.read(100, &mut got);
     assert_eq!(&got, b"still here");
     assert_eq!(a2.qp.state(), Some(QpState::Rts));
+    assert_eq!((a.poll_async_event(), b.poll_async_event()), (None, None));
 }
 
 #[test]

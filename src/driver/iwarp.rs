@@ -23,6 +23,8 @@ pub trait IwarpPort: Send + Sync {
     /// Waits (at most `timeout`) until `done` holds, checking it under the lock after every
     /// change; true if it held.
     fn wait(&self, done: &mut dyn FnMut(&mut IwarpDevice) -> bool, timeout: Duration) -> bool;
+    /// The device's asynchronous events.
+    fn events(&self) -> Arc<super::event::EventQueue>;
     /// Completions for CQ `id` go to `queue`.
     fn add_cq(&self, id: u32, queue: Arc<CqQueue>);
     /// Makes the TCP connection of connection `t` to `to` and reports it to the device

@@ -136,6 +136,7 @@ struct Core {
     closing: Vec<(SocketHandle, u64)>,
     now_ns: u64,
     cqs: HashMap<u32, Arc<CqQueue>>,
+    events: Arc<super::event::EventQueue>,
     mss: usize,
 }
 
@@ -218,6 +219,7 @@ impl IwarpSmol {
             closing: Vec::new(),
             now_ns: 0,
             cqs: HashMap::new(),
+            events: Arc::default(),
             mss: link.mtu.saturating_sub(ip_overhead + 20).max(536),
         };
         let driver = Arc::new(IwarpSmol {
@@ -297,6 +299,9 @@ impl Core {
             if let Some(q) = self.cqs.get(&cq) {
                 q.deliver(wcs);
             }
+        }
+        while let Some(e) = self.dev.dev.poll_async_event() {
+            self.events.deliver(e);
         }
     }
 
@@ -451,6 +456,10 @@ impl Core {
 impl IwarpPort for IwarpSmol {
     fn ip(&self) -> IpAddr {
         self.ip
+    }
+
+    fn events(&self) -> Arc<super::event::EventQueue> {
+        self.lock().events.clone()
     }
 
     fn run(&self, f: &mut dyn FnMut(&mut IwarpDevice)) {

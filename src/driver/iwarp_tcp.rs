@@ -47,6 +47,7 @@ struct Core {
     streams: HashMap<ConnId, Arc<TcpStream>>,
     listeners: HashMap<ConnId, TcpListener>,
     cqs: HashMap<u32, Arc<CqQueue>>,
+    events: Arc<super::event::EventQueue>,
     registry: Registry,
 }
 
@@ -80,6 +81,7 @@ impl IwarpTcp {
             streams: HashMap::new(),
             listeners: HashMap::new(),
             cqs: HashMap::new(),
+            events: Arc::default(),
             registry: poll.registry().try_clone()?,
         };
         let driver = Arc::new(IwarpTcp {
@@ -283,6 +285,9 @@ impl Core {
                 q.deliver(wcs);
             }
         }
+        while let Some(e) = self.dev.dev.poll_async_event() {
+            self.events.deliver(e);
+        }
     }
 
     /// Writes what connection `t` has queued until the socket would block.
@@ -346,6 +351,10 @@ impl Core {
 impl IwarpPort for IwarpTcp {
     fn ip(&self) -> IpAddr {
         self.ip
+    }
+
+    fn events(&self) -> Arc<super::event::EventQueue> {
+        self.lock().events.clone()
     }
 
     fn run(&self, f: &mut dyn FnMut(&mut IwarpDevice)) {

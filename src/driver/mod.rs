@@ -10,6 +10,7 @@
 //! - [`spin`]: how long a poll thread busy-polls after traffic, shared by every driver.
 
 pub mod cq;
+pub mod event;
 pub mod iwarp;
 pub mod iwarp_smol;
 pub mod iwarp_tcp;

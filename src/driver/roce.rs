@@ -28,6 +28,8 @@ pub struct Core {
 pub struct RoceDriver {
     core: Mutex<Core>,
     cqs: RwLock<HashMap<u32, Arc<CqQueue>>>,
+    /// Asynchronous events for the application.
+    pub events: super::event::EventQueue,
     waker: Waker,
     /// The deadline the poll thread sleeps towards (ns since `epoch`; `u64::MAX`: none).
     armed_ns: AtomicU64,
@@ -84,6 +86,7 @@ impl RoceDriver {
             path_mtu,
             core: Mutex::new(Core { dev, tx: link.tx, completions_seen: 0 }),
             cqs: RwLock::new(HashMap::new()),
+            events: super::event::EventQueue::default(),
             waker: Waker::new()?,
             armed_ns: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
@@ -152,6 +155,9 @@ impl RoceDriver {
                 }
                 q.deliver(wcs);
             }
+        }
+        while let Some(e) = core.dev.poll_async_event() {
+            self.events.deliver(e);
         }
         let deadline = core.dev.poll_timeout().unwrap_or(u64::MAX);
         if deadline < self.armed_ns.fetch_min(deadline, Ordering::AcqRel) {

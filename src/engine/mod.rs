@@ -12,6 +12,7 @@
 
 pub mod cc;
 pub mod cq;
+pub mod event;
 pub mod gsi;
 pub mod mem;
 pub mod qp;
@@ -128,7 +129,7 @@ pub struct Device {
     srqs: HashMap<u32, srq::Srq>,
     next_srq: u32,
     gids: Vec<Gid>,
-    events: VecDeque<srq::AsyncEvent>,
+    events: event::AsyncEvents,
     cursor: u32,
     /// The QPs to visit: ready to send, or with a deadline.
     schedule: schedule::Schedule,
@@ -176,7 +177,7 @@ impl Device {
             out: VecDeque::new(),
             srqs: HashMap::new(),
             next_srq: 1,
-            events: VecDeque::new(),
+            events: event::AsyncEvents::default(),
             cursor: 0,
             schedule: schedule::Schedule::default(),
             visit: Vec::new(),
@@ -315,8 +316,23 @@ impl Device {
     }
 
     /// The next asynchronous event, if any.
-    pub fn poll_async_event(&mut self) -> Option<srq::AsyncEvent> {
-        self.events.pop_front()
+    pub fn poll_async_event(&mut self) -> Option<event::AsyncEvent> {
+        self.events.pop()
+    }
+
+    /// True when an asynchronous event waits.
+    pub fn has_async_event(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Events dropped because the application left [`event::ASYNC_EVENTS_MAX`] unread.
+    pub fn async_events_dropped(&self) -> u64 {
+        self.events.dropped
+    }
+
+    /// Queues an event a layer above the engine detected (an iWARP QP's Terminate).
+    pub fn raise_async_event(&mut self, e: event::AsyncEvent) {
+        self.events.raise(e);
     }
 
     /// A random QPN for a new QP: 24 bits, never 0 or 1 (SMI, GSI) nor the rest of the
@@ -758,15 +774,26 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
             }
         }
         _ => {
-            if qp.resp.handle(r, &view, ctx) {
+            if let Some(nak) = qp.resp.handle(r, &view, ctx) {
                 // The NAK must still go out before the QP stops sending.
                 qp.resp.pump(&qp.path, ctx, usize::MAX);
+                ctx.events.raise(responder_error_event(nak, qp.path.qpn));
                 qp.enter_error(ctx);
             }
             return;
         }
     }
     settle(qp, ctx);
+}
+
+/// The event of a responder that NAKed a request and went to ERR (IBTA 11.6.3.1).
+fn responder_error_event(nak: crate::proto::roce::ext::NakCode, qpn: u32) -> event::AsyncEvent {
+    use crate::proto::roce::ext::NakCode;
+    match nak {
+        NakCode::RemoteAccessError => event::AsyncEvent::QpAccessError(qpn),
+        NakCode::InvalidRequest => event::AsyncEvent::QpRequestError(qpn),
+        _ => event::AsyncEvent::QpFatal(qpn),
+    }
 }
 
 /// Retires finished send WQEs; a failed one takes the QP to ERR.

@@ -5,13 +5,7 @@ use super::qp::responder::RecvWqe;
 use super::verbs::{RecvWr, VerbsError};
 use std::collections::VecDeque;
 
-/// Asynchronous events (IBTA 11.6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AsyncEvent {
-    /// An SRQ fell below its armed limit.
-    SrqLimitReached(u32),
-}
+pub use super::event::AsyncEvent;
 
 /// A shared receive queue.
 #[derive(Debug)]

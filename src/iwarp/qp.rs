@@ -110,6 +110,8 @@ pub struct IwarpQp {
     /// until this time (ns), and everything posted behind it.
     hold: Option<(Option<RtrKind>, u64)>,
     completions: VecDeque<Wc>,
+    /// A Terminate was sent or received and the application has not been told yet.
+    fatal_unreported: bool,
     terminated: Option<Terminated>,
     max_send_wr: usize,
     max_recv_wr: usize,
@@ -144,6 +146,7 @@ impl IwarpQp {
             hold: None,
             completions: VecDeque::new(),
             terminated: None,
+            fatal_unreported: false,
             max_send_wr: usize::MAX,
             max_recv_wr: usize::MAX,
         };
@@ -212,6 +215,11 @@ impl IwarpQp {
     /// The QP's state.
     pub fn state(&self) -> QpState {
         self.state
+    }
+
+    /// True once after a Terminate took the QP to ERR: its asynchronous event is due.
+    pub fn take_fatal(&mut self) -> bool {
+        std::mem::take(&mut self.fatal_unreported)
     }
 
     /// Why the stream stopped, if it did.
@@ -529,6 +537,7 @@ impl IwarpQp {
             }
             (Opcode::Terminate, _, Body::Terminate(t)) => {
                 self.terminated = Some(Terminated { local: false, reason: t.to_string() });
+                self.fatal_unreported = self.state != QpState::Err;
                 self.enter_error();
             }
             _ => self.terminate(Layer::Rdmap, 2, 6, Some(ulpdu)),
@@ -704,6 +713,7 @@ impl IwarpQp {
         let ddp = DdpRepr { last: true, version: DDP_VERSION, rsvd_ulp: 0, buffer };
         self.emit(&MessageRepr { ddp, control: Self::control(Opcode::Terminate), body: Body::Terminate(t) });
         self.terminated = Some(Terminated { local: true, reason });
+        self.fatal_unreported = self.state != QpState::Err;
         self.enter_error();
     }
 

@@ -86,6 +86,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use crate::engine::cc::CcConfig;
+pub use crate::engine::event::AsyncEvent;
 pub use crate::engine::mem::{Access, Pd};
 pub use crate::engine::verbs::{
     Gid, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, Remote, SendOp, SendWr, Sge, UdDest, VerbsError, Wc, WcOpcode,
@@ -450,6 +451,24 @@ impl Context {
             Backend::Iwarp(s) => s.add_cq(id, queue.clone()),
         }
         CompletionQueue { id, queue }
+    }
+
+    /// `ibv_get_async_event` without waiting: the oldest event no handler took.
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        match &self.backend {
+            Backend::Roce(s) => s.events.poll(),
+            Backend::Iwarp(s) => s.events().poll(),
+        }
+    }
+
+    /// Where asynchronous events go from now on (those queued first); false if a handler
+    /// is set already. It runs on whichever thread raised the event: it must not call the
+    /// device.
+    pub fn set_async_event_handler(&self, f: Box<dyn Fn(AsyncEvent) + Send + Sync>) -> bool {
+        match &self.backend {
+            Backend::Roce(s) => s.events.set_handler(f),
+            Backend::Iwarp(s) => s.events().set_handler(f),
+        }
     }
 
     /// `ibv_create_srq`. (iWARP QPs do not take an SRQ yet: `create_qp` refuses it.)

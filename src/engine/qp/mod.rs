@@ -74,7 +74,7 @@ pub struct Ctx<'a> {
     /// Shared receive queues.
     pub srqs: &'a mut HashMap<u32, crate::engine::srq::Srq>,
     /// Asynchronous events for the application.
-    pub events: &'a mut VecDeque<crate::engine::srq::AsyncEvent>,
+    pub events: &'a mut crate::engine::event::AsyncEvents,
 }
 
 impl Ctx<'_> {
@@ -232,17 +232,29 @@ impl Qp {
             self.resp = Responder::new(self.init.caps);
             self.resp.srq = self.init.srq;
         }
+        let was = self.state;
         self.state = to;
         if to == QpState::Err {
             self.flush(ctx);
+            self.note_last_wqe(was, ctx);
         }
         Ok(())
     }
 
     /// Moves to ERR and flushes every outstanding work request (IBTA 10.3.1.7).
     pub fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        let was = self.state;
         self.state = QpState::Err;
         self.flush(ctx);
+        self.note_last_wqe(was, ctx);
+    }
+
+    /// A QP on an SRQ entering ERR raises "last WQE reached" once (IBTA 10.2.9.5): the
+    /// application may then take it off the SRQ knowing no receive is still in flight.
+    fn note_last_wqe(&self, was: QpState, ctx: &mut Ctx<'_>) {
+        if was != QpState::Err && self.resp.srq.is_some() {
+            ctx.events.raise(crate::engine::event::AsyncEvent::LastWqeReached(self.path.qpn));
+        }
     }
 
     fn flush(&mut self, ctx: &mut Ctx<'_>) {

@@ -164,7 +164,7 @@ impl Responder {
         let Some(id) = self.srq else { return self.rq.pop_front() };
         let (w, fired) = ctx.srqs.get_mut(&id)?.take();
         if fired {
-            ctx.events.push_back(crate::engine::srq::AsyncEvent::SrqLimitReached(id));
+            ctx.events.raise(crate::engine::event::AsyncEvent::SrqLimitReached(id));
         }
         w
     }
@@ -188,16 +188,16 @@ impl Responder {
         out
     }
 
-    /// Handles one request packet addressed to this QP. Returns true when the QP must go
-    /// to ERR (a NAK other than a sequence error or RNR was sent).
-    pub fn handle(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) -> bool {
-        let Some(info) = r.info() else { return false };
+    /// Handles one request packet addressed to this QP. Returns the NAK sent when the QP
+    /// must go to ERR (any NAK but a sequence error or RNR).
+    pub fn handle(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) -> Option<NakCode> {
+        let Some(info) = r.info() else { return None };
         // IBTA 9.7.5.1.1: PSN first; duplicates and gaps never reach the other checks.
         match self.check_psn(r.bth.psn) {
             Psn3::Expected => {}
             Psn3::Duplicate => {
                 self.duplicate(r, q, ctx);
-                return false;
+                return None;
             }
             Psn3::Ahead => {
                 if !self.nak_sent {
@@ -206,7 +206,7 @@ impl Responder {
                     let syn = Syndrome::Nak(NakCode::PsnSequenceError);
                     self.replies.push_back(Reply::Nak(self.epsn, syn));
                 }
-                return false;
+                return None;
             }
         }
         let result = self
@@ -223,19 +223,19 @@ impl Responder {
                 if r.bth.ack_req && !answered {
                     self.push_ack();
                 }
-                false
+                None
             }
-            Err(Refusal::Drop) => false,
+            Err(Refusal::Drop) => None,
             Err(Refusal::Rnr) => {
                 ctx.stats.rnr_naks_sent += 1;
                 let syn = Syndrome::RnrNak { timer: self.min_rnr_timer };
                 self.replies.push_back(Reply::Nak(r.bth.psn, syn));
-                false
+                None
             }
             Err(Refusal::Nak(code)) => {
                 ctx.stats.naks_sent += 1;
                 self.replies.push_back(Reply::Nak(r.bth.psn, Syndrome::Nak(code)));
-                true
+                Some(code)
             }
         }
     }

@@ -265,6 +265,10 @@ impl IwarpDevice {
                 sends.push(wc)
             }
         }
+        if qp.take_fatal() {
+            // siw raises the same on a Terminate (IBTA 11.6.3.1 catastrophic error).
+            self.dev.raise_async_event(crate::engine::event::AsyncEvent::QpFatal(qpn));
+        }
         let (scq, rcq) = (s.send_cq, s.recv_cq);
         self.deliver(scq, sends);
         self.deliver(rcq, recvs);
