@@ -50,6 +50,7 @@ impl SoftDevice {
             eprintln!("softrdma: cannot open {} on {}: {e}", cfg.name, cfg.addr);
             e.raw_os_error().unwrap_or(libc::EIO)
         })?;
+        crate::event::install_handler(self, &ctx);
         Ok(self.engine.get_or_init(|| ctx))
     }
 }
@@ -216,7 +217,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
         return null_mut();
     };
     // SAFETY: eventfd with valid flags.
-    let async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    // A semaphore: one count per event queued ([`crate::event`]).
+    let async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
     // A descriptor where rdma-core has the kernel's uverbs file: applications dup and
     // poll it (pyverbs hands it to ibv_import_device, which refuses). It never reads.
     // SAFETY: eventfd with valid flags.
@@ -247,7 +249,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.context.abi_compat = usize::MAX as *mut c_void;
     let ctx = Box::into_raw(Box::new(SoftContext { vctx, device }));
     // SAFETY: just allocated.
-    unsafe { &raw mut (*ctx).vctx.context }
+    let ibv = unsafe { &raw mut (*ctx).vctx.context };
+    crate::event::add_context(ibv, async_fd);
+    ibv
 }
 
 /// The [`SoftContext`] of an `ibv_context` this library opened.
@@ -275,6 +279,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
     let owned = (soft as *const SoftContext).cast_mut();
     // SAFETY: allocated by Box in ibv_open_device, given back once.
     let soft = unsafe { Box::from_raw(owned) };
+    crate::event::remove_context(ctx);
     // SAFETY: the eventfds opened with the context.
     unsafe {
         libc::close(soft.vctx.context.async_fd);

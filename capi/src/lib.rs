@@ -14,6 +14,7 @@ pub mod config;
 pub mod cq;
 pub mod cq_ex;
 pub mod device;
+pub mod event;
 pub mod objects;
 mod ops;
 pub mod post;

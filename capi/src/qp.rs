@@ -215,7 +215,10 @@ pub unsafe fn create_qp(
         // SAFETY: plain C data; all-zero is valid.
         set: Mutex::new(unsafe { std::mem::zeroed() }),
     };
-    Box::into_raw(Box::new(soft_qp)).cast()
+    let qpn = soft_qp.qp.qp_num();
+    let made: *mut ffi::ibv_qp = Box::into_raw(Box::new(soft_qp)).cast();
+    crate::event::add_object(soft.device, crate::event::Kind::Qp, qpn, made as usize, spd.ibv.context);
+    made
 }
 
 /// `ibv_destroy_qp`.
@@ -229,6 +232,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     }
     // SAFETY: allocated by Box in ibv_create_qp, given back once.
     let owned = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
+    // SAFETY: the QP's context is open.
+    if let Some(soft) = unsafe { soft_context(owned.ibv().context) } {
+        crate::event::remove_object(soft.device, crate::event::Kind::Qp, owned.qp.qp_num());
+    }
     let gate = owned.cm_gate.lock().unwrap_or_else(|e| e.into_inner()).take();
     // Closed before the QP goes: a thread holding the gate finishes with the QP first.
     let closed = gate.as_ref().map(|g| {

@@ -392,23 +392,3 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         e => -(e as isize),
     }
 }
-
-/// `ibv_get_async_event`: softrdma raises none yet, so this waits on the context's
-/// `async_fd` as on a device that stays healthy (EAGAIN if the fd is non-blocking).
-///
-/// # Safety
-/// `ctx` is an open context.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ffi::ibv_context, _event: *mut ffi::ibv_async_event) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(soft) = (unsafe { soft_context(ctx) }) else { return -1 };
-    let mut n: u64 = 0;
-    // SAFETY: reading 8 bytes from the context's eventfd; it never counts, so this
-    // returns only with an error.
-    unsafe { libc::read(soft.vctx.context.async_fd, (&raw mut n).cast(), 8) };
-    -1
-}
-
-/// `ibv_ack_async_event`: there is none to acknowledge.
-#[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_event: *mut ffi::ibv_async_event) {}

@@ -59,7 +59,21 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ffi::ibv_pd, attr: *mut ffi::ib
     ibv.srq_context = a.srq_context;
     ibv.pd = pd;
     let attr = ffi::ibv_srq_attr { max_wr: want.max_wr, max_sge: sge, srq_limit: 0 };
-    Box::into_raw(Box::new(SoftSrq { ibv, srq, attr: Mutex::new(attr) })).cast()
+    let id = srq.srq_num();
+    let made: *mut ffi::ibv_srq = Box::into_raw(Box::new(SoftSrq { ibv, srq, attr: Mutex::new(attr) })).cast();
+    crate::event::add_object(soft.device, crate::event::Kind::Srq, id, made as usize, spd.ibv.context);
+    made
+}
+
+/// The SRQ's limit fired: it reads as disarmed (0) until armed again.
+///
+/// # Safety
+/// `srq` is a live SRQ of this library.
+pub unsafe fn disarmed(srq: *mut ffi::ibv_srq) {
+    // SAFETY: the caller's contract.
+    if let Some(s) = unsafe { soft_srq(srq) } {
+        s.attr.lock().unwrap_or_else(|e| e.into_inner()).srq_limit = 0;
+    }
 }
 
 /// `ibv_modify_srq`: arms the limit event (`IBV_SRQ_LIMIT`); resizing is refused.
@@ -75,14 +89,19 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ffi::ibv_srq, attr: *mut ffi::
         return libc::EINVAL;
     }
     if mask & ffi::IBV_SRQ_LIMIT != 0 {
-        let mut held = s.attr.lock().unwrap_or_else(|e| e.into_inner());
-        if a.srq_limit > held.max_wr {
-            return libc::EINVAL;
-        }
+        // Recorded before arming and not held across it: the limit may fire at once, and
+        // its event (raised under the device lock) disarms it here.
+        let before = {
+            let mut held = s.attr.lock().unwrap_or_else(|e| e.into_inner());
+            if a.srq_limit > held.max_wr {
+                return libc::EINVAL;
+            }
+            std::mem::replace(&mut held.srq_limit, a.srq_limit)
+        };
         if let Err(e) = s.srq.arm_limit(a.srq_limit as usize) {
+            s.attr.lock().unwrap_or_else(|e| e.into_inner()).srq_limit = before;
             return errno_of(e);
         }
-        held.srq_limit = a.srq_limit;
     }
     0
 }
@@ -111,6 +130,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
         Ok(()) => {}
         Err(VerbsError::InvalidRequest) => return libc::EBUSY,
         Err(e) => return errno_of(e),
+    }
+    // SAFETY: the SRQ's context is open.
+    if let Some(soft) = unsafe { soft_context(s.ibv.context) } {
+        crate::event::remove_object(soft.device, crate::event::Kind::Srq, s.srq.srq_num());
     }
     // SAFETY: allocated by Box in ibv_create_srq, given back once.
     drop(unsafe { Box::from_raw(srq.cast::<SoftSrq>()) });

@@ -251,18 +251,32 @@ fn several_processes_share_one_address() {
 /// batch and a refused operation, every byte and length checked (capi/tests/c/wr_api.c).
 #[test]
 fn the_ibv_wr_post_send_api_runs() {
-    let dir = std::env::temp_dir().join(format!("softrdma-wr-api-{}", std::process::id()));
+    c_program("wr_api", "127.0.29.1", "wr api ok");
+}
+
+/// A C program meeting asynchronous events through `async_fd` and poll: an SRQ's limit,
+/// a receiver's access error and "last WQE reached", the acks counted on the objects, no
+/// event for the sender (capi/tests/c/async_events.c).
+#[test]
+fn asynchronous_events_reach_the_application() {
+    c_program("async_events", "127.0.29.2", "async events ok");
+}
+
+/// Builds capi/tests/c/`name`.c against rdma-core's headers, runs it on the library with
+/// a device on `addr`, and checks it printed `ok`.
+fn c_program(name: &str, addr: &str, ok: &str) {
+    let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let exe = dir.join("wr_api");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/wr_api.c");
+    let exe = dir.join(name);
+    let source = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
     let cc = Command::new("cc").args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).arg("-libverbs").output();
     let cc = cc.expect("a C compiler (cc) runs");
-    assert!(cc.status.success(), "wr_api.c builds:\n{}", text(&cc));
-    let run = tool(exe.to_str().unwrap(), "127.0.29.1", &[]).spawn().expect("wr_api runs");
+    assert!(cc.status.success(), "{name}.c builds:\n{}", text(&cc));
+    let run = tool(exe.to_str().unwrap(), addr, &[]).spawn().expect("the program runs");
     let out = finish(run, Duration::from_secs(30));
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success() && text(&out).contains("wr api ok"), "wr_api:\n{}", text(&out));
+    assert!(out.status.success() && text(&out).contains(ok), "{name}:\n{}", text(&out));
 }
 
 /// perftest's SEND tools with the receiver's requests in a shared receive queue

@@ -769,6 +769,11 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
+    /// The SRQ's number, as its asynchronous events name it.
+    pub fn srq_num(&self) -> u32 {
+        self.id
+    }
+
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         self.backend.with_dev(|d| d.post_srq_recv(self.id, wr))

@@ -191,7 +191,7 @@ impl Responder {
     /// Handles one request packet addressed to this QP. Returns the NAK sent when the QP
     /// must go to ERR (any NAK but a sequence error or RNR).
     pub fn handle(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) -> Option<NakCode> {
-        let Some(info) = r.info() else { return None };
+        let info = r.info()?;
         // IBTA 9.7.5.1.1: PSN first; duplicates and gaps never reach the other checks.
         match self.check_psn(r.bth.psn) {
             Psn3::Expected => {}
