@@ -26,15 +26,55 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(10);
 /// Events waiting on a channel, and the eventfd that counts them.
 pub struct Queue {
     fd: c_int,
-    events: Mutex<VecDeque<usize>>,
+    /// `None` once the channel is destroyed: a thread still reporting to it (a connection
+    /// watch ending) then drops its event rather than write to a closed descriptor.
+    events: Mutex<Option<VecDeque<usize>>>,
 }
 
 impl Queue {
-    fn push(&self, ev: Box<EventBox>) {
-        self.events.lock().unwrap_or_else(|e| e.into_inner()).push_back(Box::into_raw(ev) as usize);
+    pub(crate) fn push(&self, ev: Box<EventBox>) {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(q) = q.as_mut() else { return };
+        q.push_back(Box::into_raw(ev) as usize);
         let one: u64 = 1;
-        // SAFETY: writing 8 bytes to the channel's eventfd.
+        // SAFETY: writing 8 bytes to the channel's eventfd, open while the queue is.
         unsafe { libc::write(self.fd, (&raw const one).cast(), 8) };
+    }
+
+    fn pop(&self) -> Option<*mut ffi::rdma_cm_event> {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        q.as_mut()?.pop_front().map(|e| e as *mut ffi::rdma_cm_event)
+    }
+
+    /// Moves the events of `id` waiting here to `to` (an id changing channels).
+    pub(crate) fn move_events_of(&self, id: *mut ffi::rdma_cm_id, to: &Queue) {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(q) = q.as_mut() else { return };
+        let mut kept = VecDeque::new();
+        for ev in q.drain(..) {
+            // SAFETY: a queued event, owned by the queue.
+            if unsafe { (*(ev as *mut ffi::rdma_cm_event)).id } == id {
+                let mut n: u64 = 0;
+                // SAFETY: taking one count for the event moved (semaphore eventfd).
+                unsafe { libc::read(self.fd, (&raw mut n).cast(), 8) };
+                // SAFETY: the box leaves this queue for the other.
+                to.push(unsafe { Box::from_raw(ev as *mut EventBox) });
+            } else {
+                kept.push_back(ev);
+            }
+        }
+        *q = kept;
+    }
+
+    /// Frees what waits and closes the descriptor, under the lock `push` takes.
+    fn close(&self) {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        for ev in q.take().into_iter().flatten() {
+            // SAFETY: queued events are boxes nobody else holds.
+            drop(unsafe { Box::from_raw(ev as *mut EventBox) });
+        }
+        // SAFETY: the channel's eventfd, closed once (the queue is closed now).
+        unsafe { libc::close(self.fd) };
     }
 }
 
@@ -47,7 +87,7 @@ pub struct SoftEventChannel {
 
 /// An event and the private data it points into, freed together by `rdma_ack_cm_event`.
 #[repr(C)]
-struct EventBox {
+pub(crate) struct EventBox {
     ev: ffi::rdma_cm_event,
     private_data: Vec<u8>,
 }
@@ -55,8 +95,17 @@ struct EventBox {
 /// `rdma_cm_id` and what softrdma keeps for it.
 #[repr(C)]
 pub struct SoftId {
-    ibv: ffi::rdma_cm_id,
-    queue: Arc<Queue>,
+    pub(crate) ibv: ffi::rdma_cm_id,
+    /// The channel's queue (the id's own channel's when it is synchronous).
+    pub(crate) queue: Arc<Queue>,
+    /// Made with no channel: each call waits for its own event (librdmacm's synchronous
+    /// mode) on a channel this library made and destroys with the id.
+    pub(crate) sync: bool,
+    /// What `rdma_get_request` makes each request's QP with (a passive `rdma_create_ep`).
+    pub(crate) qp_init: Mutex<Option<ffi::ibv_qp_init_attr>>,
+    /// The CQs and completion channels `rdma_create_qp` made when given none, which
+    /// `rdma_destroy_qp` destroys.
+    own_cqs: Mutex<bool>,
     /// Set when the id goes: its listener thread and connection watch end.
     stop: Arc<AtomicBool>,
     /// A connection request this id (a listener's child) answers.
@@ -115,7 +164,7 @@ pub extern "C" fn rdma_create_event_channel() -> *mut ffi::rdma_event_channel {
     if fd < 0 {
         return std::ptr::null_mut();
     }
-    let queue = Arc::new(Queue { fd, events: Mutex::new(VecDeque::new()) });
+    let queue = Arc::new(Queue { fd, events: Mutex::new(Some(VecDeque::new())) });
     Box::into_raw(Box::new(SoftEventChannel { ibv: ffi::rdma_event_channel { fd }, queue })).cast()
 }
 
@@ -130,12 +179,7 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut ffi::rdma_event_cha
     }
     // SAFETY: allocated by Box in rdma_create_event_channel, given back once.
     let owned = unsafe { Box::from_raw(ch.cast::<SoftEventChannel>()) };
-    for ev in owned.queue.events.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-        // SAFETY: queued events are boxes nobody else holds.
-        drop(unsafe { Box::from_raw(ev as *mut EventBox) });
-    }
-    // SAFETY: the channel's eventfd.
-    unsafe { libc::close(owned.ibv.fd) };
+    owned.queue.close();
 }
 
 /// `rdma_get_cm_event`: the next event, waiting unless the channel's fd is non-blocking.
@@ -157,11 +201,10 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     if unsafe { libc::read(c.ibv.fd, (&raw mut n).cast(), 8) } != 8 {
         return -1;
     }
-    let Some(ev) = c.queue.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+    let Some(ev) = c.queue.pop() else {
         crate::set_errno(libc::EAGAIN);
         return -1;
     };
-    let ev = ev as *mut ffi::rdma_cm_event;
     // SAFETY: a queued event; `ev` is the first field of its EventBox.
     unsafe {
         if let Some(id) = (*ev).id.as_mut() {
@@ -187,12 +230,25 @@ pub unsafe extern "C" fn rdma_ack_cm_event(ev: *mut ffi::rdma_cm_event) -> c_int
     0
 }
 
-fn new_id(
-    queue: Arc<Queue>,
+/// The queue of channel `ch`.
+///
+/// # Safety
+/// `ch` came from [`rdma_create_event_channel`] and is not destroyed.
+pub(crate) unsafe fn queue_of(ch: *mut ffi::rdma_event_channel) -> Option<Arc<Queue>> {
+    // SAFETY: the caller's contract.
+    unsafe { ch.cast::<SoftEventChannel>().as_ref() }.map(|c| c.queue.clone())
+}
+
+/// A new id on channel `channel`, or (NULL) a synchronous one on a channel of its own.
+pub(crate) fn new_id(
     channel: *mut ffi::rdma_event_channel,
     context: *mut c_void,
     ps: ffi::rdma_port_space,
-) -> *mut SoftId {
+) -> Option<*mut SoftId> {
+    let sync = channel.is_null();
+    let channel = if sync { rdma_create_event_channel() } else { channel };
+    // SAFETY: a live channel, the caller's or just made.
+    let queue = unsafe { queue_of(channel) }?;
     // SAFETY: plain C data; all-zero is valid.
     let mut ibv: ffi::rdma_cm_id = unsafe { std::mem::zeroed() };
     ibv.channel = channel;
@@ -202,28 +258,32 @@ fn new_id(
     let id = SoftId {
         ibv,
         queue,
+        sync,
+        qp_init: Mutex::new(None),
+        own_cqs: Mutex::new(false),
         stop: Arc::new(AtomicBool::new(false)),
         request: Mutex::new(None),
         listener: Mutex::new(None),
         qp_gate: Arc::new(Mutex::new(false)),
         own_pd: Mutex::new(0),
     };
-    Box::into_raw(Box::new(id))
+    Some(Box::into_raw(Box::new(id)))
 }
 
 /// The [`SoftId`] of an id this library made.
 ///
 /// # Safety
 /// `id` came from [`rdma_create_id`] (or a CONNECT_REQUEST event) and is not destroyed.
-unsafe fn soft_id<'a>(id: *mut ffi::rdma_cm_id) -> Option<&'a mut SoftId> {
+pub(crate) unsafe fn soft_id<'a>(id: *mut ffi::rdma_cm_id) -> Option<&'a mut SoftId> {
     // SAFETY: `ibv` is the first field of the repr(C) SoftId.
     unsafe { id.cast::<SoftId>().as_mut() }
 }
 
-/// `rdma_create_id`: RC ids (RDMA_PS_TCP, and RDMA_PS_IB taken the same way).
+/// `rdma_create_id`: RC ids (RDMA_PS_TCP, and RDMA_PS_IB taken the same way); with no
+/// channel, a synchronous id.
 ///
 /// # Safety
-/// `ch` is a live channel; `out` points to an id pointer.
+/// `ch` is NULL or a live channel; `out` points to an id pointer.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_id(
     ch: *mut ffi::rdma_event_channel,
@@ -231,20 +291,60 @@ pub unsafe extern "C" fn rdma_create_id(
     context: *mut c_void,
     ps: ffi::rdma_port_space,
 ) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(c) = (unsafe { ch.cast::<SoftEventChannel>().as_ref() }) else { return einval() };
     if out.is_null() || !(ps == ffi::RDMA_PS_TCP || ps == ffi::RDMA_PS_IB) {
         return einval();
     }
-    let id = new_id(c.queue.clone(), ch, context, ps);
+    let Some(id) = new_id(ch, context, ps) else {
+        crate::set_errno(libc::EMFILE);
+        return -1;
+    };
     // SAFETY: a valid out-pointer.
     unsafe { *out = id.cast() };
     0
 }
 
-fn einval() -> c_int {
+pub(crate) fn einval() -> c_int {
     crate::set_errno(libc::EINVAL);
     -1
+}
+
+/// A synchronous id's wait for the event of the call just made (librdmacm's rule: the
+/// previous event is acknowledged first, this one is kept in `id.event` until the next
+/// call): -1 with the errno its status gives, ECONNREFUSED for a rejection.
+///
+/// # Safety
+/// `id` is a live id.
+pub(crate) unsafe fn complete(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    if !s.sync {
+        return 0;
+    }
+    ack_held(s);
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: the id's own channel; `ev` is ours.
+    if unsafe { rdma_get_cm_event(s.ibv.channel, &mut ev) } != 0 {
+        return -1;
+    }
+    s.ibv.event = ev;
+    // SAFETY: just taken from the queue.
+    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
+    let errno = match (kind, status) {
+        (ffi::RDMA_CM_EVENT_REJECTED, _) => libc::ECONNREFUSED,
+        (_, 0) => return 0,
+        (_, st) => st.abs(),
+    };
+    crate::set_errno(errno);
+    -1
+}
+
+/// Acknowledges the event a synchronous call left in `id.event`.
+pub(crate) fn ack_held(s: &mut SoftId) {
+    let held = std::mem::replace(&mut s.ibv.event, std::ptr::null_mut());
+    if !held.is_null() {
+        // SAFETY: an event this library queued and handed to this id only.
+        unsafe { rdma_ack_cm_event(held) };
+    }
 }
 
 /// The id's source and destination addresses.
@@ -315,7 +415,8 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     };
     let status = if kind == ffi::RDMA_CM_EVENT_ADDR_RESOLVED { 0 } else { -libc::EADDRNOTAVAIL };
     s.queue.push(event(id, std::ptr::null_mut(), kind, status));
-    0
+    // SAFETY: the caller's contract.
+    unsafe { complete(id) }
 }
 
 /// `rdma_resolve_route`: RoCE and iWARP route by IP; ROUTE_RESOLVED follows.
@@ -330,7 +431,8 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut ffi::rdma_cm_id, _timeout_m
         return einval();
     }
     s.queue.push(event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
-    0
+    // SAFETY: the caller's contract.
+    unsafe { complete(id) }
 }
 
 /// `rdma_create_qp`: an RC QP the CM brings up; a PD is made if none is given.
@@ -395,8 +497,15 @@ unsafe fn attach_qp(
         pd
     };
     // SAFETY: the caller's contract.
+    if let Err(e) = unsafe { own_cqs(s, attr) } {
+        crate::set_errno(e);
+        return -1;
+    }
+    // SAFETY: the caller's contract.
     let qp = unsafe { create_qp(pd, attr, true, extended) };
     if qp.is_null() {
+        // SAFETY: the CQs made above, if any; no QP uses them.
+        unsafe { drop_own_cqs(s) };
         return -1;
     }
     s.ibv.qp = qp;
@@ -414,6 +523,67 @@ unsafe fn attach_qp(
     0
 }
 
+/// CQs for a QP created with none, as librdmacm makes them: a completion channel and a
+/// CQ per direction, sized for its queue, in `id.send_cq`/`recv_cq` and their channels
+/// (`rdma_get_send_comp` and `rdma_get_recv_comp` wait on those).
+///
+/// # Safety
+/// `s` is bound to a device; `attr` is valid.
+unsafe fn own_cqs(s: &mut SoftId, attr: *mut ffi::ibv_qp_init_attr) -> Result<(), c_int> {
+    // SAFETY: the caller's contract.
+    let a = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
+    if !a.send_cq.is_null() && !a.recv_cq.is_null() {
+        return Ok(());
+    }
+    if !a.send_cq.is_null() || !a.recv_cq.is_null() {
+        // librdmacm makes only the one missing; one of each or none here.
+        return Err(libc::EINVAL);
+    }
+    *s.own_cqs.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    let ctx = s.ibv.verbs;
+    let me: *mut c_void = (&raw mut s.ibv).cast();
+    // SAFETY: the id's context is open; the CQs are made on fresh channels.
+    unsafe {
+        s.ibv.send_cq_channel = crate::cq::ibv_create_comp_channel(ctx);
+        s.ibv.recv_cq_channel = crate::cq::ibv_create_comp_channel(ctx);
+        let depth = |n: u32| n.max(1) as c_int;
+        s.ibv.send_cq = crate::cq::ibv_create_cq(ctx, depth(a.cap.max_send_wr), me, s.ibv.send_cq_channel, 0);
+        s.ibv.recv_cq = crate::cq::ibv_create_cq(ctx, depth(a.cap.max_recv_wr), me, s.ibv.recv_cq_channel, 0);
+    }
+    let made = [s.ibv.send_cq_channel.is_null(), s.ibv.recv_cq_channel.is_null()];
+    if made.contains(&true) || s.ibv.send_cq.is_null() || s.ibv.recv_cq.is_null() {
+        // SAFETY: what was made above, used by nothing.
+        unsafe { drop_own_cqs(s) };
+        return Err(libc::ENOMEM);
+    }
+    a.send_cq = s.ibv.send_cq;
+    a.recv_cq = s.ibv.recv_cq;
+    Ok(())
+}
+
+/// Destroys the CQs and channels [`own_cqs`] made, if it made them.
+///
+/// # Safety
+/// No QP uses them.
+unsafe fn drop_own_cqs(s: &mut SoftId) {
+    if !std::mem::take(&mut *s.own_cqs.lock().unwrap_or_else(|e| e.into_inner())) {
+        return;
+    }
+    // SAFETY: the caller's contract; each was made by own_cqs and goes once.
+    unsafe {
+        for cq in [&mut s.ibv.send_cq, &mut s.ibv.recv_cq] {
+            if !cq.is_null() {
+                crate::cq::ibv_destroy_cq(std::mem::replace(cq, std::ptr::null_mut()));
+            }
+        }
+        for ch in [&mut s.ibv.send_cq_channel, &mut s.ibv.recv_cq_channel] {
+            if !ch.is_null() {
+                crate::cq::ibv_destroy_comp_channel(std::mem::replace(ch, std::ptr::null_mut()));
+            }
+        }
+    }
+}
+
 /// `rdma_destroy_qp`.
 ///
 /// # Safety
@@ -428,6 +598,8 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut ffi::rdma_cm_id) {
         unsafe { ibv_destroy_qp(s.ibv.qp) };
     }
     s.ibv.qp = std::ptr::null_mut();
+    // SAFETY: their QP is gone.
+    unsafe { drop_own_cqs(s) };
 }
 
 fn conn_param(p: Option<&ffi::rdma_conn_param>) -> ConnParam {
@@ -534,7 +706,8 @@ pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi:
         };
         conn.report(ev);
     });
-    0
+    // SAFETY: the caller's contract.
+    unsafe { complete(id) }
 }
 
 /// `rdma_listen`: requests arrive as CONNECT_REQUEST events, each with a new id.
@@ -567,7 +740,13 @@ fn serve(listener: Listener, listen_id: Ptr, stop: Arc<AtomicBool>) {
         let Some(req) = listener.get_request(Duration::from_millis(100)) else { continue };
         // SAFETY: the listening id lives until its thread is joined (rdma_destroy_id).
         let parent = unsafe { &*(listen_id.0 as *const SoftId) };
-        let child = new_id(parent.queue.clone(), parent.ibv.channel, parent.ibv.context, parent.ibv.ps);
+        // A synchronous listener's requests are synchronous ids too (librdmacm migrates
+        // them to channels of their own); the others report on the listener's channel.
+        let channel = if parent.sync { std::ptr::null_mut() } else { parent.ibv.channel };
+        let Some(child) = new_id(channel, parent.ibv.context, parent.ibv.ps) else {
+            req.reject(&[]);
+            continue;
+        };
         // SAFETY: just made.
         let c = unsafe { &mut *child };
         c.ibv.verbs = parent.ibv.verbs;
@@ -610,7 +789,8 @@ pub unsafe extern "C" fn rdma_accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::
         };
         conn.report(ev);
     });
-    0
+    // SAFETY: the caller's contract.
+    unsafe { complete(id) }
 }
 
 /// `rdma_reject`.
@@ -666,6 +846,11 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
     if pd != 0 {
         // SAFETY: the PD rdma_create_qp made; its QP is gone.
         unsafe { ibv_dealloc_pd(pd as *mut ffi::ibv_pd) };
+    }
+    if s.sync {
+        ack_held(s);
+        // SAFETY: the id's own channel, made with it; nothing else holds it.
+        unsafe { rdma_destroy_event_channel(s.ibv.channel) };
     }
     // A watch thread still running holds its own handles and stops on `stop`; it may
     // still read `id` for a moment, so the id's memory is kept (a few hundred bytes).

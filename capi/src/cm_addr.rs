@@ -146,6 +146,13 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     } else {
         to_storage(addr, &mut b.dst);
         b.ai.ai_dst_len = len;
+        // A source the application names in the hints (librdmacm's examples resolve
+        // `-b` first, passively, then pass it along) comes back with the destination.
+        // SAFETY: the hints' source address, if any, is a valid socket address.
+        if let Some(src) = hints.and_then(|h| unsafe { from_c(h.ai_src_addr) }) {
+            to_storage(src, &mut b.src);
+            b.ai.ai_src_len = if src.is_ipv4() { 16 } else { 28 };
+        }
     }
     let raw = Box::into_raw(b);
     // SAFETY: just allocated; the pointers name its own fields.

@@ -10,6 +10,7 @@
 
 pub mod cm;
 mod cm_addr;
+pub mod cm_ep;
 pub mod config;
 pub mod cq;
 pub mod cq_ex;
@@ -20,6 +21,7 @@ mod ops;
 pub mod post;
 pub mod qp;
 pub mod query;
+pub mod rate;
 pub mod srq;
 mod symver;
 pub mod unsupported;

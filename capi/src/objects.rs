@@ -218,8 +218,44 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ffi::ibv_ah) -> c_int {
     0
 }
 
-/// `ibv_create_ah_from_wc`: an address handle back to the sender of a UD receive, from the
-/// GRH in the first 40 bytes of its buffer (RoCE always carries one).
+/// `ibv_init_ah_from_wc`: the address of the sender of a UD receive, from the GRH in the
+/// first 40 bytes of its buffer (RoCE always carries one): -1 without it.
+///
+/// # Safety
+/// `wc` is a UD receive completion; `grh` its buffer's first 40 bytes; `attr` writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    _ctx: *mut ffi::ibv_context,
+    port: u8,
+    wc: *mut ffi::ibv_wc,
+    grh: *mut ffi::ibv_grh,
+    attr: *mut ffi::ibv_ah_attr,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(wc), Some(grh), Some(out)) = (unsafe { wc.as_ref() }, unsafe { grh.as_ref() }, unsafe { attr.as_mut() })
+    else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: plain C data; all-zero is valid.
+    *out = unsafe { std::mem::zeroed() };
+    out.dlid = wc.slid;
+    out.sl = wc.sl;
+    out.port_num = if port == 0 { 1 } else { port };
+    if wc.wc_flags & ffi::IBV_WC_GRH == 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    out.is_global = 1;
+    out.grh.dgid = grh.sgid;
+    out.grh.hop_limit = 0xff;
+    let flow = u32::from_be(grh.version_tclass_flow);
+    out.grh.traffic_class = (flow >> 20) as u8;
+    out.grh.flow_label = flow & 0xf_ffff;
+    0
+}
+
+/// `ibv_create_ah_from_wc`: an address handle back to the sender of a UD receive.
 ///
 /// # Safety
 /// `pd` is a live PD; `wc` a UD receive completion; `grh` its buffer's first 40 bytes.
@@ -228,18 +264,14 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     pd: *mut ffi::ibv_pd,
     wc: *mut ffi::ibv_wc,
     grh: *mut ffi::ibv_grh,
-    _port: u8,
+    port: u8,
 ) -> *mut ffi::ibv_ah {
-    // SAFETY: the caller's contract.
-    let (Some(wc), Some(grh)) = (unsafe { wc.as_ref() }, unsafe { grh.as_ref() }) else { return fail(libc::EINVAL) };
-    if wc.wc_flags & ffi::IBV_WC_GRH == 0 {
-        return fail(libc::EINVAL);
-    }
     // SAFETY: plain C data; all-zero is valid.
     let mut attr: ffi::ibv_ah_attr = unsafe { std::mem::zeroed() };
-    attr.is_global = 1;
-    attr.port_num = 1;
-    attr.grh.dgid = grh.sgid;
+    // SAFETY: the caller's contract; `attr` is ours.
+    if unsafe { ibv_init_ah_from_wc(std::ptr::null_mut(), port, wc, grh, &mut attr) } != 0 {
+        return null_mut();
+    }
     // SAFETY: the attributes are ours, the PD the caller's.
     unsafe { ibv_create_ah(pd, &mut attr) }
 }

@@ -290,6 +290,35 @@ pub extern "C" fn ibv_node_type_str(t: ffi::ibv_node_type) -> *const c_char {
     })
 }
 
+/// `ibv_event_type_str`: rdma-core's words for each asynchronous event.
+#[no_mangle]
+pub extern "C" fn ibv_event_type_str(e: ffi::ibv_event_type) -> *const c_char {
+    const NAMES: [&CStr; 20] = [
+        c"CQ error",
+        c"local work queue catastrophic error",
+        c"invalid request local work queue error",
+        c"local access violation work queue error",
+        c"communication established",
+        c"send queue drained",
+        c"path migrated",
+        c"path migration request error",
+        c"local catastrophic error",
+        c"port active",
+        c"port error",
+        c"LID change",
+        c"P_Key change",
+        c"SM change",
+        c"SRQ catastrophic error",
+        c"SRQ limit reached",
+        c"last WQE reached",
+        c"client reregistration",
+        c"GID table change",
+        c"WQ fatal",
+    ];
+    const _: () = assert!(ffi::IBV_EVENT_WQ_FATAL as usize == NAMES.len() - 1);
+    c(NAMES.get(e as usize).copied().unwrap_or(c"unknown"))
+}
+
 /// `ibv_port_state_str`.
 #[no_mangle]
 pub extern "C" fn ibv_port_state_str(s: ffi::ibv_port_state) -> *const c_char {

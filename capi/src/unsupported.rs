@@ -53,6 +53,14 @@ unsupported!(
         ibv_cmd_attach_mcast,
         ibv_cmd_close_xrcd,
         ibv_cmd_create_ah,
+        ibv_cmd_create_cq,
+        ibv_cmd_create_qp,
+        ibv_cmd_poll_cq,
+        ibv_cmd_post_recv,
+        ibv_cmd_post_send,
+        ibv_cmd_post_srq_recv,
+        ibv_cmd_req_notify_cq,
+        __ioctl_final_num_attrs,
         ibv_cmd_create_counters,
         ibv_cmd_create_cq_ex,
         ibv_cmd_create_flow,
@@ -101,13 +109,25 @@ unsupported!(
     ]
 );
 unsupported!("IBVERBS_PRIVATE_34", *mut c_void, null(), [_verbs_init_and_alloc_context, verbs_open_device]);
+// No sysfs behind softrdma's devices: a read of it fails (-1), as for a missing file.
+unsupported!("IBVERBS_PRIVATE_34", c_int, enosys(), [ibv_read_ibdev_sysfs_file]);
 unsupported!(
     "IBVERBS_PRIVATE_34",
     (),
     (),
     [__verbs_log, verbs_init_cq, verbs_register_driver_34, verbs_set_ops, verbs_uninit_context,]
 );
-unsupported!("IBVERBS_1.0", (), (), [ibv_copy_path_rec_from_kern, ibv_copy_qp_attr_from_kern]);
+unsupported!(
+    "IBVERBS_1.0",
+    (),
+    (),
+    [ibv_copy_path_rec_from_kern, ibv_copy_path_rec_to_kern, ibv_copy_qp_attr_from_kern]
+);
+/// A provider registering itself (rdma-core keeps it as a hidden, old-binary binding):
+/// softrdma's devices are its own, none loads.
+#[no_mangle]
+pub extern "C" fn ibv_register_driver() {}
+std::arch::global_asm!(".symver ibv_register_driver, ibv_register_driver@IBVERBS_1.1");
 unsupported!("IBVERBS_1.0", *mut c_void, null(), [ibv_get_sysfs_path]);
 unsupported!("IBVERBS_1.1", (), (), [ibv_copy_ah_attr_from_kern]);
 unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_attach_mcast, ibv_detach_mcast, ibv_resolve_eth_l2_from_gid]);
@@ -119,14 +139,41 @@ unsupported!("IBVERBS_1.13", *mut c_void, null(), [ibv_import_dm]);
 unsupported!("IBVERBS_1.13", (), (), [ibv_unimport_dm]);
 unsupported!("IBVERBS_1.12", *mut c_void, null(), [ibv_reg_dmabuf_mr]);
 unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_rereg_mr, ibv_resize_cq]);
-// librdmacm beyond what `cm.rs` implements.
+// rsockets (rdma/rsocket.h): sockets over RDMA are not built; each call fails with
+// ENOSYS, as a socket call the system lacks, so rstream and riostream exit cleanly.
 unsupported!(
     "RDMACM_1.0",
     c_int,
     enosys(),
-    [rpoll, rdma_create_ep, rdma_get_request, rdma_join_multicast, rdma_leave_multicast,]
+    [
+        rsocket,
+        rbind,
+        rlisten,
+        raccept,
+        rconnect,
+        rshutdown,
+        rclose,
+        rpoll,
+        rselect,
+        rgetpeername,
+        rgetsockname,
+        rsetsockopt,
+        rgetsockopt,
+        rfcntl,
+        riounmap,
+    ]
 );
-unsupported!("RDMACM_1.0", (), (), [rdma_destroy_ep]);
+unsupported!(
+    "RDMACM_1.0",
+    isize,
+    enosys() as isize,
+    [rrecv, rrecvfrom, rrecvmsg, rsend, rsendto, rsendmsg, rread, rreadv, rwrite, rwritev]
+);
+unsupported!("RDMACM_1.0", i64, i64::from(enosys()), [riomap]);
+// Nothing written: `size_t` has no -1.
+unsupported!("RDMACM_1.0", usize, enosys().max(0) as usize, [riowrite]);
+// librdmacm beyond what `cm.rs` implements.
+unsupported!("RDMACM_1.0", c_int, enosys(), [rdma_join_multicast, rdma_leave_multicast]);
 unsupported!("RDMACM_1.1", c_int, enosys(), [rdma_join_multicast_ex]);
 unsupported!("RDMACM_1.3", c_int, enosys(), [rdma_get_remote_ece, rdma_set_local_ece]);
 unsupported!("RDMACM_1.2", c_int, enosys(), [rdma_establish, rdma_init_qp_attr]);
