@@ -168,6 +168,65 @@ fn rping_runs_over_iwarp_through_mpa() {
     rping("iwarp", "127.0.71", "7172");
 }
 
+/// librdmacm's example programs, server on `net`.1, client on `net`.2, over
+/// `transport`: rdma_server/rdma_client (the synchronous endpoint calls: rdma_create_ep,
+/// rdma_get_request, CQs rdma_create_qp makes, rdma_get_recv_comp) and ucmatose (two
+/// connections, ten messages each way, with event channels); both sides end with 0.
+fn rdmacm_examples(transport: &str, net: &str, port: &str) {
+    let (server_addr, client_addr) = (format!("{net}.1"), format!("{net}.2"));
+    let pairs: [(&str, Vec<&str>, Vec<&str>); 2] = [
+        ("rdma_server", vec!["-s", &server_addr, "-p", port], vec!["-s", &server_addr, "-p", port]),
+        ("ucmatose", vec!["-b", &server_addr, "-c", "2", "-C", "10", "-p", port], {
+            vec!["-s", &server_addr, "-b", &client_addr, "-c", "2", "-C", "10", "-p", port]
+        }),
+    ];
+    for (program, server_args, client_args) in pairs {
+        let server = tool_on(program, transport, &server_addr, &server_args).spawn().expect("the server runs");
+        std::thread::sleep(Duration::from_millis(300));
+        let client_program = if program == "rdma_server" { "rdma_client" } else { program };
+        let client = tool_on(client_program, transport, &client_addr, &client_args).spawn().expect("the client runs");
+        let (c, s) = (finish(client, Duration::from_secs(30)), finish(server, Duration::from_secs(10)));
+        let both = format!("{}\n{}", text(&c), text(&s));
+        assert!(c.status.success() && s.status.success(), "{program} on {transport}:\n{both}");
+        let done = if program == "rdma_server" { "end 0" } else { "return status 0" };
+        assert_eq!(both.matches(done).count(), 2, "{program} on {transport}:\n{both}");
+    }
+}
+
+#[test]
+fn librdmacm_examples_run_over_rocev2() {
+    rdmacm_examples("rocev2", "127.0.80", "7181");
+}
+
+#[test]
+fn librdmacm_examples_run_over_iwarp() {
+    rdmacm_examples("iwarp", "127.0.81", "7182");
+}
+
+/// cmtime sets up and tears down many connections at once through one event channel;
+/// every step completes for each (a step that never completes shows as a minimum of
+/// 1e9 us).
+#[test]
+fn cmtime_connects_and_disconnects_many_ids() {
+    let server = tool("cmtime", "127.0.82.1", &["-b", "127.0.82.1", "-p", "7183"]).spawn().expect("cmtime runs");
+    std::thread::sleep(Duration::from_millis(300));
+    let args = ["-s", "127.0.82.1", "-b", "127.0.82.2", "-c", "20", "-p", "7183"];
+    let c = finish(tool("cmtime", "127.0.82.2", &args).spawn().expect("cmtime runs"), Duration::from_secs(60));
+    let mut server = server;
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = text(&c);
+    assert!(c.status.success() && !out.contains("fail") && !out.contains("error"), "cmtime:\n{out}");
+    for step in ["resolve addr", "resolve route", "create qp", "connect", "disconnect"] {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(step) && l.contains(":"))
+            .unwrap_or_else(|| panic!("no {step} row:\n{out}"));
+        let min_us: f64 = row.split_whitespace().rev().nth(1).and_then(|f| f.parse().ok()).unwrap_or(f64::MAX);
+        assert!(min_us < 1e8, "{step} never completed for some id:\n{out}");
+    }
+}
+
 /// perftest with `-R` (connected by rdma_cm) on `transport`.
 fn perftest_cm(program: &str, transport: &str, net: &str, port: &str) {
     let server_addr = format!("{net}.1");
