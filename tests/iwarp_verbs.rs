@@ -180,10 +180,10 @@ fn a_rejected_request_and_a_silent_peer_fail_cleanly() {
 }
 
 #[test]
-fn a_connect_to_nobody_is_a_tcp_error() {
+fn a_connect_to_nobody_is_refused() {
     let a = open([127, 0, 0, 1], |_| {});
     let sa = side(&a);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let to = SocketAddr::from(([127, 0, 0, 1], port));
-    assert!(matches!(sa.qp.connect(to, &param(b"", 0), T), Err(ConnectError::Tcp(_))));
+    assert!(matches!(sa.qp.connect(to, &param(b"", 0), T), Err(ConnectError::Refused(_))));
 }

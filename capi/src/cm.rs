@@ -622,9 +622,12 @@ fn conn_param(p: Option<&ffi::rdma_conn_param>) -> ConnParam {
 /// The failure event of a connection that did not come up.
 fn failure(id: *mut ffi::rdma_cm_id, e: &ConnectError) -> Box<EventBox> {
     match e {
-        ConnectError::Rejected(_) | ConnectError::NoListener(_) => {
-            event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, 28)
-        }
+        // The status of a rejection is the CM's REJ reason (IBTA 12.6.7.2): 28 consumer
+        // reject, 8 invalid ServiceID (nobody listens).
+        ConnectError::Rejected(_) => event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, 28),
+        ConnectError::NoListener(_) => event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, 8),
+        // As the kernel's rdma_cm reports an iWARP connect the peer's TCP refused.
+        ConnectError::Refused(_) => event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED),
         ConnectError::Timeout | ConnectError::Tcp(_) => {
             event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
         }

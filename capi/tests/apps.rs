@@ -163,6 +163,21 @@ fn rping_runs_over_rocev2_through_the_ib_cm() {
     rping("rocev2", "127.0.70", "7171");
 }
 
+/// A connect nobody listens for: on iWARP the peer's TCP refuses it, reported as the
+/// kernel's rdma_cm reports it (REJECTED, -ECONNREFUSED); on RoCEv2 the CM's REJ for an
+/// invalid ServiceID (REJECTED with the REJ's reason, 8).
+#[test]
+fn a_connect_to_nobody_is_rejected() {
+    for (transport, addr, want) in [
+        ("iwarp", "127.0.72.1", "RDMA_CM_EVENT_REJECTED, error -111"),
+        ("rocev2", "127.0.72.2", "RDMA_CM_EVENT_REJECTED, error 8"),
+    ] {
+        let args = ["-c", "-a", addr, "-p", "7999", "-C", "1"];
+        let out = finish(tool_on("rping", transport, addr, &args).spawn().expect("rping runs"), Duration::from_secs(20));
+        assert!(text(&out).contains(want), "rping {transport} to nobody:\n{}", text(&out));
+    }
+}
+
 #[test]
 fn rping_runs_over_iwarp_through_mpa() {
     rping("iwarp", "127.0.71", "7172");

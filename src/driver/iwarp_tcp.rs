@@ -370,7 +370,10 @@ impl IwarpPort for IwarpTcp {
     }
 
     fn open_stream(&self, t: ConnId, to: SocketAddr, timeout: Duration) -> Result<(), ConnectError> {
-        let tcp = |e: io::Error| ConnectError::Tcp(e.to_string());
+        let tcp = |e: io::Error| match e.kind() {
+            io::ErrorKind::ConnectionRefused => ConnectError::Refused(e.to_string()),
+            _ => ConnectError::Tcp(e.to_string()),
+        };
         let (stream, mss) = std::net::TcpStream::connect_timeout(&to, timeout).and_then(prepare).map_err(tcp)?;
         self.with_core(|c| {
             // The application may have destroyed the QP meanwhile: then nobody wants it.

@@ -79,8 +79,11 @@ pub struct ConnParam {
 /// Why a connection did not come up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectError {
-    /// TCP failed (refused, unreachable, reset).
+    /// TCP failed (unreachable, reset after it came up).
     Tcp(String),
+    /// The peer's host refused the TCP connection (a reset answering the SYN: nobody
+    /// listens on that port).
+    Refused(String),
     /// The peer rejected the connection in MPA or the CM.
     Rejected(String),
     /// Nobody listens on that port (RoCEv2: the CM's REJ "invalid ServiceID").
@@ -97,6 +100,7 @@ impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConnectError::Tcp(e) => write!(f, "TCP: {e}"),
+            ConnectError::Refused(e) => write!(f, "TCP connection refused: {e}"),
             ConnectError::Rejected(e) => write!(f, "rejected: {e}"),
             ConnectError::NoListener(e) => write!(f, "nobody listens there: {e}"),
             ConnectError::Mpa(e) => write!(f, "MPA setup: {e}"),

@@ -208,9 +208,11 @@ pub fn connect_qp_retrying(qp: &QueuePair, to: std::net::SocketAddr, p: &ConnPar
     loop {
         match qp.connect(to, p, Duration::from_secs(10)) {
             Ok(pd) => return Ok(pd),
-            Err(crate::verbs::ConnectError::Tcp(_) | crate::verbs::ConnectError::NoListener(_))
-                if std::time::Instant::now() < deadline =>
-            {
+            Err(
+                crate::verbs::ConnectError::Tcp(_)
+                | crate::verbs::ConnectError::Refused(_)
+                | crate::verbs::ConnectError::NoListener(_),
+            ) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(100));
             }
             Err(e) => return Err(OobError::Protocol(format!("connecting to {to}: {e}"))),

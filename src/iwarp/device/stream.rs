@@ -40,7 +40,8 @@ impl IwarpDevice {
             if let Some(s) = c.qpn.take().and_then(|q| self.qps.get_mut(&q)) {
                 s.conn = None;
             }
-            self.results.insert(t, Err(ConnectError::Tcp(why.to_string())));
+            // Closed before it came up: smoltcp's SYN met a reset.
+            self.results.insert(t, Err(ConnectError::Refused(why.to_string())));
             return self.close(t);
         }
         if c.setup.is_some() {
