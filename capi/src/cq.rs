@@ -205,6 +205,28 @@ pub unsafe extern "C" fn ibv_create_cq(
     raw.cast()
 }
 
+/// `ibv_resize_cq`: room for `cqe` completions; EINVAL below what it holds or outside
+/// 1..=`max_cqe`. `cq.cqe` says what it got.
+///
+/// # Safety
+/// `cq` is a live CQ.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ffi::ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(c) = (unsafe { soft_cq(cq) }) else { return libc::EINVAL };
+    if cqe < 1 || cqe as usize > softrdma::verbs::MAX_CQE {
+        return libc::EINVAL;
+    }
+    match c.cq.resize(cqe as usize) {
+        Ok(got) => {
+            // SAFETY: the caller's live CQ; `cqe` is read by the application only.
+            unsafe { (*cq).cqe = got as c_int };
+            0
+        }
+        Err(_) => libc::EINVAL,
+    }
+}
+
 /// `ibv_destroy_cq`.
 ///
 /// # Safety

@@ -18,7 +18,7 @@ pub struct CqQueue {
     /// Threads in [`CqQueue::wait`]: a delivery wakes them only if there are any, because a
     /// condition variable's wake-up is a system call even with nobody to wake.
     waiters: AtomicUsize,
-    capacity: usize,
+    capacity: AtomicUsize,
     /// A completion found the queue full (IBTA 11.4.2.1 "CQ overrun"): the CQ is in error.
     overrun: AtomicBool,
     /// Armed for one completion event (`ibv_req_notify_cq`, IBTA 11.4.2.2).
@@ -34,7 +34,7 @@ impl CqQueue {
             entries: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             waiters: AtomicUsize::new(0),
-            capacity: capacity.clamp(1, MAX_CQE),
+            capacity: AtomicUsize::new(capacity.clamp(1, MAX_CQE)),
             overrun: AtomicBool::new(false),
             armed: AtomicBool::new(false),
             on_event: OnceLock::new(),
@@ -55,7 +55,19 @@ impl CqQueue {
 
     /// The most completions it holds.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity.load(Ordering::Acquire)
+    }
+
+    /// Holds up to `capacity` (clamped to [`MAX_CQE`]) from now on; false (unchanged)
+    /// while it holds more than that.
+    pub fn resize(&self, capacity: usize) -> bool {
+        let q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let capacity = capacity.min(MAX_CQE);
+        if q.len() > capacity || capacity == 0 {
+            return false;
+        }
+        self.capacity.store(capacity, Ordering::Release);
+        true
     }
 
     /// True once a completion was lost to a full queue.
@@ -75,7 +87,7 @@ impl CqQueue {
             return;
         }
         let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let room = self.capacity.saturating_sub(q.len());
+        let room = self.capacity().saturating_sub(q.len());
         if wcs.len() > room {
             self.set_overrun();
         }

@@ -48,6 +48,14 @@ impl Cq {
         }
         self.entries.push_back(wc);
     }
+    /// Holds up to `capacity` from now on; refused while it holds more (IBTA 11.2.7.3).
+    pub fn resize(&mut self, capacity: usize) -> Result<(), super::verbs::VerbsError> {
+        if self.entries.len() > capacity || capacity == 0 {
+            return Err(super::verbs::VerbsError::InvalidRequest);
+        }
+        self.capacity = capacity;
+        Ok(())
+    }
     /// Takes up to `max` completions.
     pub fn poll(&mut self, max: usize) -> Vec<Wc> {
         let n = max.min(self.entries.len());

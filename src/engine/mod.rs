@@ -260,6 +260,11 @@ impl Device {
         id
     }
 
+    /// Resize CQ (IBTA 11.2.7.3): refused below the completions it holds.
+    pub fn resize_cq(&mut self, cq: u32, capacity: usize) -> Result<(), VerbsError> {
+        self.cqs.get_mut(&cq).ok_or(VerbsError::NotFound)?.resize(capacity)
+    }
+
     /// Takes up to `max` completions.
     pub fn poll_cq(&mut self, cq: u32, max: usize) -> Vec<Wc> {
         self.cqs.get_mut(&cq).map(|c| c.poll(max)).unwrap_or_default()

@@ -450,7 +450,7 @@ impl Context {
             Backend::Roce(s) => s.add_cq(id, queue.clone()),
             Backend::Iwarp(s) => s.add_cq(id, queue.clone()),
         }
-        CompletionQueue { id, queue }
+        CompletionQueue { id, queue, backend: self.backend.clone() }
     }
 
     /// `ibv_get_async_event` without waiting: the oldest event no handler took.
@@ -726,6 +726,7 @@ impl Drop for MemoryRegion {
 pub struct CompletionQueue {
     id: u32,
     queue: Arc<CqQueue>,
+    backend: Backend,
 }
 
 impl CompletionQueue {
@@ -748,6 +749,19 @@ impl CompletionQueue {
     /// One completion, waiting at most `timeout` for it.
     pub fn wait(&self, timeout: Duration) -> Option<Wc> {
         self.queue.wait(timeout)
+    }
+
+    /// `ibv_resize_cq`: room for `cqe` completions (at most [`MAX_CQE`]) from now on;
+    /// `InvalidRequest` while the CQ holds more than that. Returns the new capacity.
+    pub fn resize(&self, cqe: usize) -> Result<usize, VerbsError> {
+        let cqe = cqe.min(MAX_CQE);
+        let old = self.queue.capacity();
+        self.backend.with_dev(|d| d.resize_cq(self.id, cqe))?;
+        if !self.queue.resize(cqe) {
+            let _ = self.backend.with_dev(|d| d.resize_cq(self.id, old));
+            return Err(VerbsError::InvalidRequest);
+        }
+        Ok(cqe)
     }
 
     /// `ibv_req_notify_cq`: the next completion raises one event.
