@@ -414,6 +414,25 @@ fn message_longer_than_the_receive_buffer() {
     assert_eq!(p.completions(0)[0].status, WcStatus::RemInvReqErr);
 }
 
+// A receive buffer its WQE's key does not grant (here: re-registered to another PD) is the
+// responder's own fault: its receive completes with a local protection error, the sender
+// gets Remote Operational Error (IBTA 9.9.3.1.2), nothing lands; the region keeps its keys.
+#[test]
+fn a_receive_buffer_outside_the_qps_pd_is_a_remote_operational_error() {
+    use softrdma::engine::mem::{Pd, Rereg};
+    let mut p = pair(Attrs::default());
+    let moved = p.sim.devices[1].rereg_mr(&p.mb, Rereg { pd: Some(Pd(77)), ..Rereg::default() }).unwrap();
+    assert_eq!((moved.lkey, moved.rkey), (p.mb.lkey, p.mb.rkey), "re-registration keeps the keys");
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 5, sgl: vec![sge(&p.mb, 0, 64)] }).unwrap();
+    p.ma.mem.write(0, &[0x5a; 64]);
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Send, vec![sge(&p.ma, 0, 64)])).unwrap();
+    p.settle();
+    assert_eq!(p.completions(1)[0].status, WcStatus::LocProtErr);
+    assert_eq!(p.completions(0)[0].status, WcStatus::RemOpErr);
+    assert_eq!(p.mb.mem.to_vec()[..64], [0u8; 64]);
+    assert_eq!(p.sim.devices[1].poll_async_event(), Some(AsyncEvent::QpFatal(p.qb)));
+}
+
 // IBTA 10.6.7.2: SEND with invalidate invalidates the named rkey at the responder.
 #[test]
 fn send_with_invalidate_kills_the_rkey() {

@@ -112,23 +112,98 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     access: c_uint,
 ) -> *mut ffi::ibv_mr {
     // SAFETY: the caller's contract.
-    let Some(spd) = (unsafe { soft_pd(pd) }) else { return fail(libc::EINVAL) };
+    match unsafe { register(pd, addr, length, iova, access) } {
+        Ok(soft) => Box::into_raw(Box::new(soft)).cast(),
+        Err(e) => fail(e),
+    }
+}
+
+/// A region of `length` bytes at `addr` on `pd`, or the errno why not.
+///
+/// # Safety
+/// As [`ibv_reg_mr_iova2`].
+unsafe fn register(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    flags: c_uint,
+) -> Result<SoftMr, c_int> {
+    // SAFETY: the caller's contract.
+    let spd = unsafe { soft_pd(pd) }.ok_or(libc::EINVAL)?;
     // SAFETY: the PD's context is open.
-    let Some(soft) = (unsafe { soft_context(spd.ibv.context) }) else { return fail(libc::EINVAL) };
-    let Some(ptr) = NonNull::new(addr.cast::<u8>()) else { return fail(libc::EINVAL) };
-    let access = match access_of(access) {
-        Ok(a) => a,
-        Err(e) => return fail(e),
-    };
-    let Ok(engine) = soft.engine() else { return fail(libc::EIO) };
+    let soft = unsafe { soft_context(spd.ibv.context) }.ok_or(libc::EINVAL)?;
+    let ptr = NonNull::new(addr.cast::<u8>()).ok_or(libc::EINVAL)?;
+    let access = access_of(flags)?;
+    let engine = soft.engine().map_err(|_| libc::EIO)?;
     // SAFETY: ibv_reg_mr's contract is reg_user_mr's: the buffer stays the caller's,
     // valid, until ibv_dereg_mr.
-    let mr = match unsafe { engine.reg_user_mr(&spd.pd, ptr, length, iova, access) } {
-        Ok(mr) => mr,
-        Err(_) => return fail(libc::ENOMEM),
-    };
+    let mr = unsafe { engine.reg_user_mr(&spd.pd, ptr, length, iova, access) }.map_err(|_| libc::ENOMEM)?;
     let ibv = ffi::ibv_mr { context: spd.ibv.context, pd, addr, length, handle: 0, lkey: mr.lkey(), rkey: mr.rkey() };
-    Box::into_raw(Box::new(SoftMr { ibv, mr })).cast()
+    Ok(SoftMr { ibv, mr })
+}
+
+/// `ibv_rereg_mr` (IBTA 11.2.8.4 "Reregister Memory Region"): a new translation, PD or
+/// access for a region, its keys kept (as rxe and mlx5 keep them); the registration is
+/// unchanged if the new one is refused. 0, or rdma-core's `IBV_REREG_MR_ERR_*` with
+/// errno set.
+///
+/// # Safety
+/// `mr` is a live region nothing uses meanwhile; `pd` and `addr..addr + length` as for
+/// [`ibv_reg_mr_iova2`] when the flags say they change.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ffi::ibv_mr,
+    flags: c_int,
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let flags = flags as u32;
+    let has = |f: u32| flags & f != 0;
+    let translation = has(ffi::IBV_REREG_MR_CHANGE_TRANSLATION);
+    // SAFETY: the caller's contract: a live region of this library, used by no one else.
+    let Some(old) = (unsafe { mr.cast::<SoftMr>().as_mut() }) else { return rereg_failed(libc::EINVAL, true) };
+    let new_pd = if has(ffi::IBV_REREG_MR_CHANGE_PD) { unsafe { soft_pd(pd) }.map(|p| &p.pd) } else { None };
+    let buffer = if translation { NonNull::new(addr.cast::<u8>()).filter(|_| length > 0) } else { None };
+    if flags == 0
+        || flags & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0
+        || (translation && buffer.is_none())
+        || (has(ffi::IBV_REREG_MR_CHANGE_PD) && new_pd.is_none())
+    {
+        return rereg_failed(libc::EINVAL, true);
+    }
+    let new_access = if has(ffi::IBV_REREG_MR_CHANGE_ACCESS) {
+        match access_of(access as c_uint) {
+            Ok(a) => Some(a),
+            Err(e) => return rereg_failed(e, true),
+        }
+    } else {
+        None
+    };
+    // SAFETY: the caller's contract for a new buffer; peers name it by its address.
+    let done = unsafe { old.mr.rereg(new_pd, new_access, buffer.map(|p| (p, length, addr as u64))) };
+    if let Err(e) = done {
+        return rereg_failed(crate::post::errno_of(e), false);
+    }
+    if translation {
+        (old.ibv.addr, old.ibv.length) = (addr, length);
+    }
+    if new_pd.is_some() {
+        old.ibv.pd = pd;
+    }
+    0
+}
+
+/// rdma-core's rereg failures: bad input, or the device refused (the old region stays).
+fn rereg_failed(errno: c_int, input: bool) -> c_int {
+    set_errno(errno);
+    if input {
+        ffi::IBV_REREG_MR_ERR_INPUT
+    } else {
+        ffi::IBV_REREG_MR_ERR_CMD
+    }
 }
 
 /// `ibv_reg_mr`: the region is named by its own address.

@@ -21,6 +21,7 @@ std::arch::global_asm!(
     ".symver ibv_wc_status_str, ibv_wc_status_str@@IBVERBS_1.1",
     ".symver ibv_event_type_str, ibv_event_type_str@@IBVERBS_1.1",
     ".symver ibv_resize_cq, ibv_resize_cq@@IBVERBS_1.1",
+    ".symver ibv_rereg_mr, ibv_rereg_mr@@IBVERBS_1.1",
     ".symver ibv_init_ah_from_wc, ibv_init_ah_from_wc@@IBVERBS_1.1",
     ".symver ibv_rate_to_mult, ibv_rate_to_mult@@IBVERBS_1.0",
     ".symver mult_to_ibv_rate, mult_to_ibv_rate@@IBVERBS_1.0",

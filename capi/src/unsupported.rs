@@ -138,7 +138,6 @@ unsupported!("IBVERBS_1.10", (), (), [ibv_unimport_mr, ibv_unimport_pd]);
 unsupported!("IBVERBS_1.13", *mut c_void, null(), [ibv_import_dm]);
 unsupported!("IBVERBS_1.13", (), (), [ibv_unimport_dm]);
 unsupported!("IBVERBS_1.12", *mut c_void, null(), [ibv_reg_dmabuf_mr]);
-unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_rereg_mr]);
 // rsockets (rdma/rsocket.h): sockets over RDMA are not built; each call fails with
 // ENOSYS, as a socket call the system lacks, so rstream and riostream exit cleanly.
 unsupported!(

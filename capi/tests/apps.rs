@@ -173,7 +173,8 @@ fn a_connect_to_nobody_is_rejected() {
         ("rocev2", "127.0.72.2", "RDMA_CM_EVENT_REJECTED, error 8"),
     ] {
         let args = ["-c", "-a", addr, "-p", "7999", "-C", "1"];
-        let out = finish(tool_on("rping", transport, addr, &args).spawn().expect("rping runs"), Duration::from_secs(20));
+        let out =
+            finish(tool_on("rping", transport, addr, &args).spawn().expect("rping runs"), Duration::from_secs(20));
         assert!(text(&out).contains(want), "rping {transport} to nobody:\n{}", text(&out));
     }
 }

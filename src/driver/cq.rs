@@ -106,6 +106,12 @@ impl CqQueue {
         }
     }
 
+    /// Removes the completions of QP `qpn` not yet polled (a QP reset: mlx5's providers
+    /// clean them too, and IBTA 10.3.1 leaves it to the device).
+    pub fn remove_qp(&self, qpn: u32) {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|wc| wc.qpn != qpn);
+    }
+
     /// Up to `max` completions, without waiting.
     pub fn poll(&self, max: usize) -> Vec<Wc> {
         let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());

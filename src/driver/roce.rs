@@ -129,6 +129,13 @@ impl RoceDriver {
         self.rx.lock().unwrap_or_else(|e| e.into_inner()).release_service(port)
     }
 
+    /// Drops the completions of QP `qpn` that no one polled yet (its reset).
+    pub fn remove_completions_of(&self, qpn: u32) {
+        for q in self.cqs.read().unwrap_or_else(|e| e.into_inner()).values() {
+            q.remove_qp(qpn);
+        }
+    }
+
     /// A CQ's queue, so that completions for CQ `id` reach it.
     pub fn add_cq(&self, id: u32, queue: Arc<CqQueue>) {
         self.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(id, queue);

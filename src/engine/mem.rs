@@ -315,6 +315,17 @@ pub enum MemError {
     Alignment,
 }
 
+/// What a re-registration changes (`None`: kept).
+#[derive(Debug, Default)]
+pub struct Rereg {
+    /// A new protection domain.
+    pub pd: Option<Pd>,
+    /// New access rights.
+    pub access: Option<Access>,
+    /// New memory and the address peers name its first byte by.
+    pub mem: Option<(Arc<SharedMem>, u64)>,
+}
+
 /// The device's memory regions, indexed by the 24 index bits of their keys.
 #[derive(Debug, Default)]
 pub struct MrTable {
@@ -375,6 +386,24 @@ impl MrTable {
         let addr = addr.unwrap_or_else(|| (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000);
         self.regions.insert(index, Region { pd, access, addr, mem: mem.clone(), key, valid: true });
         Some(Mr { lkey: key, rkey: key, addr, mem })
+    }
+
+    /// Reregisters the region of `key` (IBTA 11.2.8.4): a new PD, access, or memory at an
+    /// address, each kept when `None`; the keys stay. Memory replaced is revoked, so the
+    /// engine never touches the old buffer again.
+    pub fn reregister(&mut self, key: u32, change: Rereg) -> Option<Mr> {
+        let r = self.regions.get_mut(&(key >> 8)).filter(|r| r.key == key)?;
+        if let Some(pd) = change.pd {
+            r.pd = pd;
+        }
+        if let Some(access) = change.access {
+            r.access = access;
+        }
+        if let Some((mem, addr)) = change.mem {
+            std::mem::replace(&mut r.mem, mem).revoke();
+            r.addr = addr;
+        }
+        Some(Mr { lkey: r.key, rkey: r.key, addr: r.addr, mem: r.mem.clone() })
     }
 
     /// Deregisters a region; a foreign one is revoked ([`SharedMem::revoke`]).
@@ -478,6 +507,26 @@ impl MrTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // IBTA 11.2.8.4: a re-registration keeps the keys and takes new memory, access and PD;
+    // the old memory is no longer reachable by them.
+    #[test]
+    fn reregistration_keeps_the_keys_and_moves_everything_else() {
+        let mut t = MrTable::new(4);
+        let mut rng = Rng::new(7);
+        let a = t.register(Pd(1), 64, Access::ALL, &mut rng).unwrap();
+        let new = Arc::new(SharedMem::new(128));
+        let change = Rereg { pd: Some(Pd(2)), access: Some(Access::default()), mem: Some((new.clone(), 0x5000)) };
+        let b = t.reregister(a.lkey, change).unwrap();
+        assert_eq!((b.lkey, b.rkey, b.addr), (a.lkey, a.rkey, 0x5000));
+        assert!(Arc::ptr_eq(&b.mem, &new));
+        assert_eq!(t.resolve(a.rkey, Pd(2), a.addr, 8, Need::LocalRead).err(), Some(MemError::Bounds), "old address");
+        assert_eq!(t.resolve(a.rkey, Pd(1), 0x5000, 8, Need::LocalRead).err(), Some(MemError::WrongPd));
+        assert_eq!(t.resolve(a.rkey, Pd(2), 0x5000, 8, Need::RemoteWrite).err(), Some(MemError::Access));
+        let (mem, off) = t.resolve(a.rkey, Pd(2), 0x5000 + 120, 8, Need::LocalRead).unwrap();
+        assert!(Arc::ptr_eq(&mem, &new) && off == 120);
+        assert!(t.reregister(a.lkey ^ 1, Rereg::default()).is_none(), "a stale key names nothing");
+    }
 
     #[test]
     fn unaligned_copies_round_trip() {

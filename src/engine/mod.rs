@@ -242,6 +242,16 @@ impl Device {
         &mut self.mrs
     }
 
+    /// Reregisters a region, keeping its keys (IBTA 11.2.8.4).
+    pub fn rereg_mr(&mut self, mr: &Mr, change: mem::Rereg) -> Result<Mr, VerbsError> {
+        if let Some((m, addr)) = &change.mem {
+            if addr.checked_add(m.len() as u64).is_none() {
+                return Err(VerbsError::InvalidAttribute("the region wraps the address space"));
+            }
+        }
+        self.mrs.reregister(mr.lkey, change).ok_or(VerbsError::NotFound)
+    }
+
     /// Deregisters a region.
     pub fn dereg_mr(&mut self, mr: &Mr) -> Result<(), VerbsError> {
         self.mrs.deregister(mr.lkey).then_some(()).ok_or(VerbsError::NotFound)

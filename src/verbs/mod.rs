@@ -678,6 +678,26 @@ pub struct MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// `ibv_rereg_mr`: a new PD, access, or buffer (`ptr`, `len`, named `iova` by peers),
+    /// each kept when `None`; the keys stay. The old buffer is never touched again.
+    ///
+    /// # Safety
+    /// A new buffer is as for [`Context::reg_user_mr`]: the caller's, valid, until the
+    /// region is deregistered or reregistered again.
+    #[allow(unsafe_code)]
+    pub unsafe fn rereg(
+        &mut self,
+        pd: Option<&ProtectionDomain>,
+        access: Option<Access>,
+        buffer: Option<(std::ptr::NonNull<u8>, usize, u64)>,
+    ) -> Result<(), VerbsError> {
+        // SAFETY: the caller's contract is SharedMem::foreign's.
+        let mem = buffer.map(|(ptr, len, iova)| (Arc::new(unsafe { SharedMem::foreign(ptr, len) }), iova));
+        let change = crate::engine::mem::Rereg { pd: pd.map(|p| p.pd), access, mem };
+        self.mr = self.backend.with_dev(|d| d.rereg_mr(&self.mr, change))?;
+        Ok(())
+    }
+
     /// Local key.
     pub fn lkey(&self) -> u32 {
         self.mr.lkey
@@ -836,9 +856,17 @@ impl QueuePair {
     }
 
     /// `ibv_modify_qp`. On iWARP, where connections move the state, only ERR is taken.
+    /// A reset drops the QP's completions nobody polled yet, as mlx5 does (an
+    /// application restarting a failed QP does not meet the old one's flushes).
     pub fn modify(&self, attr: &QpAttr) -> Result<(), VerbsError> {
         match &self.backend {
-            Backend::Roce(s) => s.with_core(|d| d.modify_qp(self.qpn, attr)),
+            Backend::Roce(s) => {
+                s.with_core(|d| d.modify_qp(self.qpn, attr))?;
+                if attr.state == Some(QpState::Reset) {
+                    s.remove_completions_of(self.qpn);
+                }
+                Ok(())
+            }
             Backend::Iwarp(s) if attr.state == Some(QpState::Err) => {
                 driver::iwarp::with(&**s, |d| d.set_error(self.qpn))
             }

@@ -347,14 +347,21 @@ impl Responder {
         let Some(Inbound::Send { wqe, received }) = &mut self.cur else {
             return Err(Refusal::Drop);
         };
-        // IBTA 9.7.5.1.4: a message longer than the receive buffers is a local length error.
-        if *received + r.payload.len() > wqe.capacity || !scatter_recv(&wqe.wr.sgl, *received, r.payload, q, ctx) {
-            let wqe = match self.cur.take() {
-                Some(Inbound::Send { wqe, .. }) => wqe,
-                _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
-            };
-            ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, WcStatus::LocLenErr, 0));
-            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        // IBTA 9.7.5.1.4: a message longer than the receive buffers is a local length error
+        // (the requester's fault: Invalid Request); a receive buffer the WQE's keys do not
+        // grant is a local protection error (ours: Remote Operational Error, 9.9.3.1.2).
+        let refusal = if *received + r.payload.len() > wqe.capacity {
+            Some((WcStatus::LocLenErr, NakCode::InvalidRequest))
+        } else if !scatter_recv(&wqe.wr.sgl, *received, r.payload, q, ctx) {
+            Some((WcStatus::LocProtErr, NakCode::RemoteOperationalError))
+        } else {
+            None
+        };
+        if let Some((status, nak)) = refusal {
+            if let Some(Inbound::Send { wqe, .. }) = self.cur.take() {
+                ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, status, 0));
+            }
+            return Err(Refusal::Nak(nak));
         }
         *received += r.payload.len();
         let ends = matches!(pos, Position::Last | Position::Only);
