@@ -113,3 +113,37 @@ fn a_queue_longer_than_the_ack_timeout_is_not_mistaken_for_loss() {
     // The first small WRITE may time out, before any round trip was measured.
     assert!(sim.devices[0].stats.retransmit_timeouts <= 1, "{:?}", sim.devices[0].stats);
 }
+
+/// One connection sending 20 64 KiB WRITEs back to back, beside `idle` connected QPs that
+/// send nothing; returns the simulated ns it took.
+fn one_busy_beside(idle: usize) -> u64 {
+    let faults = Faults { rate_bytes_per_us: Some(1000), ..Faults::none() };
+    let mut sim = Sim::new(vec![shipped_device(1, idle + 1), shipped_device(2, idle + 1)], faults, 5);
+    let cqs = [sim.devices[0].create_cq(64), sim.devices[1].create_cq(64)];
+    let at = Attrs { mtu: Mtu::M4096, timeout: 14, ..Attrs::default() };
+    let busy = connect_qps(&mut sim, QpType::Rc, &at, cqs, None, None);
+    for _ in 0..idle {
+        connect_qps(&mut sim, QpType::Rc, &at, cqs, None, None);
+    }
+    let ma = sim.devices[0].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap();
+    let mb = sim.devices[1].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap();
+    let start = sim.now;
+    for k in 0..20 {
+        sim.devices[0].post_send(busy[0], wr(k, SendOp::Write(remote(&mb, 0)), vec![sge(&ma, 0, 1 << 16)])).unwrap();
+    }
+    let mut done = 0;
+    while done < 20 && sim.step() {
+        done += sim.devices[0].poll_cq(cqs[0], usize::MAX).len();
+    }
+    assert_eq!(done, 20);
+    sim.now - start
+}
+
+// The device's in-flight budget is shared by the QPs that have requests outstanding: a
+// thousand idle connections leave a busy one its whole window (they once took all but one
+// packet of it, 1024 / 1001).
+#[test]
+fn idle_connections_leave_a_busy_one_its_whole_window() {
+    let (alone, beside) = (one_busy_beside(0), one_busy_beside(1000));
+    assert!(beside * 10 <= alone * 11, "alone {alone} ns, beside 1000 idle QPs {beside} ns");
+}

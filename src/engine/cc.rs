@@ -70,16 +70,10 @@ impl LossWindow {
         LossWindow { packets: initial.clamp(1, max), max, ssthresh: max, credit: 0 }
     }
 
-    /// Caps the window at `max` packets (a new share of the device's budget).
-    pub fn set_max(&mut self, max: u32) {
-        self.max = max.max(1);
-        self.packets = self.packets.min(self.max);
-        self.ssthresh = self.ssthresh.min(self.max);
-    }
-
-    /// True when one more packet may go out with `in_flight` unacknowledged.
-    pub fn allows(&self, in_flight: u32) -> bool {
-        in_flight < self.packets
+    /// True when one more packet may go out with `in_flight` unacknowledged, within the
+    /// window and the QP's share `cap` of the device's budget.
+    pub fn allows(&self, in_flight: u32, cap: u32) -> bool {
+        in_flight < self.packets.min(cap.max(1))
     }
 
     /// `n` packets were acknowledged.
@@ -208,7 +202,8 @@ mod tests {
     #[test]
     fn loss_window_slow_starts_halves_on_loss_then_grows_by_one_per_window() {
         let mut w = LossWindow::new(4, 64);
-        assert!(w.allows(3) && !w.allows(4));
+        assert!(w.allows(3, u32::MAX) && !w.allows(4, u32::MAX));
+        assert!(!w.allows(2, 2), "the device's share caps it too");
         w.on_acked(4);
         assert_eq!(w.packets, 8, "slow start: one more per packet acknowledged");
         w.on_acked(100);

@@ -137,8 +137,9 @@ pub struct Device {
     /// turn at sending (packets, next deadline).
     visit: Vec<u32>,
     turns: Vec<(u32, usize, Option<u64>)>,
-    /// Each RC QP's share of the device's loss-window budget, as last set.
-    window_share: u32,
+    /// RC QPs with a loss window and requests outstanding: they share the device's
+    /// loss-window budget, idle ones take none of it.
+    window_busy_qps: u32,
     /// The connection manager, reached through QP1.
     cm: crate::cm::Cm,
     /// The PSN of QP1's next MAD.
@@ -182,7 +183,7 @@ impl Device {
             schedule: schedule::Schedule::default(),
             visit: Vec::new(),
             turns: Vec::new(),
-            window_share: 0,
+            window_busy_qps: 0,
             stats: Stats::default(),
         }
     }
@@ -387,7 +388,6 @@ impl Device {
             qp.req.window = Some(cc::LossWindow::new(cc.loss_window_initial_packets, cc.loss_window_max_packets));
         }
         self.qps.insert(qpn, qp);
-        self.share_window_budget();
         Ok(qpn)
     }
 
@@ -399,28 +399,37 @@ impl Device {
     /// Destroys a QP at `now`; a connection the CM holds for it is torn down (DREQ).
     pub fn destroy_qp_at(&mut self, now: u64, qpn: u32) -> Result<(), VerbsError> {
         self.with_cm(now, |cm, qps| cm.qp_destroyed(now, qpn, qps));
-        self.qps.remove(&qpn).map(|_| ()).ok_or(VerbsError::NotFound)?;
+        let qp = self.qps.remove(&qpn).ok_or(VerbsError::NotFound)?;
+        if qp.window_busy {
+            self.window_busy_qps -= 1;
+        }
         self.schedule.remove(qpn);
-        self.share_window_budget();
         Ok(())
     }
 
-    /// Splits the device's in-flight budget evenly over the QPs that have a loss window.
-    fn share_window_budget(&mut self) {
-        let cc = self.cfg.cc;
-        if cc.loss_window_device_packets == 0 || cc.loss_window_max_packets == 0 {
-            return;
+    /// Each busy QP's share of the device's in-flight budget (IBTA leaves the requester's
+    /// rate to the implementation): the budget split evenly over the QPs with requests
+    /// outstanding, so a thousand idle QPs leave a busy one its whole window.
+    fn window_cap(&self) -> u32 {
+        let device = self.cfg.cc.loss_window_device_packets;
+        if device == 0 {
+            return u32::MAX;
         }
-        let n = self.qps.values().filter(|q| q.req.window.is_some()).count().max(1) as u32;
-        let share = (cc.loss_window_device_packets / n).clamp(1, cc.loss_window_max_packets);
-        for w in self.qps.values_mut().filter_map(|q| q.req.window.as_mut()) {
-            w.set_max(share);
+        (device / self.window_busy_qps.max(1)).max(1)
+    }
+
+    /// Counts QP `qpn` among the busy ones, or no longer, after an operation on it.
+    fn note_window_busy(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        let busy = qp.req.window.is_some() && qp.req.has_outstanding();
+        if busy != qp.window_busy {
+            qp.window_busy = busy;
+            if busy {
+                self.window_busy_qps += 1;
+            } else {
+                self.window_busy_qps -= 1;
+            }
         }
-        // A larger share (a QP went) may let a QP the window held back send again.
-        if share > self.window_share {
-            self.touch_all();
-        }
-        self.window_share = share;
     }
 
     /// QP `qpn` was operated on: it may have something to send, and its deadline may
@@ -429,12 +438,14 @@ impl Device {
         if let Some(qp) = self.qps.get(&qpn) {
             self.schedule.touch(qpn, qp.deadline());
         }
+        self.note_window_busy(qpn);
     }
 
     /// Every QP was (or may have been) operated on: after the CM's calls.
     fn touch_all(&mut self) {
-        for (&qpn, qp) in &self.qps {
-            self.schedule.touch(qpn, qp.deadline());
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            self.touch(qpn);
         }
     }
 
@@ -493,6 +504,7 @@ impl Device {
     }
 
     fn split_cm(&mut self, now: u64) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>, &mut crate::cm::Cm) {
+        let window_cap = self.window_cap();
         let ctx = Ctx {
             now,
             mrs: &mut self.mrs,
@@ -501,6 +513,7 @@ impl Device {
             stats: &mut self.stats,
             srqs: &mut self.srqs,
             events: &mut self.events,
+            window_cap,
         };
         (&mut self.qps, ctx, &mut self.cm)
     }
@@ -679,12 +692,25 @@ impl Device {
     /// serves all that have something to send, so a device with many idle or blocked QPs
     /// does not look at each of them again for every packet.
     fn fill(&mut self, now: u64) {
+        // A turn lists a bounded slice of the ready QPs (a thousand need not be listed for
+        // a few dozen packets); each QP in it sends or leaves the ready set, so turns end
+        // once one queued packets or nothing is ready.
+        while self.out.is_empty() && self.schedule.ready_len() > 0 {
+            self.fill_turn(now);
+        }
+    }
+
+    /// One pass over at most `2 * FILL_PACKETS` ready QPs from the cursor.
+    fn fill_turn(&mut self, now: u64) {
         let mut order = std::mem::take(&mut self.visit);
         let mut turns = std::mem::take(&mut self.turns);
-        self.schedule.ready_from(self.cursor, &mut order);
+        self.schedule.ready_from(self.cursor, &mut order, 2 * FILL_PACKETS);
         let (qps, mut ctx) = self.split(now);
         for &qpn in &order {
-            let Some(qp) = qps.get_mut(&qpn) else { continue };
+            let Some(qp) = qps.get_mut(&qpn) else {
+                turns.push((qpn, 0, None));
+                continue;
+            };
             let sent = pump_qp(qp, &mut ctx);
             turns.push((qpn, sent, qp.deadline()));
             if ctx.out.len() >= FILL_PACKETS {
@@ -693,6 +719,7 @@ impl Device {
         }
         for (qpn, sent, deadline) in turns.drain(..) {
             self.schedule.file(qpn, deadline);
+            self.note_window_busy(qpn);
             if sent == 0 {
                 self.schedule.idle(qpn);
             } else {

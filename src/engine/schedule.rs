@@ -48,11 +48,12 @@ impl Schedule {
         self.file(qpn, None);
     }
 
-    /// The ready QPs in round-robin order, starting after `cursor`, into `out`.
-    pub fn ready_from(&self, cursor: u32, out: &mut Vec<u32>) {
+    /// At most `limit` ready QPs in round-robin order, starting after `cursor`, into `out`
+    /// (a fill that stops after a few dozen packets need not list a thousand QPs).
+    pub fn ready_from(&self, cursor: u32, out: &mut Vec<u32>, limit: usize) {
         out.clear();
-        out.extend(self.ready.range(cursor.saturating_add(1)..));
-        out.extend(self.ready.range(..=cursor));
+        let after = self.ready.range(cursor.saturating_add(1)..);
+        out.extend(after.chain(self.ready.range(..=cursor)).take(limit));
     }
 
     /// The earliest deadline filed.
@@ -99,10 +100,12 @@ mod tests {
             s.touch(q, None);
         }
         let mut order = Vec::new();
-        s.ready_from(3, &mut order);
+        s.ready_from(3, &mut order, usize::MAX);
         assert_eq!(order, [5, 9, 1, 3]);
+        s.ready_from(3, &mut order, 3);
+        assert_eq!(order, [5, 9, 1], "at most the limit, in the same order");
         s.idle(9);
-        s.ready_from(u32::MAX, &mut order);
+        s.ready_from(u32::MAX, &mut order, usize::MAX);
         assert_eq!(order, [1, 3, 5]);
         assert_eq!(s.ready_len(), 3);
     }

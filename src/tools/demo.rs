@@ -166,11 +166,6 @@ pub(super) fn iters_for(size: usize, secs: f64, guess_bytes_per_s: f64) -> u64 {
     ((guess_bytes_per_s * secs / size as f64) as u64).clamp(200, 2_000_000)
 }
 
-/// One bandwidth row between the two devices.
-fn rdma_bw(a: &Context, b: &Context, test: Test, size: usize, qps: usize, secs: f64) -> Result<BwResult, String> {
-    rdma_bw_mtu(a, b, test, size, qps, (secs, 3e8), Mtu::M4096)
-}
-
 /// One bandwidth row between the two devices at path MTU `mtu`, of about `secs` seconds at
 /// `guess_bytes_per_s`.
 pub fn rdma_bw_mtu(
@@ -449,20 +444,42 @@ fn json_doc(
         "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad})
 }
 
+/// How many times the scale row measures one QP and all of them, alternating: this
+/// machine's bandwidth drifts by a third between seconds, so each side's median over
+/// interleaved rounds is compared rather than two single measurements.
+const SCALE_ROUNDS: usize = 3;
+
 /// Memory per idle QP (measured first, `idle`), then WRITE bandwidth over one QP and over
-/// `args.qps`.
+/// `args.qps`, each the median of [`SCALE_ROUNDS`] interleaved measurements.
 fn scale_rows(a: &Context, b: &Context, args: &DemoArgs, idle: f64) -> Result<(f64, f64, f64), String> {
-    let one = rdma_bw(a, b, Test::WriteBw, 65536, 1, args.seconds)?.avg_bytes_per_s;
+    let secs = args.seconds / SCALE_ROUNDS as f64;
+    let mut p1 = Params::defaults(Test::WriteBw);
+    let (x1, y1) =
+        (Endpoint::new(a, &p1).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p1).map_err(|e| format!("{e:?}"))?);
+    connect(&x1, &y1, p1.mtu)?;
+    // A short first run sizes the others.
+    p1.iters = iters_for(65536, secs / 4.0, 3e8);
+    let guess = bench::run_bw_client(&x1, &y1.dests(0), &p1)?.avg_bytes_per_s;
+    p1.iters = iters_for(65536, secs, guess);
     let mut p = Params::defaults(Test::WriteBw);
     p.qps = args.qps;
     p.tx_depth = 2;
     p.cq_mod = 1;
-    p.iters = iters_for(65536, args.seconds, one).div_ceil(args.qps as u64).max(4);
+    p.iters = p1.iters.div_ceil(args.qps as u64).max(4);
     let (x, y) =
         (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
     connect(&x, &y, p.mtu)?;
-    let all = bench::run_bw_client(&x, &y.dests(0), &p)?.avg_bytes_per_s;
-    Ok((idle, one, all))
+    let (mut one, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..SCALE_ROUNDS {
+        one.push(bench::run_bw_client(&x1, &y1.dests(0), &p1)?.avg_bytes_per_s);
+        all.push(bench::run_bw_client(&x, &y.dests(0), &p)?.avg_bytes_per_s);
+    }
+    Ok((idle, median(&mut one), median(&mut all)))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn print_table(

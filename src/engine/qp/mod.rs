@@ -75,6 +75,9 @@ pub struct Ctx<'a> {
     pub srqs: &'a mut HashMap<u32, crate::engine::srq::Srq>,
     /// Asynchronous events for the application.
     pub events: &'a mut crate::engine::event::AsyncEvents,
+    /// Packets each QP may have in flight as its share of the device's loss-window budget
+    /// (`u32::MAX`: no device budget).
+    pub window_cap: u32,
 }
 
 impl Ctx<'_> {
@@ -181,6 +184,9 @@ pub struct Qp {
     pub resp: Responder,
     /// When this QP last sent a CNP.
     pub last_cnp: Option<u64>,
+    /// Counted among the device's QPs with requests outstanding, which share its
+    /// loss-window budget.
+    pub window_busy: bool,
 }
 
 impl Qp {
@@ -199,7 +205,15 @@ impl Qp {
         };
         let mut resp = Responder::new(init.caps);
         resp.srq = init.srq;
-        Qp { init, state: QpState::Reset, path, req: Requester::new(init.caps), resp, last_cnp: None }
+        Qp {
+            init,
+            state: QpState::Reset,
+            path,
+            req: Requester::new(init.caps),
+            resp,
+            last_cnp: None,
+            window_busy: false,
+        }
     }
 
     /// The QP's protection domain.

@@ -246,13 +246,13 @@ impl Requester {
                 break;
             }
             self.paced_until = None;
-            if self.window.as_ref().is_some_and(|win| !win.allows(self.unacked_in_flight())) {
+            if self.window.as_ref().is_some_and(|win| !win.allows(self.unacked_in_flight(), ctx.window_cap)) {
                 break;
             }
             if !self.start_next() {
                 break;
             }
-            let ack_at_edge = self.ack_at_window_edge();
+            let ack_at_edge = self.ack_at_window_edge(ctx.window_cap);
             let w = &mut self.wqes[self.send_idx];
             if w.done.is_some() || w.next_pkt >= w.request_pkts() {
                 self.send_idx += 1;
@@ -352,10 +352,17 @@ impl Requester {
     /// With a loss window, the responder must be asked to acknowledge before the window
     /// closes, and twice per window to keep ACKs flowing (IBTA 9.7.2 leaves AckReq to the
     /// requester): true when the next packet is such a one.
-    fn ack_at_window_edge(&self) -> bool {
+    fn ack_at_window_edge(&self, cap: u32) -> bool {
         let Some(win) = self.window.as_ref() else { return false };
+        let packets = win.packets.min(cap).max(1);
         let in_flight = self.unacked_in_flight() + 1;
-        in_flight >= win.packets || in_flight.is_multiple_of((win.packets / 2).max(1))
+        in_flight >= packets || (packets >= 8 && in_flight.is_multiple_of(packets / 2))
+    }
+
+    /// True while requests are posted and not yet retired (the QP holds part of the
+    /// device's loss-window budget).
+    pub fn has_outstanding(&self) -> bool {
+        !self.wqes.is_empty()
     }
 
     /// PSNs sent and not yet acknowledged (a READ counts its whole response once asked).
