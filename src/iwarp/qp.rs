@@ -249,14 +249,13 @@ impl IwarpQp {
             let Some(job) = self.reads_in.front_mut() else { break };
             let room = budget - self.out.len();
             let n = job.remaining.min(room.clamp(self.mulpdu, READ_CHUNK.max(self.mulpdu)));
-            let mut data = vec![0u8; n];
-            job.mem.read(job.offset, &mut data);
-            let to = job.sink_to;
+            let mem = job.mem.clone();
+            let (to, offset) = (job.sink_to, job.offset);
             let (stag, done) = (job.sink_stag, n == job.remaining);
             job.offset += n;
             job.remaining -= n;
             job.sink_to = job.sink_to.wrapping_add(n as u64);
-            self.send_tagged_part(Opcode::ReadResponse, stag, to, &data, done);
+            self.send_tagged_part(Opcode::ReadResponse, stag, to, &Payload::Mem { mem: &mem, offset, len: n }, done);
             if done {
                 self.reads_in.pop_front();
             }
@@ -328,9 +327,11 @@ impl IwarpQp {
         let read = is_read.then(|| ReadSink { stag: wr.sgl[0].lkey, to: wr.sgl[0].addr, len, placed: 0 });
         let (wr_id, signaled) = (wr.wr_id, wr.signaled);
         let mut entry = SqEntry { wr_id, opcode, len, signaled, done: None, read, tx_end: None, internal: false };
-        match gather(&wr, self.pd, mrs, is_read) {
-            Err(()) => entry.done = Some(WcStatus::LocProtErr),
-            Ok(data) => {
+        let need = if is_read { Need::LocalWrite } else { Need::LocalRead };
+        match sgl_permits(&wr, self.pd, mrs, need) {
+            false => entry.done = Some(WcStatus::LocProtErr),
+            true => {
+                let data = Payload::Sgl { sgl: &wr.sgl, pd: self.pd, mrs, len: len as usize };
                 match wr.op {
                     SendOp::Write(r) => self.send_tagged(Opcode::Write, r.rkey, r.addr, &data),
                     SendOp::Read(r) => {
@@ -383,13 +384,13 @@ impl IwarpQp {
     }
 
     /// A tagged message (Write or Read Response), segmented to the MULPDU.
-    fn send_tagged(&mut self, opcode: Opcode, stag: u32, to: u64, data: &[u8]) {
+    fn send_tagged(&mut self, opcode: Opcode, stag: u32, to: u64, data: &Payload<'_>) {
         self.send_tagged_part(opcode, stag, to, data, true);
     }
 
     /// A part of a tagged message, segmented to the MULPDU; `ends` sets L on its last
     /// segment.
-    fn send_tagged_part(&mut self, opcode: Opcode, stag: u32, to: u64, data: &[u8], ends: bool) {
+    fn send_tagged_part(&mut self, opcode: Opcode, stag: u32, to: u64, data: &Payload<'_>, ends: bool) {
         let room = self.mulpdu - crate::proto::iwarp::ddp::TAGGED_LEN;
         let mut off = 0;
         loop {
@@ -401,7 +402,7 @@ impl IwarpQp {
                 rsvd_ulp: 0,
                 buffer: DdpBuffer::Tagged { stag, to: to.wrapping_add(off as u64) },
             };
-            self.emit(&MessageRepr { ddp, control: Self::control(opcode), body: Body::Data(&data[off..off + n]) });
+            self.emit_data(ddp, opcode, data, off, n);
             off += n;
             if off == data.len() {
                 break;
@@ -409,8 +410,27 @@ impl IwarpQp {
         }
     }
 
+    /// One FPDU of a data message: its header, then `n` payload octets from `off` copied
+    /// straight into the stream.
+    fn emit_data(&mut self, ddp: DdpRepr, opcode: Opcode, data: &Payload<'_>, off: usize, n: usize) {
+        let head = MessageRepr { ddp, control: Self::control(opcode), body: Body::Data(&[]) };
+        let head_len = head.buffer_len();
+        let framed = self.framer.frame_with(head_len + n, &mut self.out, |b| {
+            head.emit(&mut b[..head_len])?;
+            match data.copy_to(off, &mut b[head_len..]) {
+                true => Ok(()),
+                false => Err(crate::proto::Error::BadLength("the payload's memory went")),
+            }
+        });
+        // Header fields are in range and the memory was checked at post time, under the
+        // same lock: a failure is a bug, reported as a local catastrophic error.
+        if framed.is_err() {
+            self.enter_error();
+        }
+    }
+
     /// A Send of any flavour on queue 0, segmented to the MULPDU.
-    fn send_untagged_message(&mut self, op: SendOp, solicited: bool, data: &[u8]) {
+    fn send_untagged_message(&mut self, op: SendOp, solicited: bool, data: &Payload<'_>) {
         let (opcode, inv) = match (op, solicited) {
             (SendOp::SendInv(k), false) => (Opcode::SendInvalidate, k),
             (SendOp::SendInv(k), true) => (Opcode::SendSolicitedInvalidate, k),
@@ -425,7 +445,7 @@ impl IwarpQp {
             let last = off + n == data.len();
             let buffer = DdpBuffer::Untagged { rsvd_ulp: inv, qn: QN_SEND, msn, mo: off as u32 };
             let ddp = DdpRepr { last, version: DDP_VERSION, rsvd_ulp: 0, buffer };
-            self.emit(&MessageRepr { ddp, control: Self::control(opcode), body: Body::Data(&data[off..off + n]) });
+            self.emit_data(ddp, opcode, data, off, n);
             off += n;
             if last {
                 break;
@@ -450,8 +470,8 @@ impl IwarpQp {
     /// The ready-to-receive message (RFC 6581 §6): zero-length, as negotiated.
     fn send_rtr(&mut self, kind: RtrKind) {
         match kind {
-            RtrKind::Write => self.send_tagged(Opcode::Write, RTR_STAG, 0, &[]),
-            RtrKind::Send => self.send_untagged_message(SendOp::Send, false, &[]),
+            RtrKind::Write => self.send_tagged(Opcode::Write, RTR_STAG, 0, &Payload::Bytes(&[])),
+            RtrKind::Send => self.send_untagged_message(SendOp::Send, false, &Payload::Bytes(&[])),
             RtrKind::Read => {
                 let rr = ReadRequestRepr { sink_stag: RTR_STAG, sink_to: 0, size: 0, src_stag: RTR_STAG, src_to: 0 };
                 self.send_read_request(rr);
@@ -517,7 +537,7 @@ impl IwarpQp {
                 (Opcode::ReadRequest, Body::ReadRequest(rr)) if rr.size == 0 => {
                     // A Read RTR is answered outside the IRD (RFC 6581 §6).
                     self.expect_msn[1] = self.expect_msn[1].wrapping_add(1);
-                    return self.send_tagged(Opcode::ReadResponse, rr.sink_stag, rr.sink_to, &[]);
+                    return self.send_tagged(Opcode::ReadResponse, rr.sink_stag, rr.sink_to, &Payload::Bytes(&[]));
                 }
                 _ => {}
             }
@@ -768,19 +788,46 @@ fn tagged_error(e: MemError) -> (Layer, u8, u8) {
     }
 }
 
-/// The bytes a Send or Write carries, gathered at post time (a Read carries none).
-fn gather(wr: &SendWr, pd: Pd, mrs: &MrTable, is_read: bool) -> Result<Vec<u8>, ()> {
-    let need = if is_read { Need::LocalWrite } else { Need::LocalRead };
-    let mut data = Vec::new();
-    for s in &wr.sgl {
-        let (mem, off) = mrs.resolve(s.lkey, pd, s.addr, s.length as usize, need).map_err(|_| ())?;
-        if !is_read {
-            let at = data.len();
-            data.resize(at + s.length as usize, 0);
-            mem.read(off, &mut data[at..]);
+/// True when every SGE of `wr` names memory of `pd` granting `need` (a Read's sink is
+/// written, a Send's or Write's source read): checked at post, before anything is framed.
+fn sgl_permits(wr: &SendWr, pd: Pd, mrs: &MrTable, need: Need) -> bool {
+    wr.sgl.iter().all(|s| mrs.resolve(s.lkey, pd, s.addr, s.length as usize, need).is_ok())
+}
+
+/// Where a message's payload comes from as its FPDUs are framed: bytes in hand, a posted
+/// request's scatter/gather list, or a region's bytes (a Read Response). The last two are
+/// read segment by segment into the stream, so a large message is copied once, with no
+/// buffer of its size allocated (and faulted in) per message.
+enum Payload<'a> {
+    Bytes(&'a [u8]),
+    Sgl { sgl: &'a [crate::engine::verbs::Sge], pd: Pd, mrs: &'a MrTable, len: usize },
+    Mem { mem: &'a SharedMem, offset: usize, len: usize },
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Sgl { len, .. } | Payload::Mem { len, .. } => *len,
         }
     }
-    Ok(data)
+
+    /// Copies the payload's octets from `off` into `dst`; false if its memory refused.
+    fn copy_to(&self, off: usize, dst: &mut [u8]) -> bool {
+        match self {
+            Payload::Bytes(b) => {
+                dst.copy_from_slice(&b[off..off + dst.len()]);
+                true
+            }
+            Payload::Sgl { sgl, pd, mrs, .. } => {
+                let range = (off, dst.len());
+                mrs.for_sgl_range(sgl, *pd, range, Need::LocalRead, |mem, at_mem, at, n| {
+                    mem.read(at_mem, &mut dst[at..at + n]);
+                })
+            }
+            Payload::Mem { mem, offset, .. } => mem.read(offset + off, dst),
+        }
+    }
 }
 
 /// Writes `d` at message offset `mo` across a receive's scatter list.
