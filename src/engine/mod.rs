@@ -238,6 +238,11 @@ impl Device {
         self.mrs.register_mem(pd, mem, access, Some(addr), &mut self.rng).ok_or(VerbsError::OutOfResources)
     }
 
+    /// The memory-region table, read (iWARP frames payloads from it).
+    pub fn mrs(&self) -> &MrTable {
+        &self.mrs
+    }
+
     /// The memory-region table, for a transport that places data itself (iWARP).
     pub fn mrs_mut(&mut self) -> &mut MrTable {
         &mut self.mrs

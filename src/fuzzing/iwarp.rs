@@ -76,13 +76,13 @@ pub fn iwarp_qp(data: &[u8]) {
             sends.insert(id);
         }
     }
-    let _ = qp.take_output();
+    let _ = qp.take_output(&r.mrs);
     qp.on_transmitted(qp.output_offset());
     let mut recv_done = 0u64;
     let piece = 1 + usize::from(mode >> 5) * 211;
     for chunk in stream.chunks(piece) {
         qp.on_stream(chunk, &mut r.mrs);
-        let out = qp.poll_output(BUDGET);
+        let out = qp.poll_output(BUDGET, &r.mrs);
         assert!(out.len() <= BUDGET + SLACK, "{} bytes of output for a budget of {BUDGET}", out.len());
         qp.on_transmitted(qp.output_offset());
         while let Some(wc) = qp.poll_completion() {

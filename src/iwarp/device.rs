@@ -96,8 +96,6 @@ pub(crate) struct TxQueue {
     spare_bytes: usize,
 }
 
-/// Framed octets a batch of posts gathers before they join the connection's queue.
-const OUT_CHUNK_BYTES: usize = 1 << 20;
 /// Most capacity a connection keeps in spare chunks while its queue is busy (a full send
 /// queue of 1 MiB messages is 128 MiB, already queued once); all but [`SPARE_IDLE`] are
 /// freed when the queue empties.
@@ -319,7 +317,7 @@ impl IwarpDevice {
 
     /// `ibv_post_send`, stopping at the first error.
     pub fn post_send(&mut self, qpn: u32, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), VerbsError> {
-        let IwarpDevice { dev, qps, conns, .. } = self;
+        let IwarpDevice { dev, qps, .. } = self;
         let s = qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
         let qp = s.qp.as_mut().ok_or(VerbsError::InvalidRequest)?;
         let mut out = Ok(());
@@ -331,16 +329,6 @@ impl IwarpDevice {
             };
             if out.is_err() {
                 break;
-            }
-            // A batch of large messages goes to the stream in chunks of about a megabyte,
-            // which the allocator and the queue's spares reuse, not as one buffer of the
-            // whole batch (a hundred 1 MiB WRITEs made a 128 MiB one, mapped and faulted
-            // in afresh each time).
-            if qp.framed_len() >= OUT_CHUNK_BYTES {
-                if let Some(c) = s.conn.and_then(|t| conns.get_mut(&t)) {
-                    let spare = c.tx.spare();
-                    c.queue(qp.poll_output_into(0, spare));
-                }
             }
         }
         self.pump_qp(qpn);

@@ -44,6 +44,36 @@ struct SqEntry {
     tx_end: Option<u64>,
     /// The QP's own (the RTR's Read): never completes to the application, even flushed.
     internal: bool,
+    /// What of the request is still to be framed (nothing once it is all in the stream).
+    unframed: Option<Unframed>,
+}
+
+/// A posted request not yet all in the output stream. Requests are framed in posting
+/// order as the transport has room ([`IwarpQp::poll_output_into`]), their payload read
+/// from registered memory FPDU by FPDU: a connection buffers a bounded amount however
+/// much is posted.
+#[derive(Debug)]
+struct Unframed {
+    kind: UnframedKind,
+    sgl: Vec<crate::engine::verbs::Sge>,
+    len: usize,
+    /// Payload octets framed so far.
+    off: usize,
+}
+
+#[derive(Debug)]
+enum UnframedKind {
+    Write {
+        stag: u32,
+        to: u64,
+    },
+    /// A Send of `opcode`; its MSN is taken when its first segment is framed.
+    Send {
+        opcode: Opcode,
+        inv: u32,
+        msn: Option<u32>,
+    },
+    Read(ReadRequestRepr),
 }
 
 /// The Data Sink of an outstanding Read (RFC 5040 §5.2): its Read Response must carry
@@ -227,24 +257,26 @@ impl IwarpQp {
         self.terminated.as_ref()
     }
 
-    /// Bytes for the TCP stream: everything posted, and Read Responses up to
-    /// [`OUTPUT_BUDGET`]; call again while [`IwarpQp::has_output`].
-    pub fn take_output(&mut self) -> Vec<u8> {
-        self.poll_output(OUTPUT_BUDGET)
+    /// Bytes for the TCP stream, about [`OUTPUT_BUDGET`] of them; call again while
+    /// [`IwarpQp::has_output`].
+    pub fn take_output(&mut self, mrs: &MrTable) -> Vec<u8> {
+        self.poll_output(OUTPUT_BUDGET, mrs)
     }
 
-    /// Bytes for the TCP stream: everything posted (the application's own, bounded by its
-    /// queue depths), then Read Responses while fewer than `budget` bytes are out, so a
-    /// peer's Reads never outrun the transport.
-    pub fn poll_output(&mut self, budget: usize) -> Vec<u8> {
-        self.poll_output_into(budget, Vec::new())
+    /// Bytes for the TCP stream: posted requests in order, then Read Responses, while
+    /// fewer than `budget` octets are out (and what is framed already, such as a
+    /// Terminate), so that neither the application's posts nor a peer's Reads outrun the
+    /// transport.
+    pub fn poll_output(&mut self, budget: usize, mrs: &MrTable) -> Vec<u8> {
+        self.poll_output_into(budget, Vec::new(), mrs)
     }
 
     /// As [`IwarpQp::poll_output`]; `spare` (empty, a written buffer given back) becomes
     /// the buffer the next posts are framed into, so that large messages do not map and
     /// fault in fresh pages for every buffer.
-    pub fn poll_output_into(&mut self, budget: usize, spare: Vec<u8>) -> Vec<u8> {
+    pub fn poll_output_into(&mut self, budget: usize, spare: Vec<u8>, mrs: &MrTable) -> Vec<u8> {
         debug_assert!(spare.is_empty());
+        self.frame_requests(budget, mrs);
         while self.out.len() < budget && self.state != QpState::Err {
             let Some(job) = self.reads_in.front_mut() else { break };
             let room = budget - self.out.len();
@@ -270,7 +302,7 @@ impl IwarpQp {
 
     /// True while output waits: posted frames, or Read Responses not yet produced.
     pub fn has_output(&self) -> bool {
-        !self.out.is_empty() || (!self.reads_in.is_empty() && self.state != QpState::Err)
+        !self.out.is_empty() || (self.state != QpState::Err && (!self.reads_in.is_empty() || self.has_unframed()))
     }
 
     /// The next completion.
@@ -326,35 +358,94 @@ impl IwarpQp {
         let is_read = matches!(wr.op, SendOp::Read(_));
         let read = is_read.then(|| ReadSink { stag: wr.sgl[0].lkey, to: wr.sgl[0].addr, len, placed: 0 });
         let (wr_id, signaled) = (wr.wr_id, wr.signaled);
-        let mut entry = SqEntry { wr_id, opcode, len, signaled, done: None, read, tx_end: None, internal: false };
+        let mut entry =
+            SqEntry { wr_id, opcode, len, signaled, done: None, read, tx_end: None, internal: false, unframed: None };
         let need = if is_read { Need::LocalWrite } else { Need::LocalRead };
-        match sgl_permits(&wr, self.pd, mrs, need) {
-            false => entry.done = Some(WcStatus::LocProtErr),
-            true => {
-                let data = Payload::Sgl { sgl: &wr.sgl, pd: self.pd, mrs, len: len as usize };
-                match wr.op {
-                    SendOp::Write(r) => self.send_tagged(Opcode::Write, r.rkey, r.addr, &data),
-                    SendOp::Read(r) => {
-                        let s = wr.sgl[0];
-                        let rr = ReadRequestRepr {
-                            sink_stag: s.lkey,
-                            sink_to: s.addr,
-                            size: len,
-                            src_stag: r.rkey,
-                            src_to: r.addr,
-                        };
-                        self.send_read_request(rr);
-                        self.reads_out += 1;
-                    }
-                    op => self.send_untagged_message(op, wr.solicited, &data),
+        if !sgl_permits(&wr, self.pd, mrs, need) {
+            entry.done = Some(WcStatus::LocProtErr);
+        } else {
+            let kind = match wr.op {
+                SendOp::Write(r) => UnframedKind::Write { stag: r.rkey, to: r.addr },
+                SendOp::Read(r) => {
+                    let s = wr.sgl[0];
+                    self.reads_out += 1;
+                    UnframedKind::Read(ReadRequestRepr {
+                        sink_stag: s.lkey,
+                        sink_to: s.addr,
+                        size: len,
+                        src_stag: r.rkey,
+                        src_to: r.addr,
+                    })
                 }
-                if !is_read {
-                    entry.tx_end = Some(self.framer.offset());
+                op => {
+                    let (opcode, inv) = send_opcode(op, wr.solicited);
+                    UnframedKind::Send { opcode, inv, msn: None }
                 }
-            }
+            };
+            entry.unframed = Some(Unframed { kind, sgl: wr.sgl, len: len as usize, off: 0 });
         }
         self.sq.push_back(entry);
         self.retire();
+    }
+
+    /// True while a posted request is not all framed.
+    fn has_unframed(&self) -> bool {
+        self.sq.iter().any(|e| e.unframed.is_some())
+    }
+
+    /// Frames posted requests in order while fewer than `budget` octets are out (at least
+    /// one FPDU): a Send or Write segment by segment, a Read Request whole.
+    fn frame_requests(&mut self, budget: usize, mrs: &MrTable) {
+        while self.state == QpState::Rts && self.out.len() < budget {
+            let Some(i) = self.sq.iter().position(|e| e.unframed.is_some()) else { return };
+            let Some(mut u) = self.sq[i].unframed.take() else { return };
+            let done = self.frame_some(&mut u, budget, mrs);
+            if !done {
+                self.sq[i].unframed = Some(u);
+                return;
+            }
+            if !matches!(u.kind, UnframedKind::Read(_)) {
+                self.sq[i].tx_end = Some(self.framer.offset());
+            }
+        }
+    }
+
+    /// Frames FPDUs of `u` until it is all out (true) or `budget` octets are.
+    fn frame_some(&mut self, u: &mut Unframed, budget: usize, mrs: &MrTable) -> bool {
+        let payload = Payload::Sgl { sgl: &u.sgl, pd: self.pd, mrs, len: u.len };
+        loop {
+            let last = match &mut u.kind {
+                UnframedKind::Read(rr) => {
+                    self.send_read_request(*rr);
+                    return true;
+                }
+                UnframedKind::Write { stag, to } => {
+                    let n = (self.mulpdu - crate::proto::iwarp::ddp::TAGGED_LEN).min(u.len - u.off);
+                    let last = u.off + n == u.len;
+                    let buffer = DdpBuffer::Tagged { stag: *stag, to: to.wrapping_add(u.off as u64) };
+                    let ddp = DdpRepr { last, version: DDP_VERSION, rsvd_ulp: 0, buffer };
+                    self.emit_data(ddp, Opcode::Write, &payload, u.off, n);
+                    u.off += n;
+                    last
+                }
+                UnframedKind::Send { opcode, inv, msn } => {
+                    let msn = *msn.get_or_insert_with(|| self.take_msn(QN_SEND));
+                    let n = (self.mulpdu - crate::proto::iwarp::ddp::UNTAGGED_LEN).min(u.len - u.off);
+                    let last = u.off + n == u.len;
+                    let buffer = DdpBuffer::Untagged { rsvd_ulp: *inv, qn: QN_SEND, msn, mo: u.off as u32 };
+                    let ddp = DdpRepr { last, version: DDP_VERSION, rsvd_ulp: 0, buffer };
+                    self.emit_data(ddp, *opcode, &payload, u.off, n);
+                    u.off += n;
+                    last
+                }
+            };
+            if last || self.state != QpState::Rts {
+                return true;
+            }
+            if self.out.len() >= budget {
+                return false;
+            }
+        }
     }
 
     /// Completes finished send-queue entries in posting order; an error takes the QP to ERR.
@@ -431,12 +522,7 @@ impl IwarpQp {
 
     /// A Send of any flavour on queue 0, segmented to the MULPDU.
     fn send_untagged_message(&mut self, op: SendOp, solicited: bool, data: &Payload<'_>) {
-        let (opcode, inv) = match (op, solicited) {
-            (SendOp::SendInv(k), false) => (Opcode::SendInvalidate, k),
-            (SendOp::SendInv(k), true) => (Opcode::SendSolicitedInvalidate, k),
-            (_, true) => (Opcode::SendSolicited, 0),
-            _ => (Opcode::Send, 0),
-        };
+        let (opcode, inv) = send_opcode(op, solicited);
         let msn = self.take_msn(QN_SEND);
         let room = self.mulpdu - crate::proto::iwarp::ddp::UNTAGGED_LEN;
         let mut off = 0;
@@ -487,6 +573,7 @@ impl IwarpQp {
                     read,
                     tx_end: None,
                     internal: true,
+                    unframed: None,
                 });
                 self.reads_out += 1;
             }
@@ -785,6 +872,16 @@ fn tagged_error(e: MemError) -> (Layer, u8, u8) {
         MemError::Bounds | MemError::Alignment => (Layer::Ddp, 1, 1),
         MemError::WrongPd => (Layer::Ddp, 1, 2),
         MemError::Access => (Layer::Rdmap, 1, 2),
+    }
+}
+
+/// The RDMAP opcode of a Send flavour, and the STag it invalidates (RFC 5040 §4.3).
+fn send_opcode(op: SendOp, solicited: bool) -> (Opcode, u32) {
+    match (op, solicited) {
+        (SendOp::SendInv(k), false) => (Opcode::SendInvalidate, k),
+        (SendOp::SendInv(k), true) => (Opcode::SendSolicitedInvalidate, k),
+        (_, true) => (Opcode::SendSolicited, 0),
+        _ => (Opcode::Send, 0),
     }
 }
 

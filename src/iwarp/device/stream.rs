@@ -233,13 +233,16 @@ impl IwarpDevice {
     /// After work on QP `qpn`: its bytes queued for the stream, its completions out, and
     /// the stream closing once the QP is in ERR and its last bytes (a Terminate) are out.
     pub(super) fn pump_qp(&mut self, qpn: u32) {
-        let IwarpDevice { qps, conns, .. } = self;
+        let IwarpDevice { qps, conns, dev, .. } = self;
         let Some(s) = qps.get_mut(&qpn) else { return };
         let Some(qp) = s.qp.as_mut() else { return };
         let t = s.conn;
-        let spare = t.and_then(|t| conns.get_mut(&t)).map(|c| c.tx.spare()).unwrap_or_default();
-        // What the application posted; Read Responses are produced as the stream drains.
-        let out = qp.poll_output_into(0, spare);
+        let conn = t.and_then(|t| conns.get_mut(&t));
+        // What was posted, up to the connection's buffer; the rest, and Read Responses,
+        // as the stream drains ([`IwarpDevice::refill`]).
+        let room = conn.as_ref().map_or(0, |c| MAX_TX_BUFFERED.saturating_sub(c.tx.len()));
+        let spare = conn.map(|c| c.tx.spare()).unwrap_or_default();
+        let out = qp.poll_output_into(room, spare, dev.mrs());
         let err = qp.state() == QpState::Err;
         let now = self.now_ns;
         if let Some(c) = t.and_then(|t| self.conns.get_mut(&t)) {
@@ -284,13 +287,13 @@ impl IwarpDevice {
     /// Tops connection `t`'s queue up with its QP's Read Responses to [`MAX_TX_BUFFERED`];
     /// marks it for writing, or closes it once a closing connection has written all.
     fn refill(&mut self, t: ConnId) {
-        let IwarpDevice { conns, qps, .. } = self;
+        let IwarpDevice { conns, qps, dev, .. } = self;
         let Some(c) = conns.get_mut(&t) else { return };
         if let Some(qp) = c.qpn.and_then(|q| qps.get_mut(&q)).and_then(|s| s.qp.as_mut()).filter(|q| q.has_output()) {
             let room = MAX_TX_BUFFERED.saturating_sub(c.tx.len());
             if room > 0 {
                 let spare = c.tx.spare();
-                c.queue(qp.poll_output_into(room, spare));
+                c.queue(qp.poll_output_into(room, spare, dev.mrs()));
             }
         }
         let qpn = c.qpn;
@@ -320,7 +323,7 @@ impl IwarpDevice {
         s.conn = None;
         if let Some(qp) = s.qp.as_mut() {
             qp.on_stream_closed("the connection closed");
-            let _ = qp.take_output();
+            let _ = qp.take_output(self.dev.mrs());
         }
         self.completions(qpn);
     }
