@@ -41,13 +41,14 @@ pub struct IwarpConfig {
     pub mpa_timeout_ms: u64,
     /// Largest FPDU sent (default: the connection's TCP MSS).
     pub max_fpdu: Option<usize>,
-    /// The least time the initiator waits after the MPA Reply before its first FPDU (the
-    /// RTR, or what the application posted), µs; it waits as long as the connection took
-    /// to set up if that was longer, up to [`FIRST_FPDU_DELAY_MAX_MS`]. Linux siw (6.1)
-    /// as responder sends its Reply before it hooks the socket to the QP, and bytes that
-    /// land in between are not read until more arrive: an initiator that sends once and
-    /// waits for an answer stalls (one connection in three in the interop VM, with the
-    /// RTR 2 ms late one in ten). 0: at once.
+    /// The least time either side waits after the MPA Reply before its first FPDU (the
+    /// initiator's RTR, or what the application posted), µs; it waits as long as the
+    /// connection took to set up if that was longer, up to [`FIRST_FPDU_DELAY_MAX_MS`].
+    /// Linux siw (6.1) as responder sends its Reply before it hooks the socket to the QP,
+    /// and bytes that land in between are not read until more arrive: an initiator that
+    /// sends once and waits for an answer stalls (one connection in three in the interop
+    /// VM, with the RTR 2 ms late one in ten); as initiator it fails the connection when a
+    /// Send lands right behind the Reply. 0: at once.
     pub first_fpdu_delay_us: u64,
 }
 

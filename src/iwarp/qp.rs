@@ -136,7 +136,7 @@ pub struct IwarpQp {
     ird: usize,
     reads_in: VecDeque<ReadJob>,
     rtr_expected: bool,
-    /// The initiator's first FPDU (its RTR, if any, else the first request) is held
+    /// The first FPDU (the initiator's RTR, if any, else the first request) is held
     /// until this time (ns), and everything posted behind it.
     hold: Option<(Option<RtrKind>, u64)>,
     completions: VecDeque<Wc>,
@@ -181,9 +181,13 @@ impl IwarpQp {
             max_recv_wr: usize::MAX,
         };
         let rtr = initiator.then_some(neg.rtr).flatten();
-        match (initiator, first_at_ns) {
-            (true, Some(at)) => qp.hold = Some((rtr, at)),
-            _ => {
+        // The responder holds its first FPDU too: Linux siw 6.1 as initiator fails the
+        // connection (CONNECT_ERROR, -EINVAL to its application) when a Send lands right
+        // behind the Reply, before it has moved its QP to RTS (ucmatose served by softrdma,
+        // 2 runs of the interop matrix in 2).
+        match first_at_ns {
+            Some(at) => qp.hold = Some((rtr, at)),
+            None => {
                 if let Some(kind) = rtr {
                     qp.send_rtr(kind);
                 }

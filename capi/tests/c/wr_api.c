@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(c, what) do { if (!(c)) { fprintf(stderr, "failed: %s\n", what); exit(1); } } while (0)
+#include "connect.h"
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
 #define LEN 4096
 
 static struct ibv_qp *make_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq)
@@ -27,36 +29,6 @@ static struct ibv_qp *make_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct
 	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &a);
 	CHECK(qp, "ibv_create_qp_ex");
 	return qp;
-}
-
-static void connect_to(struct ibv_qp *qp, uint32_t peer_qpn, union ibv_gid *gid)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-				   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC };
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), "INIT");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = peer_qpn;
-	a.rq_psn = 7;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), "RTR");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = 7;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 4;
-	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
 }
 
 /* Waits for `n` completions through the extended CQ, each a success, and puts their
@@ -112,8 +84,8 @@ int main(void)
 	CHECK(ax, "ibv_qp_to_qp_ex");
 	union ibv_gid gid;
 	CHECK(!ibv_query_gid(ctx, 1, 0, &gid), "ibv_query_gid");
-	connect_to(a, b->qp_num, &gid);
-	connect_to(b, a->qp_num, &gid);
+	connect_to(a, b->qp_num, &gid, ACCESS);
+	connect_to(b, a->qp_num, &gid, ACCESS);
 
 	/* The receive for the SEND lands at remote + 2048. */
 	struct ibv_sge rsge = { .addr = (uintptr_t)remote + 2048, .length = 64, .lkey = rmr->lkey };
