@@ -299,11 +299,6 @@ impl IwarpQp {
         std::mem::replace(&mut self.out, spare)
     }
 
-    /// Octets framed and not yet taken by [`IwarpQp::poll_output`].
-    pub fn framed_len(&self) -> usize {
-        self.out.len()
-    }
-
     /// True while output waits: posted frames, or Read Responses not yet produced.
     pub fn has_output(&self) -> bool {
         !self.out.is_empty() || (self.state != QpState::Err && (!self.reads_in.is_empty() || self.has_unframed()))
@@ -524,23 +519,12 @@ impl IwarpQp {
         }
     }
 
-    /// A Send of any flavour on queue 0, segmented to the MULPDU.
-    fn send_untagged_message(&mut self, op: SendOp, solicited: bool, data: &Payload<'_>) {
-        let (opcode, inv) = send_opcode(op, solicited);
+    /// The zero-length Send of an RTR (posted Sends go through [`IwarpQp::frame_some`]).
+    fn send_empty_send(&mut self) {
         let msn = self.take_msn(QN_SEND);
-        let room = self.mulpdu - crate::proto::iwarp::ddp::UNTAGGED_LEN;
-        let mut off = 0;
-        loop {
-            let n = room.min(data.len() - off);
-            let last = off + n == data.len();
-            let buffer = DdpBuffer::Untagged { rsvd_ulp: inv, qn: QN_SEND, msn, mo: off as u32 };
-            let ddp = DdpRepr { last, version: DDP_VERSION, rsvd_ulp: 0, buffer };
-            self.emit_data(ddp, opcode, data, off, n);
-            off += n;
-            if last {
-                break;
-            }
-        }
+        let buffer = DdpBuffer::Untagged { rsvd_ulp: 0, qn: QN_SEND, msn, mo: 0 };
+        let ddp = DdpRepr { last: true, version: DDP_VERSION, rsvd_ulp: 0, buffer };
+        self.emit_data(ddp, Opcode::Send, &Payload::Bytes(&[]), 0, 0);
     }
 
     fn send_read_request(&mut self, rr: ReadRequestRepr) {
@@ -561,7 +545,7 @@ impl IwarpQp {
     fn send_rtr(&mut self, kind: RtrKind) {
         match kind {
             RtrKind::Write => self.send_tagged(Opcode::Write, RTR_STAG, 0, &Payload::Bytes(&[])),
-            RtrKind::Send => self.send_untagged_message(SendOp::Send, false, &Payload::Bytes(&[])),
+            RtrKind::Send => self.send_empty_send(),
             RtrKind::Read => {
                 let rr = ReadRequestRepr { sink_stag: RTR_STAG, sink_to: 0, size: 0, src_stag: RTR_STAG, src_to: 0 };
                 self.send_read_request(rr);
