@@ -14,7 +14,7 @@ say() { echo "[interop/image] $*" >&2; }
 KVER=${KVER:-$(apt-cache depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\([0-9].*\)/\1/p' | head -1)}
 SERIES=${KVER%%-*}; SERIES=${SERIES%.*}
 NEED="qemu-system-x86 busybox-static ibverbs-utils ibverbs-providers rdma-core perftest rdmacm-utils
-      iproute2 tcpdump cpio kmod xz-utils gcc make bc linux-headers-$KVER"
+      iproute2 tcpdump cpio kmod xz-utils gcc make bc linux-perf linux-headers-$KVER"
 missing=$(for p in $NEED; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
     say "installing $(echo $missing)"
@@ -83,7 +83,7 @@ place() { # a host file at its usr-merged path in the image (and its name, if a 
 }
 LIBDIR=/usr/lib/x86_64-linux-gnu
 for f in ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong rping ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw \
-         ib_write_lat ib_read_lat ib_send_lat ucmatose rdma_server rdma_client rdma ip tc bash timeout; do
+         ib_write_lat ib_read_lat ib_send_lat ucmatose rdma_server rdma_client rdma ip tc bash timeout perf; do
     f=$(command -v "$f" || ls /usr/sbin/"$f" /sbin/"$f" 2>/dev/null | head -1)
     for g in "$f" $(ldd "$f" | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do place "$g"; done
 done
