@@ -235,3 +235,40 @@ fn ipv6_devices_exchange_sends_writes_and_reads_with_full_icrc_checks() {
     }
     assert_eq!(a.ctx.stats().rx_icrc_bad + b.ctx.stats().rx_icrc_bad, 0);
 }
+
+/// CPU time the calling thread has used.
+#[allow(unsafe_code)]
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which outlives the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn a_busy_poller_with_nothing_arriving_sleeps_and_wakes_for_a_write() {
+    let (a, b) = pair([127, 10, 5], 4096);
+    let mut busy = b.ctx.busy_poll();
+    let (started, cpu_before) = (Instant::now(), thread_cpu_time());
+    assert!(!busy.until(|| false, Duration::from_millis(200)), "nothing can make it true");
+    let (wall, cpu) = (started.elapsed(), thread_cpu_time() - cpu_before);
+    assert!(wall >= Duration::from_millis(200), "{wall:?}");
+    assert!(cpu < wall / 4, "an idle busy-poller waits in poll(2): {cpu:?} of CPU in {wall:?}");
+
+    // A's WRITE arrives while B waits, and B's wait takes it in (the poll thread leaves
+    // B's socket to the busy-poller).
+    a.mr.write(0, &pattern(8, 7));
+    let at = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            a.qp.post_send(SendWr::new(1, SendOp::Write(at), vec![a.mr.sge(0, 8)])).unwrap();
+        });
+        let mut got = [0u8; 8];
+        let landed = busy.until(|| b.mr.read(0, &mut got) && got[..] == pattern(8, 7)[..], WAIT);
+        assert!(landed, "the WRITE landed in B's region within {WAIT:?}");
+    });
+    drop(busy);
+    wait_ok(&a.cq, 1);
+}

@@ -43,6 +43,12 @@ pub trait IwarpPort: Send + Sync {
     fn progress(&self) -> usize {
         0
     }
+    /// Blocks the caller until a stream may have bytes to read or `timeout` passes (a
+    /// busy-polling caller that found nothing). A stack without it yields the CPU once.
+    fn wait_input(&self, _timeout: std::time::Duration) -> bool {
+        std::thread::yield_now();
+        false
+    }
     /// A caller starts busy-polling: the poll thread leaves reading to it.
     fn busy_enter(&self) {}
     /// The caller stopped busy-polling.

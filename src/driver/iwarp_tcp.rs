@@ -422,6 +422,11 @@ impl IwarpPort for IwarpTcp {
         self.read_all()
     }
 
+    fn wait_input(&self, timeout: Duration) -> bool {
+        let fds: Vec<std::os::fd::RawFd> = self.lock().streams.values().map(|s| s.as_raw_fd()).collect();
+        super::spin::wait_readable(&fds, timeout)
+    }
+
     fn busy_enter(&self) {
         if self.busy_pollers.fetch_add(1, Ordering::AcqRel) == 0 {
             // The caller reads: the poll thread is not woken for every segment meanwhile.

@@ -46,6 +46,8 @@ pub struct RoceDriver {
     pub path_mtu: crate::engine::verbs::Mtu,
     /// The receiving half of the transport: the poll thread's, or a busy-polling caller's.
     rx: Mutex<Box<dyn PacketRx>>,
+    /// The receiving half's descriptor, for callers waiting for input without the lock.
+    rx_fd: std::os::fd::RawFd,
     /// Application threads busy-polling now.
     busy_pollers: AtomicUsize,
     /// A busy-polling caller left replies in the engine for its next call to send.
@@ -94,6 +96,7 @@ impl RoceDriver {
             link_stats: link.stats,
             log: link.log,
             ip,
+            rx_fd: link.rx.fd(),
             rx: Mutex::new(link.rx),
             busy_pollers: AtomicUsize::new(0),
             replies_held: AtomicBool::new(false),
@@ -318,6 +321,12 @@ impl RoceDriver {
             self.settle(&mut core, now);
         }
         n
+    }
+
+    /// Blocks the caller until a packet may be waiting or `timeout` passes: a busy-polling
+    /// caller that found nothing waits here rather than spinning.
+    pub fn wait_input(&self, timeout: std::time::Duration) -> bool {
+        super::spin::wait_readable(&[self.rx_fd], timeout)
     }
 
     /// An application thread polled its CQ and received on its own thread. One that polls

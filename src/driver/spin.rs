@@ -86,6 +86,23 @@ pub fn ask_short_slice() -> bool {
     unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) == 0 }
 }
 
+/// Blocks the calling thread until one of `fds` is readable or `timeout` passes: how a
+/// caller that found nothing to receive waits without spinning. Returns whether one is.
+#[allow(unsafe_code)]
+pub fn wait_readable(fds: &[std::os::fd::RawFd], timeout: std::time::Duration) -> bool {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    // poll(2) counts in milliseconds; ppoll takes the timeout to the nanosecond.
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `pfds` is a valid array of `pfds.len()` initialised pollfds and `ts` a
+    // valid timespec, both alive for the call; no signal mask is passed.
+    let n = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, &raw const ts, std::ptr::null()) };
+    n > 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +122,18 @@ mod tests {
         assert_eq!(s.budget_ns, 0, "a packet every 5 ms is not worth spinning for");
         s.hit();
         assert_eq!(s.budget_ns, SPIN_MAX_NS);
+    }
+
+    #[test]
+    fn a_waiting_caller_wakes_on_input_and_not_before() {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&a);
+        let quiet = std::time::Duration::from_millis(20);
+        let start = std::time::Instant::now();
+        assert!(!wait_readable(&[fd], quiet), "nothing was sent");
+        assert!(start.elapsed() >= quiet, "it waited the whole timeout");
+        b.send_to(b"x", a.local_addr().unwrap()).unwrap();
+        assert!(wait_readable(&[fd], std::time::Duration::from_secs(5)), "a datagram is waiting");
     }
 }

@@ -503,29 +503,16 @@ fn lat_result(size: usize, posted: &[Instant], halve: bool) -> LatResult {
     LatResult { size, usec }
 }
 
-/// Spins on `cond`, receiving on this thread between looks (the caller holds a
-/// busy-polling section) and yielding now and then.
-fn spin_until(ctx: &Context, mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
-    let start = Instant::now();
-    let mut n = 0u32;
-    while !cond() {
-        ctx.progress();
-        n = n.wrapping_add(1);
-        if n.is_multiple_of(64) {
-            if start.elapsed() > limit {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-    }
-    true
+/// Spins on `cond` ([`BusyPoll::until`]).
+fn spin_until(busy: &mut BusyPoll<'_>, cond: impl FnMut() -> bool, limit: Duration) -> bool {
+    busy.until(cond, limit)
 }
 
 /// The WRITE ping-pong (both sides run it; the server writes first, perftest's order):
 /// each side writes the iteration number into the last byte of its message and waits
 /// for the peer's.
 pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Result<LatResult, String> {
-    let _busy = ep.ctx.busy_poll();
+    let mut busy = ep.ctx.busy_poll();
     let size = p.size.max(1);
     let poll_at = ep.recv_offset(0) + size - 1;
     let mut posted = Vec::with_capacity(p.iters as usize);
@@ -536,7 +523,7 @@ pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) ->
             rcnt += 1;
             let want = rcnt as u8;
             let seen =
-                spin_until(ep.ctx, || ep.mr.read(poll_at, &mut byte) && byte[0] == want, Duration::from_secs(10));
+                spin_until(&mut busy, || ep.mr.read(poll_at, &mut byte) && byte[0] == want, Duration::from_secs(10));
             if !seen {
                 return Err(format!("the peer's write {rcnt} did not arrive within 10 s"));
             }
@@ -546,7 +533,7 @@ pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) ->
             scnt += 1;
             ep.mr.write(size - 1, &[scnt as u8]);
             ep.qps[0].post_send(work_request(p, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
-            let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no WRITE completion within 10 s")?;
+            let wc = spin_poll(&mut busy, &ep.cq).ok_or("no WRITE completion within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("WRITE completed with {:?}", wc.status));
             }
@@ -580,13 +567,13 @@ impl SendLat {
 }
 
 fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Result<LatResult, String> {
-    let _busy = ep.ctx.busy_poll();
+    let mut busy = ep.ctx.busy_poll();
     let size = p.size;
     let mut posted = Vec::with_capacity(p.iters as usize);
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     while scnt < p.iters || rcnt < p.iters {
         if rcnt < p.iters && (server || scnt != 0) {
-            let wc = spin_poll(ep.ctx, &ep.rcq).ok_or("no SEND from the peer within 10 s")?;
+            let wc = spin_poll(&mut busy, &ep.rcq).ok_or("no SEND from the peer within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("receive completed with {:?}", wc.status));
             }
@@ -597,7 +584,7 @@ fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Resu
             posted.push(Instant::now());
             scnt += 1;
             ep.qps[0].post_send(work_request(p, ep, 0, rem, size, scnt)).map_err(|e| format!("{e:?}"))?;
-            let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no SEND completion within 10 s")?;
+            let wc = spin_poll(&mut busy, &ep.cq).ok_or("no SEND completion within 10 s")?;
             if wc.status != WcStatus::Success {
                 return Err(format!("SEND completed with {:?}", wc.status));
             }
@@ -608,12 +595,12 @@ fn run_lat_send(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) -> Resu
 
 /// READ latency: one READ at a time, each timed whole.
 pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResult, String> {
-    let _busy = ep.ctx.busy_poll();
+    let mut busy = ep.ctx.busy_poll();
     let mut posted = Vec::with_capacity(p.iters as usize + 1);
     for i in 0..p.iters {
         posted.push(Instant::now());
         ep.qps[0].post_send(work_request(p, ep, 0, rem, p.size, i)).map_err(|e| format!("{e:?}"))?;
-        let wc = spin_poll(ep.ctx, &ep.cq).ok_or("no READ completion within 10 s")?;
+        let wc = spin_poll(&mut busy, &ep.cq).ok_or("no READ completion within 10 s")?;
         if wc.status != WcStatus::Success {
             return Err(format!("READ completed with {:?}", wc.status));
         }
@@ -623,10 +610,10 @@ pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResu
 }
 
 /// One completion, spinning (with yields) for at most 10 s.
-fn spin_poll(ctx: &Context, cq: &CompletionQueue) -> Option<Wc> {
+fn spin_poll(busy: &mut BusyPoll<'_>, cq: &CompletionQueue) -> Option<Wc> {
     let mut wc = None;
     spin_until(
-        ctx,
+        busy,
         || {
             wc = cq.poll(1).pop();
             wc.is_some()
