@@ -57,11 +57,23 @@ pub fn interface_of(addr: IpAddr) -> Option<String> {
 }
 
 /// Whether UDP offloads are on by default for a device on `addr`: on loopback, where a
-/// GSO send crosses the stack whole. On other links they stay off, because a veth hands a
-/// GSO send to its peer unsegmented, and a packet socket there (softrdma's raw transport,
-/// `softrdma inject`, a capture) would see one oversized frame.
+/// GSO send crosses the stack whole, and on an interface backed by a device (a NIC, or
+/// virtio-net in a VM), whose driver, or the kernel just before it, cuts a GSO send into
+/// datagrams for the wire. On virtual links (veth, bridge, tap) they stay off, because a
+/// veth hands a GSO send to its peer unsegmented, and a packet socket there (softrdma's
+/// raw transport, `softrdma inject`, a capture) would see one oversized frame.
 pub fn offload_by_default(addr: IpAddr) -> bool {
-    addr.is_loopback() || sys::interface_of_address(addr).is_ok_and(|i| i == "lo")
+    match sys::interface_of_address(addr) {
+        Ok(iface) => iface == "lo" || backed_by_device(&iface),
+        Err(_) => addr.is_loopback(),
+    }
+}
+
+/// True if network interface `iface` (an address label such as `eth0:1` names `eth0`)
+/// is a device's rather than a virtual link's: sysfs gives it a `device`.
+fn backed_by_device(iface: &str) -> bool {
+    let name = iface.split(':').next().unwrap_or(iface);
+    !name.is_empty() && !name.contains('/') && std::path::Path::new("/sys/class/net").join(name).join("device").exists()
 }
 
 /// How an endpoint's UDP sockets are set up.
@@ -517,7 +529,8 @@ impl PacketTx for UdpTx {
         UdpTx::set_peer_port(self, peer, port)
     }
     fn describe(&self) -> String {
-        "kernel UDP sockets".into()
+        let offload = if self.offload { " with GSO and GRO" } else { "" };
+        format!("kernel UDP sockets{offload}")
     }
 }
 
@@ -548,6 +561,13 @@ impl PacketRx for UdpRx {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn offloads_are_on_for_loopback_and_devices_and_off_for_virtual_links() {
+        assert!(offload_by_default(IpAddr::from([127, 0, 0, 1])));
+        assert!(!backed_by_device("lo") && !backed_by_device("lo:1"), "loopback is not a device");
+        assert!(!backed_by_device("") && !backed_by_device("../../devices"), "not an interface name");
+    }
 
     /// A path whose kernel refuses GSO sends (here: a socket without UDP checksums, which
     /// Linux refuses like a link without checksum offload): the datagrams still arrive,

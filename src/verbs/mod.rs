@@ -145,7 +145,7 @@ pub struct OpenConfig {
     /// UDP source ports QPs spread over.
     pub source_ports: usize,
     /// UDP segmentation and receive offload on the kernel UDP sockets; by default
-    /// ([`udp::offload_by_default`]) on loopback only.
+    /// ([`udp::offload_by_default`]) on loopback and on a device's interface (a NIC).
     pub udp_offload: bool,
     /// RoCEv2 on raw Ethernet frames on a network interface, with an address of its own
     /// (`addr` is then `raw.ip`); `None`: kernel UDP sockets.
