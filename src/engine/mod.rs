@@ -670,6 +670,9 @@ impl Device {
             }
         }
         for &qpn in &due {
+            // Its filed deadline came (perhaps earlier than its timers now say): file
+            // the real one.
+            self.schedule.unfile(qpn);
             self.touch(qpn);
         }
         self.visit = due;

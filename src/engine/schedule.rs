@@ -26,14 +26,27 @@ impl Schedule {
         self.file(qpn, deadline);
     }
 
-    /// Files QP `qpn`'s next deadline, replacing the one filed before.
+    /// Files QP `qpn`'s next deadline. One earlier than the filed one replaces it; a later
+    /// one, or none, leaves the earlier one filed: when it comes, the device's timer check
+    /// finds nothing due (each timer checks its own time) and files the QP's real deadline
+    /// ([`Schedule::unfile`], then this). An ACK that restarts the retransmission timer then
+    /// costs a comparison rather than two tree updates.
     pub fn file(&mut self, qpn: u32, deadline: Option<u64>) {
-        if let Some(old) = self.deadline_of.remove(&qpn) {
-            self.by_time.remove(&(old, qpn));
+        let filed = self.deadline_of.get(&qpn).copied();
+        if filed.is_some_and(|old| deadline.is_none_or(|d| d >= old)) {
+            return;
         }
+        self.unfile(qpn);
         if let Some(d) = deadline {
             self.by_time.insert((d, qpn));
             self.deadline_of.insert(qpn, d);
+        }
+    }
+
+    /// Forgets QP `qpn`'s filed deadline (it came, or the QP is gone).
+    pub fn unfile(&mut self, qpn: u32) {
+        if let Some(old) = self.deadline_of.remove(&qpn) {
+            self.by_time.remove(&(old, qpn));
         }
     }
 
@@ -45,7 +58,7 @@ impl Schedule {
     /// QP `qpn` is gone.
     pub fn remove(&mut self, qpn: u32) {
         self.idle(qpn);
-        self.file(qpn, None);
+        self.unfile(qpn);
     }
 
     /// At most `limit` ready QPs in round-robin order, starting after `cursor`, into `out`
@@ -91,6 +104,22 @@ mod tests {
         s.remove(7);
         s.due(1000, &mut due);
         assert_eq!(due, [3]);
+    }
+
+    #[test]
+    fn a_later_deadline_waits_for_the_earlier_one_to_come() {
+        let mut s = Schedule::default();
+        s.touch(4, Some(100));
+        s.touch(4, Some(400)); // an ACK restarted the timer
+        s.touch(4, None); // and then nothing is outstanding
+        assert_eq!(s.first_deadline(), Some(100), "the earlier one stays filed");
+        // At 100 the device finds nothing due and files what the QP says now.
+        s.unfile(4);
+        s.touch(4, Some(400));
+        assert_eq!(s.first_deadline(), Some(400));
+        s.unfile(4);
+        s.touch(4, None);
+        assert_eq!(s.first_deadline(), None);
     }
 
     #[test]

@@ -324,61 +324,139 @@ impl Progress {
 /// The requester side of WRITE, READ, SEND and atomic bandwidth.
 pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwResult, String> {
     let nq = ep.qps.len();
-    let cq_mod = p.cq_mod.clamp(1, p.tx_depth.max(1)) as u64;
-    let (mut posted, mut done, mut signaled) = (vec![0u64; nq], vec![0u64; nq], vec![0u64; nq]);
-    let end = p.duration.map(|d| Instant::now() + d);
-    let target = |posted: u64| end.map_or(posted < p.iters, |e| Instant::now() < e);
+    let mut st = BwClient::new(nq, p);
     let mut samples = vec![(Instant::now(), 0u64)];
     let mut progress = Progress::new(p.progress);
     let mut stalled_since: Option<Instant> = None;
+    // The QPs to post on: all at first, then those whose requests completed (or all
+    // again while waiting for credits, which arrive without completions).
+    let mut to_post: Vec<usize> = (0..nq).collect();
+    let mut wcs = Vec::new();
     loop {
-        for q in 0..nq {
-            let mut batch = Vec::new();
-            while posted[q] - done[q] < p.tx_depth as u64 && target(posted[q]) {
-                if ep.credits && posted[q] + 1 - ep.credit(q).min(posted[q]) >= p.rx_depth as u64 {
-                    break;
-                }
-                let n = posted[q] + 1;
-                let mut wr = work_request(p, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
-                let last = end.is_none() && n == p.iters;
-                wr.signaled = n % cq_mod == 0 || last;
-                if wr.signaled {
-                    signaled[q] = n;
-                }
-                batch.push(wr);
-                posted[q] = n;
-            }
-            if !batch.is_empty() {
-                ep.qps[q].post_send_batch(batch).map_err(|e| format!("post_send: {e:?}"))?;
-            }
+        for q in to_post.drain(..) {
+            st.post_more(ep, rem, p, q)?;
         }
-        let total_posted: u64 = posted.iter().sum();
-        let total_done: u64 = done.iter().sum();
-        // Done when nothing more is to be posted and every signaled request completed
-        // (a timed run's unsignaled tail completes without being waited for).
-        if !(0..nq).any(|q| target(posted[q])) && (0..nq).all(|q| done[q] >= signaled[q]) {
+        if st.finished() {
             break;
         }
         // Waiting for credit, nothing may complete: look at the credit words again soon.
         let wait = if ep.credits { Duration::from_millis(1) } else { Duration::from_secs(30) };
-        let Some(wc) = ep.cq.wait(wait) else {
+        let Some(first) = ep.cq.wait(wait) else {
             if ep.credits && stalled_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
+                to_post.extend(0..nq);
                 continue;
             }
-            return Err(format!("no completion for 30 s ({total_done} of {total_posted} done)"));
+            return Err(format!("no completion for 30 s ({} of {} done)", st.total_done, st.total_posted));
         };
         stalled_since = None;
-        if wc.status != WcStatus::Success {
-            return Err(format!("completion with error: {:?} (wr {:#x})", wc.status, wc.wr_id));
+        wcs.clear();
+        wcs.push(first);
+        wcs.extend(ep.cq.poll(nq.clamp(16, 256)));
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!("completion with error: {:?} (wr {:#x})", wc.status, wc.wr_id));
+            }
+            let q = (wc.wr_id >> 48) as usize;
+            st.completed(q, wc.wr_id & ((1 << 48) - 1));
+            to_post.push(q);
         }
-        let q = (wc.wr_id >> 48) as usize;
-        done[q] = wc.wr_id & ((1 << 48) - 1);
-        let all: u64 = done.iter().sum();
-        samples.push((Instant::now(), all));
-        progress.tick(all * p.size as u64);
+        if ep.credits {
+            to_post.clear();
+            to_post.extend(0..nq);
+        }
+        samples.push((Instant::now(), st.total_done));
+        progress.tick(st.total_done * p.size as u64);
     }
     progress.done();
     Ok(bw_result(p.size, &samples))
+}
+
+/// The bandwidth client's count of each QP's requests, and totals kept as they change,
+/// so that a completion costs the same with a thousand QPs as with one.
+struct BwClient {
+    posted: Vec<u64>,
+    done: Vec<u64>,
+    signaled: Vec<u64>,
+    total_posted: u64,
+    total_done: u64,
+    /// QPs with a signaled request not yet completed.
+    awaiting: usize,
+    /// QPs with requests left to post (a run of `iters`), or none once the time is up.
+    open: usize,
+    end: Option<Instant>,
+    cq_mod: u64,
+}
+
+impl BwClient {
+    fn new(nq: usize, p: &Params) -> BwClient {
+        let end = p.duration.map(|d| Instant::now() + d);
+        let open = if end.is_none() && p.iters == 0 { 0 } else { nq };
+        BwClient {
+            posted: vec![0; nq],
+            done: vec![0; nq],
+            signaled: vec![0; nq],
+            total_posted: 0,
+            total_done: 0,
+            awaiting: 0,
+            open,
+            end,
+            cq_mod: p.cq_mod.clamp(1, p.tx_depth.max(1)) as u64,
+        }
+    }
+
+    /// Whether QP `q` may post request number `posted + 1`.
+    fn wants_more(&self, p: &Params, q: usize) -> bool {
+        self.end.map_or(self.posted[q] < p.iters, |e| Instant::now() < e)
+    }
+
+    /// Posts on QP `q` as many requests as its depth (and credits) allow.
+    fn post_more(&mut self, ep: &Endpoint<'_>, rem: &[Dest], p: &Params, q: usize) -> Result<(), String> {
+        let mut batch = Vec::new();
+        let was_awaiting = self.done[q] < self.signaled[q];
+        while self.posted[q] - self.done[q] < p.tx_depth as u64 && self.wants_more(p, q) {
+            if ep.credits && self.posted[q] + 1 - ep.credit(q).min(self.posted[q]) >= p.rx_depth as u64 {
+                break;
+            }
+            let n = self.posted[q] + 1;
+            let mut wr = work_request(p, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
+            wr.signaled = n % self.cq_mod == 0 || (self.end.is_none() && n == p.iters);
+            if wr.signaled {
+                self.signaled[q] = n;
+            }
+            batch.push(wr);
+            self.posted[q] = n;
+            self.total_posted += 1;
+            if self.end.is_none() && n == p.iters {
+                self.open -= 1;
+            }
+        }
+        if self.end.is_some_and(|e| Instant::now() >= e) {
+            self.open = 0;
+        }
+        if !was_awaiting && self.done[q] < self.signaled[q] {
+            self.awaiting += 1;
+        }
+        if !batch.is_empty() {
+            ep.qps[q].post_send_batch(batch).map_err(|e| format!("post_send: {e:?}"))?;
+        }
+        Ok(())
+    }
+
+    /// QP `q` completed its requests up to number `n`.
+    fn completed(&mut self, q: usize, n: u64) {
+        let was_awaiting = self.done[q] < self.signaled[q];
+        self.total_done += n.saturating_sub(self.done[q]);
+        self.done[q] = self.done[q].max(n);
+        if was_awaiting && self.done[q] >= self.signaled[q] {
+            self.awaiting -= 1;
+        }
+    }
+
+    /// Nothing more to post and every signaled request completed (a timed run's
+    /// unsignaled tail completes without being waited for).
+    fn finished(&self) -> bool {
+        self.open == 0 && self.awaiting == 0
+    }
 }
 
 /// The responder side of SEND bandwidth: keeps receives posted and counts messages.
