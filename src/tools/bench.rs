@@ -419,7 +419,7 @@ impl BwClient {
             }
             let n = self.posted[q] + 1;
             let mut wr = work_request(p, ep, q, &rem[q], p.size, ((q as u64) << 48) | n);
-            wr.signaled = n % self.cq_mod == 0 || (self.end.is_none() && n == p.iters);
+            wr.signaled = n.is_multiple_of(self.cq_mod) || (self.end.is_none() && n == p.iters);
             if wr.signaled {
                 self.signaled[q] = n;
             }
