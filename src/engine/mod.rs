@@ -130,7 +130,6 @@ pub struct Device {
     next_srq: u32,
     gids: Vec<Gid>,
     events: event::AsyncEvents,
-    cursor: u32,
     /// The QPs to visit: ready to send, or with a deadline.
     schedule: schedule::Schedule,
     /// Scratch lists, kept to spare allocations per visit: QPNs to visit, and each one's
@@ -179,7 +178,6 @@ impl Device {
             srqs: HashMap::new(),
             next_srq: 1,
             events: event::AsyncEvents::default(),
-            cursor: 0,
             schedule: schedule::Schedule::default(),
             visit: Vec::new(),
             turns: Vec::new(),
@@ -708,11 +706,11 @@ impl Device {
         }
     }
 
-    /// One pass over at most `2 * FILL_PACKETS` ready QPs from the cursor.
+    /// One pass over at most `2 * FILL_PACKETS` ready QPs from the front of the line.
     fn fill_turn(&mut self, now: u64) {
         let mut order = std::mem::take(&mut self.visit);
         let mut turns = std::mem::take(&mut self.turns);
-        self.schedule.ready_from(self.cursor, &mut order, 2 * FILL_PACKETS);
+        self.schedule.take_ready(&mut order, 2 * FILL_PACKETS);
         let (qps, mut ctx) = self.split(now);
         for &qpn in &order {
             let Some(qp) = qps.get_mut(&qpn) else {
@@ -725,13 +723,14 @@ impl Device {
                 break;
             }
         }
+        self.schedule.put_back(&order[turns.len()..]);
         for (qpn, sent, deadline) in turns.drain(..) {
             self.schedule.file(qpn, deadline);
             self.note_window_busy(qpn);
             if sent == 0 {
                 self.schedule.idle(qpn);
             } else {
-                self.cursor = qpn;
+                self.schedule.requeue(qpn);
             }
         }
         self.visit = order;

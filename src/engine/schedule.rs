@@ -6,14 +6,20 @@
 //! The device touches a QP after every operation on it (a packet, a post, a modify, a
 //! timer, a turn at sending): the QP goes into the ready set and its deadline is filed
 //! again. A QP leaves the ready set when a turn finds it with nothing to send; only an
-//! operation on it can give it something again.
+//! operation on it can give it something again. The ready set is a line: a QP joins at
+//! the back, takes its turn at the front, and goes to the back again if it sent, so that
+//! touching one costs a hash lookup however many QPs the device has (an ordered set's
+//! search was the largest per-QP cost with a thousand QPs).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 /// The ready set and the deadline index of one device.
 #[derive(Debug, Default)]
 pub struct Schedule {
-    ready: BTreeSet<u32>,
+    /// The ready QPs in the order they are served; each once, except a QP taken out
+    /// for its turn ([`Schedule::take_ready`]), which is in `is_ready` only.
+    line: VecDeque<u32>,
+    is_ready: HashSet<u32>,
     by_time: BTreeSet<(u64, u32)>,
     deadline_of: HashMap<u32, u64>,
 }
@@ -22,7 +28,9 @@ impl Schedule {
     /// QP `qpn` was operated on: it may have something to send, and its next deadline is
     /// `deadline`.
     pub fn touch(&mut self, qpn: u32, deadline: Option<u64>) {
-        self.ready.insert(qpn);
+        if self.is_ready.insert(qpn) {
+            self.line.push_back(qpn);
+        }
         self.file(qpn, deadline);
     }
 
@@ -50,23 +58,39 @@ impl Schedule {
         }
     }
 
-    /// A turn found QP `qpn` with nothing to send.
+    /// A turn found QP `qpn` (taken for it) with nothing to send.
     pub fn idle(&mut self, qpn: u32) {
-        self.ready.remove(&qpn);
+        self.is_ready.remove(&qpn);
+    }
+
+    /// QP `qpn` (taken for its turn) sent: it goes to the back of the line.
+    pub fn requeue(&mut self, qpn: u32) {
+        self.line.push_back(qpn);
     }
 
     /// QP `qpn` is gone.
     pub fn remove(&mut self, qpn: u32) {
-        self.idle(qpn);
+        if self.is_ready.remove(&qpn) {
+            self.line.retain(|&q| q != qpn);
+        }
         self.unfile(qpn);
     }
 
-    /// At most `limit` ready QPs in round-robin order, starting after `cursor`, into `out`
-    /// (a fill that stops after a few dozen packets need not list a thousand QPs).
-    pub fn ready_from(&self, cursor: u32, out: &mut Vec<u32>, limit: usize) {
+    /// Takes at most `limit` QPs from the front of the line for their turns, into `out`
+    /// (a fill that stops after a few dozen packets need not list a thousand QPs). Each
+    /// goes back with [`Schedule::requeue`], [`Schedule::idle`] or
+    /// [`Schedule::put_back`].
+    pub fn take_ready(&mut self, out: &mut Vec<u32>, limit: usize) {
         out.clear();
-        let after = self.ready.range(cursor.saturating_add(1)..);
-        out.extend(after.chain(self.ready.range(..=cursor)).take(limit));
+        let n = limit.min(self.line.len());
+        out.extend(self.line.drain(..n));
+    }
+
+    /// QPs taken that had no turn after all: back to the front, in their order.
+    pub fn put_back(&mut self, qpns: &[u32]) {
+        for &q in qpns.iter().rev() {
+            self.line.push_front(q);
+        }
     }
 
     /// The earliest deadline filed.
@@ -82,7 +106,7 @@ impl Schedule {
 
     /// QPs in the ready set (for tests and reports).
     pub fn ready_len(&self) -> usize {
-        self.ready.len()
+        self.is_ready.len()
     }
 }
 
@@ -123,19 +147,27 @@ mod tests {
     }
 
     #[test]
-    fn the_ready_set_is_served_round_robin_from_the_cursor() {
+    fn the_ready_set_is_served_round_robin() {
         let mut s = Schedule::default();
-        for q in [5, 1, 9, 3] {
+        for q in [5, 1, 9, 3, 5] {
             s.touch(q, None);
         }
         let mut order = Vec::new();
-        s.ready_from(3, &mut order, usize::MAX);
-        assert_eq!(order, [5, 9, 1, 3]);
-        s.ready_from(3, &mut order, 3);
-        assert_eq!(order, [5, 9, 1], "at most the limit, in the same order");
-        s.idle(9);
-        s.ready_from(u32::MAX, &mut order, usize::MAX);
-        assert_eq!(order, [1, 3, 5]);
+        s.take_ready(&mut order, 3);
+        assert_eq!(order, [5, 1, 9], "in the order they became ready, once each, at most the limit");
+        s.touch(1, None); // operated on during its turn: still one place in the line
+        s.requeue(5);
+        s.idle(1);
+        s.put_back(&[9]);
+        s.take_ready(&mut order, usize::MAX);
+        assert_eq!(order, [9, 3, 5], "9 had no turn; 5 sent and went to the back; 1 left");
         assert_eq!(s.ready_len(), 3);
+        for q in [9, 3, 5] {
+            s.requeue(q);
+        }
+        s.remove(3);
+        s.take_ready(&mut order, usize::MAX);
+        assert_eq!(order, [9, 5]);
+        assert_eq!(s.ready_len(), 2);
     }
 }
