@@ -10,7 +10,7 @@ use crate::ffi;
 use crate::objects::{ibv_alloc_pd, ibv_dealloc_pd};
 use crate::qp::{create_qp, ibv_destroy_qp, soft_qp};
 use softrdma::verbs::{ConnParam, ConnRequest, ConnectError, Listener, QpState, QueuePair};
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::ffi::{c_char, c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -165,19 +165,24 @@ pub extern "C" fn rdma_create_event_channel() -> *mut ffi::rdma_event_channel {
         return std::ptr::null_mut();
     }
     let queue = Arc::new(Queue { fd, events: Mutex::new(Some(VecDeque::new())) });
-    Box::into_raw(Box::new(SoftEventChannel { ibv: ffi::rdma_event_channel { fd }, queue })).cast()
+    let ch: *mut ffi::rdma_event_channel =
+        Box::into_raw(Box::new(SoftEventChannel { ibv: ffi::rdma_event_channel { fd }, queue })).cast();
+    live_channels().insert(ch as usize);
+    ch
 }
 
-/// `rdma_destroy_event_channel` (events not acknowledged are freed with it).
+/// `rdma_destroy_event_channel` (events not acknowledged are freed with it); a channel
+/// this library did not make, or destroyed already, is left alone.
 ///
 /// # Safety
 /// `ch` came from [`rdma_create_event_channel`]; no id uses it any more.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut ffi::rdma_event_channel) {
-    if ch.is_null() {
+    if !live_channels().remove(&(ch as usize)) {
         return;
     }
-    // SAFETY: allocated by Box in rdma_create_event_channel, given back once.
+    // SAFETY: allocated by Box in rdma_create_event_channel, given back once (it has
+    // just left the registry).
     let owned = unsafe { Box::from_raw(ch.cast::<SoftEventChannel>()) };
     owned.queue.close();
 }
@@ -192,7 +197,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     out: *mut *mut ffi::rdma_cm_event,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    let (Some(c), false) = (unsafe { ch.cast::<SoftEventChannel>().as_ref() }, out.is_null()) else {
+    let (Some(c), false) = (unsafe { live_channel(ch) }, out.is_null()) else {
         crate::set_errno(libc::EINVAL);
         return -1;
     };
@@ -236,7 +241,7 @@ pub unsafe extern "C" fn rdma_ack_cm_event(ev: *mut ffi::rdma_cm_event) -> c_int
 /// `ch` came from [`rdma_create_event_channel`] and is not destroyed.
 pub(crate) unsafe fn queue_of(ch: *mut ffi::rdma_event_channel) -> Option<Arc<Queue>> {
     // SAFETY: the caller's contract.
-    unsafe { ch.cast::<SoftEventChannel>().as_ref() }.map(|c| c.queue.clone())
+    unsafe { live_channel(ch) }.map(|c| c.queue.clone())
 }
 
 /// A new id on channel `channel`, or (NULL) a synchronous one on a channel of its own.
@@ -267,7 +272,9 @@ pub(crate) fn new_id(
         qp_gate: Arc::new(Mutex::new(false)),
         own_pd: Mutex::new(0),
     };
-    Some(Box::into_raw(Box::new(id)))
+    let id = Box::into_raw(Box::new(id));
+    live_ids().insert(id as usize);
+    Some(id)
 }
 
 /// The [`SoftId`] of an id this library made.
@@ -275,8 +282,43 @@ pub(crate) fn new_id(
 /// # Safety
 /// `id` came from [`rdma_create_id`] (or a CONNECT_REQUEST event) and is not destroyed.
 pub(crate) unsafe fn soft_id<'a>(id: *mut ffi::rdma_cm_id) -> Option<&'a mut SoftId> {
-    // SAFETY: `ibv` is the first field of the repr(C) SoftId.
+    if !live_ids().contains(&(id as usize)) {
+        return None;
+    }
+    // SAFETY: `ibv` is the first field of the repr(C) SoftId, which new_id registered and
+    // rdma_destroy_id took out of the registry (its memory is kept, so an id another
+    // thread is still using stays readable).
     unsafe { id.cast::<SoftId>().as_mut() }
+}
+
+/// The ids this library made and has not destroyed: an id used after `rdma_destroy_id`,
+/// or a pointer that never was one (perftest 4.5 retries a connection with ids read from
+/// memory it freed), is refused with EINVAL rather than dereferenced.
+static LIVE_IDS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+fn live_ids() -> std::sync::MutexGuard<'static, BTreeSet<usize>> {
+    LIVE_IDS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The event channels this library made and has not destroyed: a channel used after
+/// `rdma_destroy_event_channel` (perftest 4.5's connection retry does) is refused with
+/// EINVAL rather than read after it was freed.
+static LIVE_CHANNELS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+fn live_channels() -> std::sync::MutexGuard<'static, BTreeSet<usize>> {
+    LIVE_CHANNELS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Channel `ch` if this library made it and it is not destroyed.
+///
+/// # Safety
+/// A channel in the registry is a live `SoftEventChannel`.
+unsafe fn live_channel<'a>(ch: *mut ffi::rdma_event_channel) -> Option<&'a SoftEventChannel> {
+    if !live_channels().contains(&(ch as usize)) {
+        return None;
+    }
+    // SAFETY: registered by rdma_create_event_channel, removed before it is freed.
+    unsafe { ch.cast::<SoftEventChannel>().as_ref() }
 }
 
 /// `rdma_create_id`: RC ids (RDMA_PS_TCP, and RDMA_PS_IB taken the same way); with no
@@ -840,6 +882,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut ffi::rdma_cm_id) -> c_int {
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
     // SAFETY: the caller's contract.
     let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    live_ids().remove(&(id as usize));
     s.stop.store(true, Ordering::Release);
     if let Some(h) = s.listener.lock().unwrap_or_else(|e| e.into_inner()).take() {
         let _ = h.join();
@@ -894,4 +937,48 @@ pub extern "C" fn rdma_event_str(e: ffi::rdma_cm_event_type) -> *const c_char {
         c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
     ];
     NAMES.get(e as usize).copied().unwrap_or(c"UNKNOWN EVENT").as_ptr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errno() -> c_int {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// What perftest 4.5's connection retry does after a failed attempt: it destroys its ids
+    /// and channel, then uses them again, or pointers read from memory it freed. Each use
+    /// is refused with EINVAL; nothing freed or foreign is read.
+    #[test]
+    fn an_id_or_channel_used_after_it_was_destroyed_is_refused() {
+        let ch = rdma_create_event_channel();
+        assert!(!ch.is_null());
+        let mut id = std::ptr::null_mut();
+        // SAFETY: a live channel and a place for the id.
+        assert_eq!(unsafe { rdma_create_id(ch, &mut id, std::ptr::null_mut(), ffi::RDMA_PS_TCP) }, 0);
+        // SAFETY: the id and channel just made, destroyed once each.
+        unsafe {
+            assert_eq!(rdma_destroy_id(id), 0);
+            rdma_destroy_event_channel(ch);
+        }
+        // SAFETY: plain C data; all-zero is valid.
+        let mut dst: ffi::sockaddr_storage = unsafe { std::mem::zeroed() };
+        to_storage("127.0.0.1:7000".parse().unwrap(), &mut dst);
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: the stale handles are what is being tested; `dst` and `ev` are valid.
+        unsafe {
+            assert_eq!(rdma_resolve_addr(id, std::ptr::null_mut(), (&raw mut dst).cast(), 2000), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rdma_destroy_id(id), -1, "destroyed twice");
+            rdma_destroy_event_channel(ch); // a second destroy is ignored
+            let garbage = 0x5555_0000_1000usize as *mut ffi::rdma_cm_id;
+            assert_eq!(rdma_resolve_addr(garbage, std::ptr::null_mut(), (&raw mut dst).cast(), 2000), -1);
+            assert_eq!(rdma_destroy_id(garbage), -1);
+            rdma_destroy_event_channel(0x5555_0000_2000usize as *mut ffi::rdma_event_channel);
+        }
+        assert!(ev.is_null());
+    }
 }
