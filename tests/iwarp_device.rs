@@ -23,7 +23,7 @@ fn side(seed: u64) -> Side {
     let pd = dev.dev.alloc_pd();
     let cq = dev.dev.create_cq(256);
     let mr = dev.dev.reg_mr(pd, 1 << 20, Access::ALL).unwrap();
-    let qpn = dev.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+    let qpn = dev.create_qp(pd, (cq, cq), QpCaps::default(), None).unwrap();
     Side { dev, cq, mr, qpn }
 }
 

@@ -53,7 +53,7 @@ fn pump(a: &mut Side, b: &mut Side, rng: &mut Rng) {
             let mut at = 0;
             while at < bytes.len() {
                 let n = (1 + rng.below(3000) as usize).min(bytes.len() - at);
-                to.qp.on_stream(&bytes[at..at + n], &mut to.mrs);
+                to.qp.on_stream(&bytes[at..at + n], &mut to.mrs, None);
                 at += n;
             }
         }
@@ -198,7 +198,7 @@ fn a_bad_crc_and_garbage_on_the_stream_end_it() {
     a.qp.post_send(wr(1, SendOp::Send, vec![sge(&a.mr, 0, 64)]), &a.mrs).unwrap();
     let mut bytes = a.qp.take_output(&a.mrs);
     bytes[30] ^= 0x20;
-    b.qp.on_stream(&bytes, &mut b.mrs);
+    b.qp.on_stream(&bytes, &mut b.mrs, None);
     terminated_with(&b, "received CRC error");
     assert_eq!(read(&b.mr, 0, 64), vec![0; 64]);
 
@@ -208,10 +208,10 @@ fn a_bad_crc_and_garbage_on_the_stream_end_it() {
     let mut fpdu = vec![0u8, 38];
     fpdu.extend([0xffu8; 38]);
     fpdu.extend([0u8; 4]);
-    b.qp.on_stream(&fpdu, &mut b.mrs);
+    b.qp.on_stream(&fpdu, &mut b.mrs, None);
     terminated_with(&b, "unexpected opcode");
     // A Terminate went out: A reads it and stops too.
-    a.qp.on_stream(&b.qp.take_output(&b.mrs), &mut a.mrs);
+    a.qp.on_stream(&b.qp.take_output(&b.mrs), &mut a.mrs, None);
     assert_eq!(a.qp.state(), QpState::Err);
 }
 
@@ -234,7 +234,7 @@ fn posted_writes_are_framed_as_the_stream_takes_them() {
         let out = a.qp.poll_output(BUDGET, &a.mrs);
         assert!(out.len() <= BUDGET + 1460, "{} octets framed for a budget of {BUDGET}", out.len());
         a.qp.on_transmitted(a.qp.output_offset());
-        b.qp.on_stream(&out, &mut b.mrs);
+        b.qp.on_stream(&out, &mut b.mrs, None);
         calls += 1;
     }
     assert!(calls >= 32, "8 MiB in {calls} calls of at most {BUDGET} octets");

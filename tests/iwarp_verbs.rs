@@ -187,3 +187,58 @@ fn a_connect_to_nobody_is_refused() {
     let to = SocketAddr::from(([127, 0, 0, 1], port));
     assert!(matches!(sa.qp.connect(to, &param(b"", 0), T), Err(ConnectError::Refused(_))));
 }
+
+/// Two iWARP connections whose server QPs take their receives from one shared receive
+/// queue (IBTA 10.2.9): Sends on either land in its buffers in order, the armed limit raises
+/// its event once, a QP with an SRQ takes no receives of its own, the SRQ cannot go while
+/// a QP uses it, and a Send finding it empty ends that connection with a Terminate.
+#[test]
+fn server_qps_share_a_receive_queue() {
+    let (a, b) = (open([127, 0, 0, 1], |_| {}), open([127, 0, 0, 1], |_| {}));
+    let (pd, cq) = (b.alloc_pd(), b.create_cq(256));
+    let mr = b.reg_mr(&pd, 1 << 16, Access::ALL).unwrap();
+    let srq = b.create_srq(8, 1);
+    let servers: Vec<Side> = (0..2)
+        .map(|_| {
+            let qp = b.create_qp(&pd, &cq, &cq, QpType::Rc, QpCaps::default(), Some(&srq)).unwrap();
+            let mr = b.reg_mr(&pd, 4096, Access::ALL).unwrap();
+            Side { _pd: b.alloc_pd(), cq: b.create_cq(4), mr, qp }
+        })
+        .collect();
+    let clients = [side(&a), side(&a)];
+    for (s, c) in servers.iter().zip(&clients) {
+        connect(&b, s, c);
+    }
+    for i in 0..3u64 {
+        srq.post_recv(RecvWr { wr_id: 10 + i, sgl: vec![mr.sge(i as usize * 1024, 1024)] }).unwrap();
+    }
+    srq.arm_limit(2).unwrap();
+    let refused = servers[0].qp.post_recv(RecvWr { wr_id: 99, sgl: vec![mr.sge(0, 16)] });
+    assert_eq!(refused, Err(VerbsError::InvalidRequest), "a QP with an SRQ has no receive queue");
+    assert!(srq.destroy().is_err(), "QPs use it");
+
+    for (k, c) in [0usize, 1].iter().map(|&k| (k, &clients[k])) {
+        c.mr.write(0, &[k as u8 + 1; 100]);
+        c.qp.post_send(wr(k as u64, SendOp::Send, vec![c.mr.sge(0, 100)])).unwrap();
+        assert_eq!(wait(&c.cq).status, WcStatus::Success);
+        let got = wait(&cq);
+        assert_eq!((got.wr_id, got.qpn, got.byte_len), (10 + k as u64, servers[k].qp.qp_num(), 100));
+        let mut bytes = [0u8; 100];
+        mr.read(k * 1024, &mut bytes);
+        assert_eq!(bytes, [k as u8 + 1; 100], "the SRQ's receives fill in order");
+    }
+    assert_eq!(b.poll_async_event(), Some(AsyncEvent::SrqLimitReached(srq.srq_num())), "fewer than 2 left");
+    assert_eq!(b.poll_async_event(), None, "once");
+
+    // One receive left, two Sends: the second finds the SRQ empty.
+    for id in [2, 3] {
+        clients[0].qp.post_send(wr(id, SendOp::Send, vec![clients[0].mr.sge(0, 100)])).unwrap();
+    }
+    assert_eq!(wait(&cq).wr_id, 12);
+    let deadline = std::time::Instant::now() + T;
+    while servers[0].qp.state() != Some(QpState::Err) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(servers[0].qp.state(), Some(QpState::Err), "no receive: the connection terminates");
+    assert_eq!(servers[1].qp.state(), Some(QpState::Rts), "the other connection carries on");
+}

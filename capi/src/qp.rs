@@ -155,9 +155,6 @@ pub unsafe fn create_qp(
     let Some(kind) = qp_type_of(a.qp_type) else { return fail(libc::EOPNOTSUPP) };
     // SAFETY: the caller's contract: NULL or a live SRQ of the same context.
     let srq = unsafe { crate::srq::soft_srq(a.srq) };
-    if srq.is_some() && for_cm {
-        return fail(libc::EOPNOTSUPP);
-    }
     let caps = match caps_of(&a.cap) {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -168,12 +165,8 @@ pub unsafe fn create_qp(
     if for_cm && kind != QpType::Rc {
         return fail(libc::EOPNOTSUPP);
     }
-    if srq.is_some() && engine.transport() == softrdma::verbs::Transport::Iwarp {
-        // The iWARP engine takes receives per QP only.
-        return fail(libc::EOPNOTSUPP);
-    }
     let made = if for_cm {
-        engine.create_cm_qp(&spd.pd, &scq.cq, &rcq.cq, caps)
+        engine.create_cm_qp(&spd.pd, (&scq.cq, &rcq.cq), caps, srq.map(|s| &s.srq))
     } else {
         engine.create_qp(&spd.pd, &scq.cq, &rcq.cq, kind, caps, srq.map(|s| &s.srq))
     };

@@ -127,6 +127,8 @@ pub struct Device {
     next_cq: u32,
     out: VecDeque<Transmit>,
     srqs: HashMap<u32, srq::Srq>,
+    /// SRQs that QPs outside the engine (iWARP) take receives from: how many QPs each.
+    srq_holders: HashMap<u32, usize>,
     next_srq: u32,
     gids: Vec<Gid>,
     events: event::AsyncEvents,
@@ -176,6 +178,7 @@ impl Device {
             next_cq: 1,
             out: VecDeque::new(),
             srqs: HashMap::new(),
+            srq_holders: HashMap::new(),
             next_srq: 1,
             events: event::AsyncEvents::default(),
             schedule: schedule::Schedule::default(),
@@ -246,6 +249,37 @@ impl Device {
         &mut self.mrs
     }
 
+    /// The regions and, if `srq` names one, that SRQ: what an iWARP QP taking its
+    /// receives from a shared queue needs at once.
+    pub fn mrs_and_srq_mut(&mut self, srq: Option<u32>) -> (&mut MrTable, Option<&mut srq::Srq>) {
+        (&mut self.mrs, srq.and_then(|id| self.srqs.get_mut(&id)))
+    }
+
+    /// A QP outside the engine (iWARP) takes its receives from SRQ `srq`: `destroy_srq`
+    /// refuses while it does.
+    pub fn hold_srq(&mut self, srq: u32) -> Result<(), VerbsError> {
+        if !self.srqs.contains_key(&srq) {
+            return Err(VerbsError::NotFound);
+        }
+        *self.srq_holders.entry(srq).or_default() += 1;
+        Ok(())
+    }
+
+    /// That QP is gone.
+    pub fn release_srq(&mut self, srq: u32) {
+        if let Some(n) = self.srq_holders.get_mut(&srq) {
+            *n -= 1;
+            if *n == 0 {
+                self.srq_holders.remove(&srq);
+            }
+        }
+    }
+
+    /// A take by a QP outside the engine crossed SRQ `srq`'s armed limit (IBTA 11.6.3.3).
+    pub fn srq_limit_reached(&mut self, srq: u32) {
+        self.events.raise(event::AsyncEvent::SrqLimitReached(srq));
+    }
+
     /// Reregisters a region, keeping its keys (IBTA 11.2.8.4).
     pub fn rereg_mr(&mut self, mr: &Mr, change: mem::Rereg) -> Result<Mr, VerbsError> {
         if let Some((m, addr)) = &change.mem {
@@ -312,7 +346,7 @@ impl Device {
     /// Destroys a shared receive queue; refused (`InvalidRequest`) while a QP uses it,
     /// as `ibv_destroy_srq` refuses with EBUSY.
     pub fn destroy_srq(&mut self, srq: u32) -> Result<(), VerbsError> {
-        if self.qps.values().any(|q| q.init.srq == Some(srq)) {
+        if self.qps.values().any(|q| q.init.srq == Some(srq)) || self.srq_holders.contains_key(&srq) {
             return Err(VerbsError::InvalidRequest);
         }
         self.srqs.remove(&srq).map(drop).ok_or(VerbsError::NotFound)

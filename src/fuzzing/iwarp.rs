@@ -81,7 +81,7 @@ pub fn iwarp_qp(data: &[u8]) {
     let mut recv_done = 0u64;
     let piece = 1 + usize::from(mode >> 5) * 211;
     for chunk in stream.chunks(piece) {
-        qp.on_stream(chunk, &mut r.mrs);
+        qp.on_stream(chunk, &mut r.mrs, None);
         let out = qp.poll_output(BUDGET, &r.mrs);
         assert!(out.len() <= BUDGET + SLACK, "{} bytes of output for a budget of {BUDGET}", out.len());
         qp.on_transmitted(qp.output_offset());

@@ -41,6 +41,8 @@ struct Slot {
     send_cq: u32,
     recv_cq: u32,
     caps: QpCaps,
+    /// The shared receive queue its Sends land in, if it has one (IBTA 10.2.9).
+    srq: Option<u32>,
     qp: Option<IwarpQp>,
     /// Receives posted before the connection came up.
     early_recvs: Vec<RecvWr>,
@@ -267,17 +269,31 @@ impl IwarpDevice {
     }
 
     /// `ibv_create_qp`: an unconnected RC QP that takes receives until it connects.
-    pub fn create_qp(&mut self, pd: Pd, send_cq: u32, recv_cq: u32, caps: QpCaps) -> Result<u32, VerbsError> {
+    pub fn create_qp(
+        &mut self,
+        pd: Pd,
+        (send_cq, recv_cq): (u32, u32),
+        caps: QpCaps,
+        srq: Option<u32>,
+    ) -> Result<u32, VerbsError> {
         let IwarpDevice { dev, qps, .. } = self;
+        if let Some(id) = srq {
+            dev.hold_srq(id)?;
+        }
         let qpn = dev.draw_qpn(|q| qps.contains_key(&q));
-        let slot = Slot { pd, send_cq, recv_cq, caps, qp: None, early_recvs: Vec::new(), conn: None, failed: false };
+        let slot =
+            Slot { pd, send_cq, recv_cq, caps, srq, qp: None, early_recvs: Vec::new(), conn: None, failed: false };
         self.qps.insert(qpn, slot);
         Ok(qpn)
     }
 
     /// `ibv_destroy_qp`: its connection closes.
     pub fn destroy_qp(&mut self, qpn: u32) {
-        if let Some(t) = self.qps.remove(&qpn).and_then(|s| s.conn) {
+        let Some(slot) = self.qps.remove(&qpn) else { return };
+        if let Some(id) = slot.srq {
+            self.dev.release_srq(id);
+        }
+        if let Some(t) = slot.conn {
             self.close(t);
         }
     }
@@ -338,7 +354,8 @@ impl IwarpDevice {
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         let s = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
-        if wr.sgl.len() > s.caps.max_sge {
+        // A QP with an SRQ has no receive queue of its own (IBTA 11.4.1.2).
+        if wr.sgl.len() > s.caps.max_sge || s.srq.is_some() {
             return Err(VerbsError::InvalidRequest);
         }
         match s.qp.as_mut() {

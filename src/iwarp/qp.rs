@@ -11,6 +11,8 @@ use super::deframer::{CrcCheck, Deframer};
 use super::framer::Framer;
 use super::setup::{Negotiated, RtrKind};
 use crate::engine::mem::{MemError, MrTable, Need, Pd, SharedMem};
+use crate::engine::qp::responder::RecvWqe;
+use crate::engine::srq::Srq;
 use crate::engine::verbs::{QpState, RecvWr, SendOp, SendWr, VerbsError, Wc, WcOpcode, WcStatus};
 use crate::proto::iwarp::ddp::{DdpBuffer, DdpRepr, VERSION as DDP_VERSION};
 use crate::proto::iwarp::rdmap::{
@@ -568,10 +570,12 @@ impl IwarpQp {
         }
     }
 
-    /// Stream bytes from TCP.
-    pub fn on_stream(&mut self, data: &[u8], mrs: &mut MrTable) {
+    /// Stream bytes from TCP. A QP with a shared receive queue takes each Send's receive
+    /// from `srq` (IBTA 10.2.9); returns whether that crossed the SRQ's armed limit.
+    pub fn on_stream(&mut self, data: &[u8], mrs: &mut MrTable, mut srq: Option<&mut Srq>) -> bool {
+        let mut limit_reached = false;
         if self.state == QpState::Err {
-            return;
+            return false;
         }
         // The deframer hands ULPDUs over in place; it is set aside meanwhile so that the
         // QP may act on each one.
@@ -580,7 +584,9 @@ impl IwarpQp {
             if matches!(crc, CrcCheck::Bad { .. }) {
                 self.terminate(Layer::Llp, 0, 2, None);
             } else {
-                self.on_ulpdu(ulpdu, mrs);
+                let mut rx = Receives { srq: srq.as_deref_mut(), limit_reached: false };
+                self.on_ulpdu(ulpdu, mrs, &mut rx);
+                limit_reached |= rx.limit_reached;
             }
             self.state != QpState::Err
         });
@@ -588,9 +594,10 @@ impl IwarpQp {
         if fed.is_err() {
             self.terminate(Layer::Llp, 0, 3, None);
         }
+        limit_reached
     }
 
-    fn on_ulpdu(&mut self, ulpdu: &[u8], mrs: &mut MrTable) {
+    fn on_ulpdu(&mut self, ulpdu: &[u8], mrs: &mut MrTable, rx: &mut Receives<'_>) {
         let m = match MessageRepr::parse(ulpdu) {
             Ok(m) => m,
             Err(_) => return self.terminate(Layer::Rdmap, 2, 6, Some(ulpdu)),
@@ -625,7 +632,7 @@ impl IwarpQp {
                 self.on_read_response(stag, to, d, m.ddp.last, ulpdu, mrs);
             }
             (op, DdpBuffer::Untagged { qn, msn, mo, rsvd_ulp }, Body::Data(d)) if is_send(op) => {
-                self.on_send(Untagged { qn, msn, mo, inv: rsvd_ulp, last: m.ddp.last }, op, d, ulpdu, mrs);
+                self.on_send(Untagged { qn, msn, mo, inv: rsvd_ulp, last: m.ddp.last }, op, d, ulpdu, mrs, rx);
             }
             (Opcode::ReadRequest, DdpBuffer::Untagged { qn, msn, .. }, Body::ReadRequest(rr)) => {
                 self.on_read_request(qn, msn, rr, ulpdu, mrs);
@@ -702,7 +709,7 @@ impl IwarpQp {
     }
 
     /// A Send segment on queue 0: MSN and MO place it in the head receive (RFC 5041 §5.3).
-    fn on_send(&mut self, u: Untagged, op: Opcode, d: &[u8], ulpdu: &[u8], mrs: &mut MrTable) {
+    fn on_send(&mut self, u: Untagged, op: Opcode, d: &[u8], ulpdu: &[u8], mrs: &mut MrTable, rx: &mut Receives<'_>) {
         if u.qn != QN_SEND {
             return self.terminate(Layer::Ddp, 2, 1, Some(ulpdu));
         }
@@ -710,7 +717,7 @@ impl IwarpQp {
             return self.terminate(Layer::Ddp, 2, 3, Some(ulpdu));
         }
         if self.filling.is_none() {
-            let Some(wr) = self.rq.pop_front() else {
+            let Some(wr) = rx.take(&mut self.rq) else {
                 return self.terminate(Layer::Ddp, 2, 2, Some(ulpdu));
             };
             let capacity = wr.sgl.iter().map(|s| s.length as usize).sum();
@@ -828,6 +835,23 @@ impl IwarpQp {
         let flushed: Vec<Wc> =
             receives.map(|wr| Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, 0)).collect();
         self.completions.extend(flushed);
+    }
+}
+
+/// Where a QP's receives come from while it takes in stream bytes: its own queue, or a
+/// shared receive queue (IBTA 10.2.9), whose armed limit a take may cross (11.6.3.3).
+struct Receives<'a> {
+    srq: Option<&'a mut Srq>,
+    limit_reached: bool,
+}
+
+impl Receives<'_> {
+    /// The receive the next Send lands in: the SRQ's head if the QP has one, else its own.
+    fn take(&mut self, rq: &mut VecDeque<RecvWr>) -> Option<RecvWr> {
+        let Some(srq) = self.srq.as_deref_mut() else { return rq.pop_front() };
+        let (wqe, fired) = srq.take();
+        self.limit_reached |= fired;
+        wqe.map(RecvWqe::into_wr)
     }
 }
 

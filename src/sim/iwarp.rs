@@ -60,7 +60,7 @@ fn side(seed: u64, crc: CrcPolicy, rng: &mut Rng) -> Side {
     let cq = dev.dev.create_cq(1024);
     let mr = dev.dev.reg_mr(pd, REGION, Access::ALL).expect("a region");
     let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_sge: 1 };
-    let qpn = dev.create_qp(pd, cq, cq, caps).expect("a QP");
+    let qpn = dev.create_qp(pd, (cq, cq), caps, None).expect("a QP");
     Side { dev, cq, mr, qpn, conn: 0, expected: HashMap::new() }
 }
 

@@ -255,7 +255,7 @@ impl CmChannel {
         let (scq, rcq) = (ctx.create_cq(4), ctx.create_cq(4));
         let mr = ctx.reg_mr(&pd, 2 * CM_RECV_AT, Access::ALL).map_err(verbs_err)?;
         let caps = QpCaps { max_send_wr: 2, max_recv_wr: 2, max_sge: 1 };
-        let qp = ctx.create_cm_qp(&pd, &scq, &rcq, caps).map_err(verbs_err)?;
+        let qp = ctx.create_cm_qp(&pd, (&scq, &rcq), caps, None).map_err(verbs_err)?;
         let c = CmChannel { qp, scq, rcq, mr, _pd: pd, ctx };
         c.post_recv()?;
         Ok(c)

@@ -167,7 +167,7 @@ fn connect(a: &RpingArgs) -> Result<Conn, String> {
     let reg = |len: usize| ctx.reg_mr(&pd, len.max(1), Access::ALL).map_err(|e| format!("{e:?}"));
     let (recv, send, start, rdma) = (reg(INFO_LEN)?, reg(INFO_LEN)?, reg(a.size)?, reg(a.size)?);
     let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_sge: 1 };
-    let qp = ctx.create_cm_qp(&pd, &cq, &cq, caps).map_err(|e| format!("{e:?}"))?;
+    let qp = ctx.create_cm_qp(&pd, (&cq, &cq), caps, None).map_err(|e| format!("{e:?}"))?;
     let mut c = Conn { cq, qp, recv, send, start, rdma, recvs: 0, pending_recvs: 0, _pd: pd, _ctx: ctx };
     c.post_recv()?;
     let param = ConnParam { private_data: Vec::new(), responder_resources: 1, initiator_depth: 1 };

@@ -471,7 +471,7 @@ impl Context {
         }
     }
 
-    /// `ibv_create_srq`. (iWARP QPs do not take an SRQ yet: `create_qp` refuses it.)
+    /// `ibv_create_srq`.
     pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
         let id = self.backend.with_dev(|d| d.create_srq(max_wr, max_sge));
         SharedReceiveQueue { id, backend: self.backend.clone() }
@@ -517,26 +517,28 @@ impl Context {
         let qpn = match &self.backend {
             Backend::Roce(s) => s.lock().dev.create_qp(init)?,
             Backend::Iwarp(s) => {
-                if qp_type != QpType::Rc || srq.is_some() {
-                    return Err(VerbsError::InvalidAttribute("iWARP QPs are RC without an SRQ"));
+                if qp_type != QpType::Rc {
+                    return Err(VerbsError::InvalidAttribute("iWARP QPs are RC"));
                 }
-                driver::iwarp::with(&**s, |d| d.create_qp(pd.pd, send_cq.id, recv_cq.id, caps))?
+                let srq = srq.map(|q| q.id);
+                driver::iwarp::with(&**s, |d| d.create_qp(pd.pd, (send_cq.id, recv_cq.id), caps, srq))?
             }
         };
         Ok(QueuePair { qpn, backend: self.backend.clone() })
     }
 
     /// `rdma_create_qp`: an RC QP for [`QueuePair::connect`] or [`ConnRequest::accept`]
-    /// that takes receives before it connects, on either transport: on RoCEv2 it is in
-    /// INIT with remote READ, WRITE and atomic access, as rdma_cm leaves it.
+    /// that takes receives before it connects (from `srq` if given), on either
+    /// transport: on RoCEv2 it is in INIT with remote READ, WRITE and atomic access, as
+    /// rdma_cm leaves it.
     pub fn create_cm_qp(
         &self,
         pd: &ProtectionDomain,
-        send_cq: &CompletionQueue,
-        recv_cq: &CompletionQueue,
+        (send_cq, recv_cq): (&CompletionQueue, &CompletionQueue),
         caps: QpCaps,
+        srq: Option<&SharedReceiveQueue>,
     ) -> Result<QueuePair, VerbsError> {
-        let qp = self.create_qp(pd, send_cq, recv_cq, QpType::Rc, caps, None)?;
+        let qp = self.create_qp(pd, send_cq, recv_cq, QpType::Rc, caps, srq)?;
         if let Backend::Roce(_) = &self.backend {
             let init = QpAttr {
                 state: Some(QpState::Init),

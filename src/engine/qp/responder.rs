@@ -40,6 +40,11 @@ impl RecvWqe {
         let capacity = wr.sgl.iter().map(|s| s.length as usize).sum();
         RecvWqe { wr, capacity }
     }
+
+    /// The receive request it wraps.
+    pub fn into_wr(self) -> RecvWr {
+        self.wr
+    }
 }
 
 /// A message being received over several packets.

@@ -24,8 +24,12 @@ impl IwarpDevice {
         }
         let Some(qpn) = c.qpn else { return };
         let IwarpDevice { dev, qps, .. } = self;
-        if let Some(qp) = qps.get_mut(&qpn).and_then(|s| s.qp.as_mut()) {
-            qp.on_stream(data, dev.mrs_mut());
+        if let Some(slot) = qps.get_mut(&qpn) {
+            let (mrs, srq) = dev.mrs_and_srq_mut(slot.srq);
+            let limit_reached = slot.qp.as_mut().is_some_and(|qp| qp.on_stream(data, mrs, srq));
+            if let (true, Some(id)) = (limit_reached, slot.srq) {
+                dev.srq_limit_reached(id);
+            }
         }
         self.pump_qp(qpn);
     }
