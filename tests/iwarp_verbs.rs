@@ -242,3 +242,68 @@ fn server_qps_share_a_receive_queue() {
     assert_eq!(servers[0].qp.state(), Some(QpState::Err), "no receive: the connection terminates");
     assert_eq!(servers[1].qp.state(), Some(QpState::Rts), "the other connection carries on");
 }
+
+/// A sender far ahead of its receiver (perftest's ib_send_bw on iWARP, which has no RNR):
+/// the receiver runs out of receives and terminates while the sender still has Sends
+/// queued behind a full TCP window. Every Send the sender posted completes, the queued
+/// ones flushed, on both connections' sides; none is lost.
+#[test]
+fn sends_queued_behind_a_terminated_connection_all_complete() {
+    let (a, b) = (open([127, 0, 0, 1], |_| {}), open([127, 0, 0, 1], |_| {}));
+    let (a1, b1, a2, b2) = (side(&a), side(&b), side(&a), side(&b));
+    connect(&b, &b1, &a1);
+    connect(&b, &b2, &a2);
+    for s in [&b1, &b2] {
+        for i in 0..4 {
+            s.qp.post_recv(RecvWr { wr_id: i, sgl: vec![s.mr.sge(0, 65536)] }).unwrap();
+        }
+    }
+    let posted = 200u64;
+    for i in 0..posted {
+        for c in [&a1, &a2] {
+            c.qp.post_send(wr(i, SendOp::Send, vec![c.mr.sge(0, 65536)])).unwrap();
+        }
+    }
+    for c in [&a1, &a2] {
+        let mut seen = 0;
+        while seen < posted {
+            let Some(wc) = c.cq.wait(T) else { panic!("{seen} of {posted} Sends completed; the rest were lost") };
+            seen += 1;
+            assert!(matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr), "{wc:?}");
+        }
+        assert_eq!(c.qp.state(), Some(QpState::Err));
+    }
+}
+
+/// As above, and the receiving application then goes away (its process exits, so its
+/// sockets close with unread bytes: a reset): the sender's queued Sends still all complete.
+#[test]
+fn sends_queued_towards_a_vanished_peer_all_complete() {
+    let a = open([127, 0, 0, 1], |_| {});
+    let (a1, a2) = (side(&a), side(&a));
+    let posted = 200u64;
+    {
+        let b = open([127, 0, 0, 1], |_| {});
+        let (b1, b2) = (side(&b), side(&b));
+        connect(&b, &b1, &a1);
+        connect(&b, &b2, &a2);
+        for s in [&b1, &b2] {
+            s.qp.post_recv(RecvWr { wr_id: 0, sgl: vec![s.mr.sge(0, 65536)] }).unwrap();
+        }
+        for i in 0..posted {
+            for c in [&a1, &a2] {
+                c.qp.post_send(wr(i, SendOp::Send, vec![c.mr.sge(0, 65536)])).unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for c in [&a1, &a2] {
+        let mut seen = 0;
+        while seen < posted {
+            let Some(wc) = c.cq.wait(T) else { panic!("{seen} of {posted} Sends completed; the rest were lost") };
+            seen += 1;
+            assert!(matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr), "{wc:?}");
+        }
+        assert_eq!(c.qp.state(), Some(QpState::Err));
+    }
+}
