@@ -243,6 +243,16 @@ fn server_qps_share_a_receive_queue() {
     assert_eq!(servers[1].qp.state(), Some(QpState::Rts), "the other connection carries on");
 }
 
+/// Waits for `posted` completions of `c`'s Sends, each a success or a flush, and finds the
+/// QP in ERR.
+fn every_send_completes(c: &Side, posted: u64) {
+    for seen in 0..posted {
+        let Some(wc) = c.cq.wait(T) else { panic!("{seen} of {posted} Sends completed; the rest were lost") };
+        assert!(matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr), "{wc:?}");
+    }
+    assert_eq!(c.qp.state(), Some(QpState::Err));
+}
+
 /// A sender far ahead of its receiver (perftest's ib_send_bw on iWARP, which has no RNR):
 /// the receiver runs out of receives and terminates while the sender still has Sends
 /// queued behind a full TCP window. Every Send the sender posted completes, the queued
@@ -265,13 +275,7 @@ fn sends_queued_behind_a_terminated_connection_all_complete() {
         }
     }
     for c in [&a1, &a2] {
-        let mut seen = 0;
-        while seen < posted {
-            let Some(wc) = c.cq.wait(T) else { panic!("{seen} of {posted} Sends completed; the rest were lost") };
-            seen += 1;
-            assert!(matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr), "{wc:?}");
-        }
-        assert_eq!(c.qp.state(), Some(QpState::Err));
+        every_send_completes(c, posted);
     }
 }
 
@@ -298,12 +302,6 @@ fn sends_queued_towards_a_vanished_peer_all_complete() {
         std::thread::sleep(Duration::from_millis(20));
     }
     for c in [&a1, &a2] {
-        let mut seen = 0;
-        while seen < posted {
-            let Some(wc) = c.cq.wait(T) else { panic!("{seen} of {posted} Sends completed; the rest were lost") };
-            seen += 1;
-            assert!(matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr), "{wc:?}");
-        }
-        assert_eq!(c.qp.state(), Some(QpState::Err));
+        every_send_completes(c, posted);
     }
 }
