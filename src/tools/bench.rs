@@ -581,11 +581,6 @@ fn lat_result(size: usize, posted: &[Instant], halve: bool) -> LatResult {
     LatResult { size, usec }
 }
 
-/// Spins on `cond` ([`BusyPoll::until`]).
-fn spin_until(busy: &mut BusyPoll<'_>, cond: impl FnMut() -> bool, limit: Duration) -> bool {
-    busy.until(cond, limit)
-}
-
 /// The WRITE ping-pong (both sides run it; the server writes first, perftest's order):
 /// each side writes the iteration number into the last byte of its message and waits
 /// for the peer's.
@@ -600,8 +595,7 @@ pub fn run_lat_write(ep: &Endpoint<'_>, rem: &Dest, p: &Params, server: bool) ->
         if rcnt < p.iters && !(scnt == 0 && server) {
             rcnt += 1;
             let want = rcnt as u8;
-            let seen =
-                spin_until(&mut busy, || ep.mr.read(poll_at, &mut byte) && byte[0] == want, Duration::from_secs(10));
+            let seen = busy.until(|| ep.mr.read(poll_at, &mut byte) && byte[0] == want, Duration::from_secs(10));
             if !seen {
                 return Err(format!("the peer's write {rcnt} did not arrive within 10 s"));
             }
@@ -690,8 +684,7 @@ pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResu
 /// One completion, spinning (with yields) for at most 10 s.
 fn spin_poll(busy: &mut BusyPoll<'_>, cq: &CompletionQueue) -> Option<Wc> {
     let mut wc = None;
-    spin_until(
-        busy,
+    busy.until(
         || {
             wc = cq.poll(1).pop();
             wc.is_some()

@@ -690,13 +690,12 @@ impl BusyPoll<'_> {
         let mut idle_since = start;
         let mut looks = 0u32;
         while !cond() {
+            // A wait that ends with input leaves it to the next look, which counts it as
+            // traffic: the caller spins again while input keeps coming.
             if self.ctx.progress() > 0 {
                 idle_since = std::time::Instant::now();
-                continue;
-            }
-            let idle_ns = idle_since.elapsed().as_nanos() as u64;
-            if idle_ns >= BUSY_POLL_IDLE_NS && self.ctx.wait_input(LOOK_WAIT_MAX) {
-                self.ctx.progress();
+            } else if idle_since.elapsed().as_nanos() as u64 >= BUSY_POLL_IDLE_NS {
+                self.ctx.wait_input(LOOK_WAIT_MAX);
             }
             looks = looks.wrapping_add(1);
             if looks.is_multiple_of(64) {
