@@ -744,8 +744,11 @@ pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi:
     // SAFETY: the caller's contract.
     let p = conn_param(unsafe { param.as_ref() });
     let conn = Setup::of(s, id);
+    let mut ticket = crate::cm_order::Ticket::take();
     std::thread::spawn(move || {
-        let ev = match conn.with_qp(|q| q.connect(peer, &p, CONNECT_TIMEOUT)) {
+        ticket.wait_turn(crate::cm_order::TURN_WAIT_MAX);
+        let sent = &mut || ticket.sent();
+        let ev = match conn.with_qp(|q| q.connect_reporting(peer, &p, CONNECT_TIMEOUT, sent)) {
             Ok(data) => conn.established(data, &p),
             Err(e) => failure(conn.at.0 as *mut _, &e),
         };

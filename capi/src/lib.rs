@@ -11,6 +11,7 @@
 pub mod cm;
 mod cm_addr;
 pub mod cm_ep;
+mod cm_order;
 pub mod config;
 pub mod cq;
 pub mod cq_ex;

@@ -249,9 +249,15 @@ fn cmtime_connects_and_disconnects_many_ids() {
 /// ids it destroyed, which the library refuses (EINVAL). A pair that fails that way runs
 /// again, at most three times in all; any other failure fails the test.
 fn perftest_cm(program: &str, transport: &str, net: &str, port: &str) {
+    perftest_cm_with(program, transport, net, port, &["-n", "200"]);
+}
+
+/// As [`perftest_cm`], with `extra` arguments on both sides.
+fn perftest_cm_with(program: &str, transport: &str, net: &str, port: &str, extra: &[&str]) {
     let server_addr = format!("{net}.1");
-    let args = ["-R", "-d", "softrdma0", "-p", port, "-n", "200"];
-    let mut client_args = args.to_vec();
+    let mut args = vec!["-R", "-d", "softrdma0", "-p", port];
+    args.extend_from_slice(extra);
+    let mut client_args = args.clone();
     client_args.push(&server_addr);
     for attempt in 1..=3 {
         let server = tool_on(program, transport, &server_addr, &args).spawn().expect("perftest runs");
@@ -283,6 +289,21 @@ fn perftest_runs_connected_by_rdma_cm_on_both_transports() {
             perftest_cm(program, transport, &net, &format!("{}", 18800 + 10 * j + i));
         }
     }
+}
+
+/// perftest numbers its QPs by the order of its rdma_connect calls on the client and of
+/// the CONNECT_REQUESTs on the server, then sends each QP's addresses by that number: the
+/// requests must reach the server in the order they were made (capi/src/cm_order.rs). With
+/// two QPs, iWARP Sends (whose server writes credits into the client's slot for that QP)
+/// stalled in about half the runs when the order flipped, and RoCEv2 WRITEs would go to
+/// the other QP's buffer with its key.
+#[test]
+fn perftest_pairs_two_rdma_cm_qps_in_the_order_they_connect() {
+    for run in 0..3 {
+        let net = format!("127.82.{}", 80 + run);
+        perftest_cm_with("ib_send_bw", "iwarp", &net, &format!("{}", 18850 + run), &["-q", "2", "-n", "1000"]);
+    }
+    perftest_cm_with("ib_write_bw", "rocev2", "127.82.90", "18860", &["-q", "2", "-n", "1000"]);
 }
 
 /// Two ibv_rc_pingpong pairs and two rping pairs on each transport run at once, the servers

@@ -75,6 +75,7 @@ pub fn connect(
     to: SocketAddr,
     param: &ConnParam,
     timeout: Duration,
+    request_sent: &mut dyn FnMut(),
 ) -> Result<Vec<u8>, ConnectError> {
     let deadline = Instant::now() + timeout;
     let t = with(port, |d| d.connect(qpn, param))?;
@@ -82,6 +83,8 @@ pub fn connect(
         with(port, |d| d.abandon(t));
         return Err(e);
     }
+    // The stream is up and the MPA Request written (or queued behind a full socket).
+    request_sent();
     let mut result = None;
     let left = deadline.saturating_duration_since(Instant::now());
     port.wait(

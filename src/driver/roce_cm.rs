@@ -82,6 +82,7 @@ pub fn connect(
     to: SocketAddr,
     p: &ConnParam,
     timeout: Duration,
+    request_sent: &mut dyn FnMut(),
 ) -> Result<Vec<u8>, ConnectError> {
     let deadline = Instant::now() + timeout;
     let id = d.with_core_at(|dev, now| {
@@ -100,6 +101,7 @@ pub fn connect(
         dev.with_cm(now, |cm, qps| cm.connect(now, args, qps))
     });
     let id = id.map_err(describe)?;
+    request_sent();
     match wait_settled(d, id, Some(deadline)) {
         Some(ConnStatus::Established) => {
             Ok(d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.peer_private_data(id).unwrap_or(&[]).to_vec())))

@@ -972,9 +972,23 @@ impl QueuePair {
     /// MPA Request and Reply on iWARP; the CM's REQ, REP and RTU through QP1 on RoCEv2.
     /// Returns the peer's private data; the QP is in RTS.
     pub fn connect(&self, to: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<Vec<u8>, ConnectError> {
+        self.connect_reporting(to, param, timeout, &mut || {})
+    }
+
+    /// As [`QueuePair::connect`], calling `request_sent` once the connection request (the
+    /// MPA Request, the REQ) is on its way, before the reply: a caller that starts several
+    /// connections can let each go out only after the one before, so that a listener sees
+    /// them in the order they were made (see capi's `rdma_connect`).
+    pub fn connect_reporting(
+        &self,
+        to: SocketAddr,
+        param: &ConnParam,
+        timeout: Duration,
+        request_sent: &mut dyn FnMut(),
+    ) -> Result<Vec<u8>, ConnectError> {
         match &self.backend {
-            Backend::Iwarp(s) => driver::iwarp::connect(&**s, self.qpn, to, param, timeout),
-            Backend::Roce(s) => driver::roce_cm::connect(s, self.qpn, to, param, timeout),
+            Backend::Iwarp(s) => driver::iwarp::connect(&**s, self.qpn, to, param, timeout, request_sent),
+            Backend::Roce(s) => driver::roce_cm::connect(s, self.qpn, to, param, timeout, request_sent),
         }
     }
 
