@@ -305,3 +305,20 @@ fn sends_queued_towards_a_vanished_peer_all_complete() {
         every_send_completes(c, posted);
     }
 }
+
+/// A connection leaves from its device's address (rdma_cm binds an id to its source
+/// address): the listener sees 127.0.91.2, not the 127.0.0.1 the loopback route picks.
+#[test]
+fn a_connection_comes_from_the_device_address() {
+    let (server, client) = (open([127, 0, 91, 1], |_| {}), open([127, 0, 91, 2], |_| {}));
+    let (s, c) = (side(&server), side(&client));
+    let listener = server.listen("127.0.91.1:0".parse().unwrap()).unwrap();
+    let to = listener.local_addr();
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| c.qp.connect(to, &param(b"", 0), T).expect("connected"));
+        let req = listener.get_request(T).expect("a request");
+        assert_eq!(req.peer.map(|p| p.ip()), Some("127.0.91.2".parse().unwrap()));
+        req.accept(&s.qp, &param(b"", 0)).expect("accepted");
+        h.join().unwrap();
+    });
+}

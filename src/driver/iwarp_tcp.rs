@@ -255,6 +255,18 @@ impl IwarpTcp {
     }
 }
 
+/// A TCP connection to `to` from the device's address `ip` (as rdma_cm binds an id to its
+/// source address): the peer sees the address the device has, not whichever the route
+/// picks (127.0.0.1 for any loopback address).
+fn connect_from(ip: IpAddr, to: SocketAddr, timeout: Duration) -> io::Result<std::net::TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(to), socket2::Type::STREAM, None)?;
+    if !ip.is_unspecified() && ip.is_ipv4() == to.is_ipv4() {
+        socket.bind(&SocketAddr::new(ip, 0).into())?;
+    }
+    socket.connect_timeout(&to.into(), timeout)?;
+    Ok(socket.into())
+}
+
 /// A connected TCP stream made ready for the poll thread; its MSS.
 fn prepare(s: std::net::TcpStream) -> io::Result<(TcpStream, usize)> {
     s.set_nodelay(true)?;
@@ -374,7 +386,7 @@ impl IwarpPort for IwarpTcp {
             io::ErrorKind::ConnectionRefused => ConnectError::Refused(e.to_string()),
             _ => ConnectError::Tcp(e.to_string()),
         };
-        let (stream, mss) = std::net::TcpStream::connect_timeout(&to, timeout).and_then(prepare).map_err(tcp)?;
+        let (stream, mss) = connect_from(self.ip, to, timeout).and_then(prepare).map_err(tcp)?;
         self.with_core(|c| {
             // The application may have destroyed the QP meanwhile: then nobody wants it.
             if c.dev.conn_state(t).is_none() {
