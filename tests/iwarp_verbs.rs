@@ -322,3 +322,11 @@ fn a_connection_comes_from_the_device_address() {
         h.join().unwrap();
     });
 }
+
+/// iWARP has no memory windows here (siw has none either): allocating one is refused.
+#[test]
+fn a_memory_window_is_refused_on_iwarp() {
+    let ctx = open([127, 0, 91, 3], |_| {});
+    let pd = ctx.alloc_pd();
+    assert!(matches!(ctx.alloc_mw(&pd, MwType::Two), Err(VerbsError::Unsupported)));
+}

@@ -272,3 +272,96 @@ fn a_busy_poller_with_nothing_arriving_sleeps_and_wakes_for_a_write() {
     drop(busy);
     wait_ok(&a.cq, 1);
 }
+
+/// Binds window `mw` (whose key is `key` now) over `len` bytes of `b`'s region at
+/// `offset` for remote WRITE and READ, with a work request on `b`'s QP; the new key.
+fn bind_window(b: &Side, key: u32, offset: usize, len: u64, wr_id: u64) -> u32 {
+    let new_key = (key & !0xff) | (key.wrapping_add(1) & 0xff);
+    let access = Access { remote_write: true, remote_read: true, ..Access::default() };
+    let addr = b.mr.addr() + offset as u64;
+    let bind = MwBind { mw_key: key, new_key, mr_lkey: b.mr.lkey(), addr, len, access };
+    b.qp.post_send(SendWr::new(wr_id, SendOp::BindMw(bind), vec![])).unwrap();
+    assert_eq!(wait_ok(&b.cq, wr_id).opcode, WcOpcode::BindMw);
+    new_key
+}
+
+/// WRITE `data` from `a` at `addr` under `rkey`; the completion's status.
+fn write_through(a: &Side, rkey: u32, addr: u64, data: &[u8], wr_id: u64) -> WcStatus {
+    a.mr.write(0, data);
+    let at = Remote { addr, rkey };
+    a.qp.post_send(SendWr::new(wr_id, SendOp::Write(at), vec![a.mr.sge(0, data.len() as u32)])).unwrap();
+    let wc = a.cq.wait(WAIT).expect("a WRITE completion");
+    assert_eq!(wc.wr_id, wr_id);
+    wc.status
+}
+
+// IBTA 10.6.7: a window opens part of a region under a key of its own; WRITEs and READs
+// through it land in the region, outside it they are refused; a type 1 window rebound
+// with length 0 opens nothing.
+#[test]
+fn a_type_1_memory_window_opens_its_range_and_closes_on_a_zero_length_bind() {
+    let (a, b) = pair([127, 10, 7], 1 << 16);
+    let mw = b.ctx.alloc_mw(&b._pd, MwType::One).unwrap();
+    let key = bind_window(&b, mw.key(), 4096, 256, 1);
+    let base = b.mr.addr() + 4096;
+    let msg = pattern(256, 5);
+    assert_eq!(write_through(&a, key, base, &msg, 2), WcStatus::Success);
+    let mut got = vec![0u8; 256];
+    b.mr.read(4096, &mut got);
+    assert_eq!(got, msg);
+    a.qp.post_send(SendWr::new(3, SendOp::Read(Remote { addr: base + 128, rkey: key }), vec![a.mr.sge(1024, 128)]))
+        .unwrap();
+    wait_ok(&a.cq, 3);
+    a.mr.read(1024, &mut got[..128]);
+    assert_eq!(got[..128], msg[128..]);
+    // The region's bytes before the window are not the window's.
+    assert_eq!(write_through(&a, key, base - 8, &msg[..16], 4), WcStatus::RemAccessErr);
+    let _ = b.cq.wait(Duration::from_millis(100));
+    drop(mw);
+    let (a, b) = pair([127, 10, 8], 1 << 16);
+    let mw = b.ctx.alloc_mw(&b._pd, MwType::One).unwrap();
+    let key = bind_window(&b, mw.key(), 0, 64, 1);
+    let closed = bind_window(&b, key, 0, 0, 2);
+    assert_eq!(write_through(&a, closed, b.mr.addr(), &msg[..8], 3), WcStatus::RemAccessErr);
+}
+
+// IBTA 10.6.7.2.3-4: a type 2 window serves the peer of the QP that bound it, until that
+// QP invalidates it locally or the peer invalidates it with SEND_WITH_INVALIDATE.
+#[test]
+fn a_type_2_memory_window_is_invalidated_locally_or_by_the_peer() {
+    let (a, b) = pair([127, 10, 9], 1 << 16);
+    let mw = b.ctx.alloc_mw(&b._pd, MwType::Two).unwrap();
+    let key = bind_window(&b, mw.key(), 0, 4096, 1);
+    assert_eq!(write_through(&a, key, b.mr.addr(), &pattern(64, 1), 2), WcStatus::Success);
+    // The peer invalidates it with the SEND that tells of the end of its use.
+    b.qp.post_recv(RecvWr { wr_id: 3, sgl: vec![b.mr.sge(8192, 64)] }).unwrap();
+    a.qp.post_send(SendWr::new(4, SendOp::SendInv(key), vec![a.mr.sge(0, 8)])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 3).invalidated_rkey, Some(key));
+    wait_ok(&a.cq, 4);
+    // Bound again (allowed only once invalidated), then invalidated locally.
+    let again = bind_window(&b, key, 0, 4096, 5);
+    assert_eq!(write_through(&a, again, b.mr.addr(), &pattern(64, 2), 6), WcStatus::Success);
+    b.qp.post_send(SendWr::new(7, SendOp::LocalInv(again), vec![])).unwrap();
+    assert_eq!(wait_ok(&b.cq, 7).opcode, WcOpcode::LocalInv);
+    assert_eq!(write_through(&a, again, b.mr.addr(), &pattern(64, 3), 8), WcStatus::RemAccessErr);
+}
+
+// A bind the region does not allow completes with a bind error (and, as any failed work
+// request, takes the QP to ERR).
+#[test]
+fn a_bind_over_a_region_without_the_bind_right_fails() {
+    let (_a, b) = pair([127, 10, 11], 1 << 16);
+    let plain = b.ctx.reg_mr(&b._pd, 4096, Access { local_write: true, ..Access::default() }).unwrap();
+    let mw = b.ctx.alloc_mw(&b._pd, MwType::One).unwrap();
+    let bind = MwBind {
+        mw_key: mw.key(),
+        new_key: mw.key() ^ 1,
+        mr_lkey: plain.lkey(),
+        addr: plain.addr(),
+        len: 64,
+        access: Access { remote_read: true, ..Access::default() },
+    };
+    b.qp.post_send(SendWr::new(1, SendOp::BindMw(bind), vec![])).unwrap();
+    let wc = b.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (1, WcStatus::MwBindErr, WcOpcode::BindMw));
+}

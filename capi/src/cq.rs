@@ -365,6 +365,7 @@ fn status_of(s: WcStatus) -> ffi::ibv_wc_status {
         WcStatus::RemOpErr => ffi::IBV_WC_REM_OP_ERR,
         WcStatus::RetryExcErr => ffi::IBV_WC_RETRY_EXC_ERR,
         WcStatus::RnrRetryExcErr => ffi::IBV_WC_RNR_RETRY_EXC_ERR,
+        WcStatus::MwBindErr => ffi::IBV_WC_MW_BIND_ERR,
         _ => ffi::IBV_WC_GENERAL_ERR,
     }
 }
@@ -378,5 +379,7 @@ fn opcode_of(o: WcOpcode) -> ffi::ibv_wc_opcode {
         WcOpcode::FetchAdd => ffi::IBV_WC_FETCH_ADD,
         WcOpcode::Recv => ffi::IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => ffi::IBV_WC_RECV_RDMA_WITH_IMM,
+        WcOpcode::BindMw => ffi::IBV_WC_BIND_MW,
+        WcOpcode::LocalInv => ffi::IBV_WC_LOCAL_INV,
     }
 }

@@ -92,6 +92,7 @@ fn access_of(flags: c_uint) -> Result<Access, c_int> {
         remote_write: has(ffi::IBV_ACCESS_REMOTE_WRITE),
         remote_atomic: has(ffi::IBV_ACCESS_REMOTE_ATOMIC),
         remote_invalidate: true,
+        mw_bind: has(ffi::IBV_ACCESS_MW_BIND),
     };
     if (a.remote_write || a.remote_atomic) && !a.local_write {
         return Err(libc::EINVAL);

@@ -281,6 +281,7 @@ fn attr_of(a: &ffi::ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
             remote_write: f & ffi::IBV_ACCESS_REMOTE_WRITE != 0,
             remote_atomic: f & ffi::IBV_ACCESS_REMOTE_ATOMIC != 0,
             remote_invalidate: true,
+            mw_bind: f & ffi::IBV_ACCESS_MW_BIND != 0,
         });
     }
     if has(ffi::IBV_QP_PKEY_INDEX) {

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub mod mw;
+
 const WORD: usize = 8;
 
 /// Bytes shared between the application and the engine, stored in atomic words, or the
@@ -260,6 +262,8 @@ pub struct Access {
     /// A remote peer may invalidate the key with SEND_WITH_INVALIDATE (IBTA 10.6.7.2) or
     /// Send with Invalidate (RFC 5040 §6.4.1).
     pub remote_invalidate: bool,
+    /// Memory windows may be bound to the region (IBTA 10.6.7.1).
+    pub mw_bind: bool,
 }
 
 impl Access {
@@ -270,6 +274,7 @@ impl Access {
         remote_write: true,
         remote_atomic: true,
         remote_invalidate: true,
+        mw_bind: true,
     };
 }
 
@@ -330,6 +335,8 @@ pub struct Rereg {
 #[derive(Debug, Default)]
 pub struct MrTable {
     regions: HashMap<u32, Region>,
+    /// Memory windows, in the same index space as the regions ([`mw`]).
+    windows: HashMap<u32, mw::Window>,
     max_regions: usize,
 }
 
@@ -351,7 +358,7 @@ pub enum Need {
 impl MrTable {
     /// A table holding at most `max_regions`.
     pub fn new(max_regions: usize) -> Self {
-        MrTable { regions: HashMap::new(), max_regions }
+        MrTable { regions: HashMap::new(), windows: HashMap::new(), max_regions }
     }
 
     /// Registers `len` bytes. All 32 key bits are drawn from `rng` (the OS CSPRNG on a real
@@ -375,17 +382,23 @@ impl MrTable {
         if self.regions.len() >= self.max_regions {
             return None;
         }
-        let key = loop {
-            let k = rng.next_u64() as u32;
-            // Index 0 is never used, so that a zeroed key never names a region.
-            if k >> 8 != 0 && !self.regions.contains_key(&(k >> 8)) {
-                break k;
-            }
-        };
+        let key = self.fresh_key(rng);
         let index = key >> 8;
         let addr = addr.unwrap_or_else(|| (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000);
         self.regions.insert(index, Region { pd, access, addr, mem: mem.clone(), key, valid: true });
         Some(Mr { lkey: key, rkey: key, addr, mem })
+    }
+
+    /// A key whose 24 index bits name neither a region nor a window; index 0 is never
+    /// used, so that a zeroed key never names anything.
+    fn fresh_key(&self, rng: &mut Rng) -> u32 {
+        loop {
+            let k = rng.next_u64() as u32;
+            let index = k >> 8;
+            if index != 0 && !self.regions.contains_key(&index) && !self.windows.contains_key(&index) {
+                return k;
+            }
+        }
     }
 
     /// Reregisters the region of `key` (IBTA 11.2.8.4): a new PD, access, or memory at an
@@ -425,7 +438,10 @@ impl MrTable {
     /// Invalidation by the peer of a QP in `pd`: only a valid key of that PD whose region
     /// allows remote invalidation (IBTA 10.6.7.2, RFC 5040 §6.4.1). Nothing changes on an
     /// error.
-    pub fn remote_invalidate(&mut self, key: u32, pd: Pd) -> Result<(), MemError> {
+    pub fn remote_invalidate(&mut self, key: u32, pd: Pd, qpn: u32) -> Result<(), MemError> {
+        if self.windows.contains_key(&(key >> 8)) {
+            return self.invalidate_window(key, pd, qpn);
+        }
         let r = self.regions.get_mut(&(key >> 8)).filter(|r| r.key == key && r.valid).ok_or(MemError::BadKey)?;
         if r.pd != pd {
             return Err(MemError::WrongPd);
@@ -435,6 +451,22 @@ impl MrTable {
         }
         r.valid = false;
         Ok(())
+    }
+
+    /// As [`MrTable::resolve`], for an access by the peer of QP `qpn`: `key` may also
+    /// name a memory window ([`mw`]).
+    pub fn resolve_remote(
+        &self,
+        key: u32,
+        (pd, qpn): (Pd, u32),
+        va: u64,
+        len: usize,
+        need: Need,
+    ) -> Result<(Arc<SharedMem>, usize), MemError> {
+        match self.windows.get(&(key >> 8)) {
+            Some(w) => self.resolve_window(w, key, (pd, qpn), va, len, need),
+            None => self.resolve(key, pd, va, len, need),
+        }
     }
 
     /// Finds the bytes for `[va, va + len)` under `key`, checking PD, access and bounds.

@@ -295,6 +295,16 @@ impl Device {
         self.mrs.deregister(mr.lkey).then_some(()).ok_or(VerbsError::NotFound)
     }
 
+    /// A memory window in `pd`, bound to nothing (`ibv_alloc_mw`); its key.
+    pub fn alloc_mw(&mut self, pd: Pd, kind: mem::mw::MwType) -> Result<u32, VerbsError> {
+        self.mrs.alloc_window(pd, kind, &mut self.rng).ok_or(VerbsError::OutOfResources)
+    }
+
+    /// Frees a memory window (`ibv_dealloc_mw`); its key opens nothing from now on.
+    pub fn dealloc_mw(&mut self, key: u32) -> Result<(), VerbsError> {
+        self.mrs.dealloc_window(key).then_some(()).ok_or(VerbsError::NotFound)
+    }
+
     /// Local invalidate of an rkey (IBTA 10.6.7.2).
     pub fn invalidate(&mut self, rkey: u32) -> Result<(), VerbsError> {
         self.mrs.invalidate(rkey).then_some(()).ok_or(VerbsError::NotFound)

@@ -53,12 +53,21 @@ pub enum SendOp {
     CompareSwap(Remote, u64, u64),
     /// Atomic fetch and add.
     FetchAdd(Remote, u64),
+    /// Bind a memory window (IBTA 10.6.7.2.2); done locally, in send queue order.
+    BindMw(crate::engine::mem::mw::MwBind),
+    /// Invalidate a key locally (IBTA 10.6.7.2.4); in send queue order.
+    LocalInv(u32),
 }
 
 impl SendOp {
     /// True for operations that need responder resources (READ, atomics).
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(self, SendOp::Read(_) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..))
+    }
+
+    /// True for operations that stay on this side (binds, local invalidations).
+    pub fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
     }
 }
 
@@ -121,6 +130,8 @@ pub enum WcStatus {
     RetryExcErr,
     /// RNR retry counter exceeded.
     RnrRetryExcErr,
+    /// A memory window bind was refused (IBTA 10.6.7.2.2).
+    MwBindErr,
 }
 
 /// What a completion reports.
@@ -140,6 +151,10 @@ pub enum WcOpcode {
     Recv,
     /// An RDMA WRITE with immediate consumed a receive buffer.
     RecvRdmaWithImm,
+    /// A memory window bind completed.
+    BindMw,
+    /// A local invalidation completed.
+    LocalInv,
 }
 
 /// A work completion (IBTA 11.4.2.1).
@@ -347,4 +362,6 @@ pub enum VerbsError {
     InvalidRequest,
     /// A device limit (QPs, MRs, CQs) was reached.
     OutOfResources,
+    /// The device's transport does not offer this (memory windows on iWARP).
+    Unsupported,
 }

@@ -333,6 +333,10 @@ impl IwarpQp {
             // Immediate data and atomics are RFC 7306, not yet spoken.
             return Err(VerbsError::InvalidRequest);
         }
+        if wr.op.is_local() {
+            // No memory windows on iWARP (siw has none either).
+            return Err(VerbsError::InvalidRequest);
+        }
         if self.sq.len() + self.waiting.len() >= self.max_send_wr {
             return Err(VerbsError::QueueFull);
         }
@@ -750,7 +754,7 @@ impl IwarpQp {
         if matches!(op, Opcode::SendInvalidate | Opcode::SendSolicitedInvalidate) {
             // RFC 5040 §6.4.1: only an STag of this QP's PD that allows remote
             // invalidation. A refusal completes the receive in error, then terminates.
-            if mrs.remote_invalidate(u.inv, self.pd).is_err() {
+            if mrs.remote_invalidate(u.inv, self.pd, self.qpn).is_err() {
                 wc.status = WcStatus::RemInvReqErr;
                 self.completions.push_back(wc);
                 return self.terminate(Layer::Rdmap, 2, 9, None);

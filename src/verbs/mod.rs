@@ -87,6 +87,7 @@ use std::time::Duration;
 
 pub use crate::engine::cc::CcConfig;
 pub use crate::engine::event::AsyncEvent;
+pub use crate::engine::mem::mw::{MwBind, MwType};
 pub use crate::engine::mem::{Access, Pd};
 pub use crate::engine::verbs::{
     Gid, Mtu, QpAttr, QpCaps, QpState, QpType, RecvWr, Remote, SendOp, SendWr, Sge, UdDest, VerbsError, Wc, WcOpcode,
@@ -418,6 +419,15 @@ impl Context {
         mem.prefault();
         let mr = self.backend.with_dev(|d| d.reg_mem(pd.pd, mem, access))?;
         Ok(MemoryRegion { mr, backend: self.backend.clone() })
+    }
+
+    /// `ibv_alloc_mw`: a window in `pd`, bound to nothing. Unsupported on iWARP.
+    pub fn alloc_mw(&self, pd: &ProtectionDomain, kind: MwType) -> Result<MemoryWindow, VerbsError> {
+        if matches!(self.backend, Backend::Iwarp(_)) {
+            return Err(VerbsError::Unsupported);
+        }
+        let key = self.backend.with_dev(|d| d.alloc_mw(pd.pd, kind))?;
+        Ok(MemoryWindow { key, kind, backend: self.backend.clone() })
     }
 
     /// `ibv_reg_mr` on memory the caller owns (a C application's buffer): the region is
@@ -793,6 +803,32 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         let _ = self.backend.with_dev(|d| d.dereg_mr(&self.mr));
+    }
+}
+
+/// `ibv_mw`: a memory window (IBTA 10.6.7), bound with a [`SendOp::BindMw`] work request.
+/// RoCEv2 only (siw has none either).
+pub struct MemoryWindow {
+    key: u32,
+    kind: MwType,
+    backend: Backend,
+}
+
+impl MemoryWindow {
+    /// The key it was allocated with (its index names it whatever a bind made its low 8
+    /// bits).
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+    /// Type 1 or 2.
+    pub fn kind(&self) -> MwType {
+        self.kind
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        let _ = self.backend.with_dev(|d| d.dealloc_mw(self.key));
     }
 }
 

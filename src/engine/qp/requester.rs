@@ -66,6 +66,8 @@ impl SendWqe {
             SendOp::Read(_) => WcOpcode::RdmaRead,
             SendOp::CompareSwap(..) => WcOpcode::CompSwap,
             SendOp::FetchAdd(..) => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
         }
     }
 }
@@ -203,6 +205,7 @@ impl Requester {
             done = Some(WcStatus::LocLenErr);
         }
         let npkts = match wr.op {
+            SendOp::BindMw(_) | SendOp::LocalInv(_) => 0,
             SendOp::CompareSwap(..) | SendOp::FetchAdd(..) => 1,
             _ => len.div_ceil(mtu).max(1) as u32,
         };
@@ -241,6 +244,15 @@ impl Requester {
         self.rnr_until = None;
         let mut sent = 0;
         while sent < budget && self.send_idx < self.wqes.len() {
+            let w = &mut self.wqes[self.send_idx];
+            if w.wr.op.is_local() {
+                // Done in send queue order, when the queue reaches it; nothing goes out.
+                if w.done.is_none() {
+                    w.done = Some(exec_local(&w.wr.op, w.pd, path.qpn, ctx.mrs));
+                }
+                self.send_idx += 1;
+                continue;
+            }
             if let Some(l) = self.limiter.as_ref().filter(|l| !l.may_send(ctx.now)) {
                 self.paced_until = Some(l.next_send());
                 break;
@@ -419,6 +431,22 @@ impl Requester {
 /// The completion of a WQE.
 pub fn wc(w: &SendWqe, qpn: u32, status: WcStatus) -> Wc {
     Wc::new(w.wr.wr_id, status, w.wc_opcode(), qpn, w.len as u32)
+}
+
+/// A bind (IBTA 10.6.7.2.2) or local invalidation (10.6.7.2.4) of QP `qpn` in `pd`.
+fn exec_local(op: &SendOp, pd: Pd, qpn: u32, mrs: &mut MrTable) -> WcStatus {
+    match op {
+        SendOp::BindMw(b) => match mrs.bind_window(b, pd, qpn) {
+            Ok(()) => WcStatus::Success,
+            Err(_) => WcStatus::MwBindErr,
+        },
+        SendOp::LocalInv(key) if mrs.is_window(*key) => match mrs.invalidate_window(*key, pd, qpn) {
+            Ok(()) => WcStatus::Success,
+            Err(_) => WcStatus::LocProtErr,
+        },
+        SendOp::LocalInv(key) if mrs.invalidate(*key) => WcStatus::Success,
+        _ => WcStatus::LocProtErr,
+    }
 }
 
 fn check_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, need: Need) -> Result<(), ()> {

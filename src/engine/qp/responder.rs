@@ -381,7 +381,7 @@ impl Responder {
                 // IBTA 10.6.7.2: only a key of this PD that allows remote invalidation. A
                 // refusal completes the receive in error and ends the QP (rxe's class J),
                 // and the requester is told with a NAK.
-                if ctx.mrs.remote_invalidate(ieth.rkey, q.pd).is_err() {
+                if ctx.mrs.remote_invalidate(ieth.rkey, q.pd, q.qpn).is_err() {
                     ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, WcStatus::RemInvReqErr, received));
                     return Err(Refusal::Nak(NakCode::InvalidRequest));
                 }
@@ -407,7 +407,7 @@ impl Responder {
             }
             let (mem, offset) = ctx
                 .mrs
-                .resolve(reth.rkey, q.pd, reth.va, reth.dma_len as usize, Need::RemoteWrite)
+                .resolve_remote(reth.rkey, (q.pd, q.qpn), reth.va, reth.dma_len as usize, Need::RemoteWrite)
                 .map_err(access_nak)?;
             self.cur = Some(Inbound::Write { mem, offset, remaining });
         }
@@ -444,7 +444,8 @@ impl Responder {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         };
         let len = reth.dma_len as usize;
-        let (mem, offset) = ctx.mrs.resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead).map_err(access_nak)?;
+        let (mem, offset) =
+            ctx.mrs.resolve_remote(reth.rkey, (q.pd, q.qpn), reth.va, len, Need::RemoteRead).map_err(access_nak)?;
         let npkts = len.div_ceil(q.mtu).max(1) as u32;
         let psn = r.bth.psn;
         self.resources.push_back(Resource { first_psn: psn, npkts, kind: ResourceKind::Read });
@@ -461,7 +462,8 @@ impl Responder {
             // IBTA 9.4.5: an atomic must be naturally aligned.
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
-        let (mem, offset) = ctx.mrs.resolve(a.rkey, q.pd, a.va, 8, Need::RemoteAtomic).map_err(access_nak)?;
+        let (mem, offset) =
+            ctx.mrs.resolve_remote(a.rkey, (q.pd, q.qpn), a.va, 8, Need::RemoteAtomic).map_err(access_nak)?;
         let original = match op {
             Operation::FetchAdd => mem.fetch_add(offset, a.swap_add),
             _ => mem.compare_swap(offset, a.compare, a.swap_add),
@@ -496,7 +498,9 @@ impl Responder {
                 if !psn.add(dup_pkts - 1).in_window(first_psn, npkts) {
                     return;
                 }
-                let Ok((mem, offset)) = ctx.mrs.resolve(reth.rkey, q.pd, reth.va, len, Need::RemoteRead) else {
+                let Ok((mem, offset)) =
+                    ctx.mrs.resolve_remote(reth.rkey, (q.pd, q.qpn), reth.va, len, Need::RemoteRead)
+                else {
                     return;
                 };
                 // A resumed READ supersedes any response still going out for it.
