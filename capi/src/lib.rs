@@ -17,6 +17,7 @@ pub mod cq;
 pub mod cq_ex;
 pub mod device;
 pub mod event;
+pub mod mw;
 pub mod objects;
 mod ops;
 pub mod post;

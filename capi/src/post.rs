@@ -44,6 +44,12 @@ unsafe fn op_of(wr: &ffi::ibv_send_wr, is_ud: bool) -> Result<(SendOp, Option<Ud
         ffi::IBV_WR_RDMA_READ => SendOp::Read(at),
         ffi::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap(at_atomic, atomic.compare_add, atomic.swap),
         ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd(at_atomic, atomic.compare_add),
+        ffi::IBV_WR_LOCAL_INV => SendOp::LocalInv(unsafe { wr.__bindgen_anon_1.invalidate_rkey }),
+        ffi::IBV_WR_BIND_MW => {
+            let b = unsafe { wr.__bindgen_anon_2.bind_mw };
+            // SAFETY: the application names a live window and region of this library.
+            unsafe { crate::mw::bind_op(b.mw, b.rkey, &b.bind_info) }?
+        }
         _ => return Err(libc::EOPNOTSUPP),
     };
     if !is_ud {

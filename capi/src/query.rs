@@ -33,6 +33,11 @@ fn device_attr(soft: &SoftContext) -> ffi::ibv_device_attr {
     a.max_qp = OBJECTS_MAX;
     a.max_qp_wr = QUEUE_DEPTH_MAX;
     a.device_cap_flags = ffi::IBV_DEVICE_RC_RNR_NAK_GEN | ffi::IBV_DEVICE_SYS_IMAGE_GUID | ffi::IBV_DEVICE_SRQ_RESIZE;
+    if cfg.transport == Transport::RoceV2 {
+        // Memory windows, type 1 and 2B (IBTA 10.6.7); not on iWARP, as siw.
+        a.device_cap_flags |= ffi::IBV_DEVICE_MEM_WINDOW | ffi::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+        a.max_mw = OBJECTS_MAX;
+    }
     a.max_sge = SGE_MAX;
     a.max_sge_rd = SGE_MAX;
     a.max_cq = OBJECTS_MAX;

@@ -20,7 +20,9 @@ pub const SEND_OPS_SUPPORTED: u64 = (ffi::IBV_QP_EX_WITH_RDMA_WRITE
     | ffi::IBV_QP_EX_WITH_RDMA_READ
     | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-    | ffi::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+    | ffi::IBV_QP_EX_WITH_SEND_WITH_INV
+    | ffi::IBV_QP_EX_WITH_BIND_MW
+    | ffi::IBV_QP_EX_WITH_LOCAL_INV) as u64;
 
 /// One request of a batch, and its inline bytes, copied when the application gave them
 /// (it may reuse its buffer before `wr_complete`).
@@ -271,14 +273,25 @@ unsafe extern "C" fn wr_set_ud_addr(qp: *mut ffi::ibv_qp_ex, ah: *mut ffi::ibv_a
     };
 }
 
-unsafe extern "C" fn wr_bind_mw(qp: *mut ffi::ibv_qp_ex, _: *mut ffi::ibv_mw, _: u32, _: *const ffi::ibv_mw_bind_info) {
-    // SAFETY: as above.
-    unsafe { refuse(qp, libc::EOPNOTSUPP) };
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ffi::ibv_qp_ex,
+    mw: *mut ffi::ibv_mw,
+    rkey: u32,
+    info: *const ffi::ibv_mw_bind_info,
+) {
+    // SAFETY: the application's window and bind information, live and this library's.
+    let op = unsafe { info.as_ref() }.ok_or(libc::EINVAL).and_then(|i| unsafe { crate::mw::bind_op(mw, rkey, i) });
+    match op {
+        // SAFETY: as above.
+        Ok(op) => unsafe { add(qp, op) },
+        // SAFETY: as above.
+        Err(e) => unsafe { refuse(qp, e) },
+    }
 }
 
-unsafe extern "C" fn wr_local_inv(qp: *mut ffi::ibv_qp_ex, _: u32) {
+unsafe extern "C" fn wr_local_inv(qp: *mut ffi::ibv_qp_ex, invalidate_rkey: u32) {
     // SAFETY: as above.
-    unsafe { refuse(qp, libc::EOPNOTSUPP) };
+    unsafe { add(qp, SendOp::LocalInv(invalidate_rkey)) };
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ffi::ibv_qp_ex, _: *mut c_void, _: u16, _: u16) {

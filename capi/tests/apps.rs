@@ -370,6 +370,14 @@ fn asynchronous_events_reach_the_application() {
     c_program("async_events", "127.0.29.2", "async events ok");
 }
 
+/// A C program binding memory windows of type 1 (`ibv_bind_mw`) and type 2
+/// (`IBV_WR_BIND_MW`) over a region with no remote rights of its own, a WRITE and a READ
+/// through them, and a READ refused after `IBV_WR_LOCAL_INV` (capi/tests/c/memory_windows.c).
+#[test]
+fn memory_windows_open_and_close_remote_access() {
+    c_program("memory_windows", "127.0.29.3", "memory windows ok");
+}
+
 /// Builds capi/tests/c/`name`.c against rdma-core's headers, runs it on the library with
 /// a device on `addr`, and checks it printed `ok`.
 fn c_program(name: &str, addr: &str, ok: &str) {
