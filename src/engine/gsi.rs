@@ -2,7 +2,7 @@
 //! in and out on the same UDP port as the data. Its only class here is the CM
 //! ([`crate::cm`]), which rdma_cm speaks on RoCEv2.
 
-use super::qp::{Ctx, Qp};
+use super::qp::Ctx;
 use super::verbs::{Gid, QpAttr, VerbsError};
 use super::{Device, Transmit};
 use crate::cm::{Cm, QpControl};
@@ -10,14 +10,13 @@ use crate::proto::cm::mad::MAD_LEN;
 use crate::proto::cm::{GSI_QKEY, GSI_QPN};
 use crate::proto::roce::ext::DethRepr;
 use crate::proto::roce::{BthRepr, Psn, RoceRepr};
-use std::collections::BTreeMap;
 
 /// UD SEND Only: the one opcode a MAD travels in (IBTA 13.5.3.1).
 const UD_SEND_ONLY: u8 = 0x64;
 
 /// The QPs, as the CM may change them.
 pub(super) struct QpsOf<'a> {
-    pub qps: &'a mut BTreeMap<u32, Qp>,
+    pub qps: &'a mut super::QpMap,
     pub ctx: Ctx<'a>,
 }
 

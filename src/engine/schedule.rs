@@ -11,7 +11,8 @@
 //! touching one costs a hash lookup however many QPs the device has (an ordered set's
 //! search was the largest per-QP cost with a thousand QPs).
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::{BTreeSet, VecDeque};
 
 /// The ready set and the deadline index of one device.
 #[derive(Debug, Default)]
@@ -19,9 +20,9 @@ pub struct Schedule {
     /// The ready QPs in the order they are served; each once, except a QP taken out
     /// for its turn ([`Schedule::take_ready`]), which is in `is_ready` only.
     line: VecDeque<u32>,
-    is_ready: HashSet<u32>,
+    is_ready: FxHashSet<u32>,
     by_time: BTreeSet<(u64, u32)>,
-    deadline_of: HashMap<u32, u64>,
+    deadline_of: FxHashMap<u32, u64>,
 }
 
 impl Schedule {

@@ -66,7 +66,7 @@ pub struct Ctx<'a> {
     /// Memory regions.
     pub mrs: &'a mut MrTable,
     /// Completion queues.
-    pub cqs: &'a mut HashMap<u32, Cq>,
+    pub cqs: &'a mut rustc_hash::FxHashMap<u32, Cq>,
     /// Packets to send.
     pub out: &'a mut VecDeque<Transmit>,
     /// Counters.
