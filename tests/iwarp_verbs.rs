@@ -330,3 +330,35 @@ fn a_memory_window_is_refused_on_iwarp() {
     let pd = ctx.alloc_pd();
     assert!(matches!(ctx.alloc_mw(&pd, MwType::Two), Err(VerbsError::Unsupported)));
 }
+
+/// The QP error handler (what rdma_cm's DISCONNECTED comes from) hears of each side's QP
+/// once when one side disconnects: the closing side at once, the other when its stream
+/// ends.
+#[test]
+fn a_disconnect_reaches_both_sides_qp_error_handlers_once() {
+    use std::sync::{Arc, Mutex};
+    let (a, b) = (open([127, 0, 91, 4], |_| {}), open([127, 0, 91, 5], |_| {}));
+    let (sa, sb) = (side(&a), side(&b));
+    let heard: [Arc<Mutex<Vec<u32>>>; 2] = Default::default();
+    for (ctx, h) in [(&a, &heard[0]), (&b, &heard[1])] {
+        let h = h.clone();
+        assert!(ctx.set_qp_error_handler(Box::new(move |q| h.lock().unwrap().push(q))));
+    }
+    assert!(!a.set_qp_error_handler(Box::new(|_| {})), "one handler per device");
+    let listener = b.listen("127.0.91.5:0".parse().unwrap()).unwrap();
+    let to = listener.local_addr();
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| sa.qp.connect(to, &param(b"", 0), T).expect("connected"));
+        listener.get_request(T).expect("a request").accept(&sb.qp, &param(b"", 0)).expect("accepted");
+        h.join().unwrap();
+    });
+    assert!(heard.iter().all(|h| h.lock().unwrap().is_empty()));
+    sa.qp.disconnect().unwrap();
+    let start = std::time::Instant::now();
+    while heard[1].lock().unwrap().is_empty() && start.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(*heard[0].lock().unwrap(), vec![sa.qp.qp_num()]);
+    assert_eq!(*heard[1].lock().unwrap(), vec![sb.qp.qp_num()]);
+}

@@ -365,3 +365,26 @@ fn a_bind_over_a_region_without_the_bind_right_fails() {
     let wc = b.cq.wait(WAIT).unwrap();
     assert_eq!((wc.wr_id, wc.status, wc.opcode), (1, WcStatus::MwBindErr, WcOpcode::BindMw));
 }
+
+// The QP error handler hears of a QP that a refused request took to ERR, once, on each
+// side (the requester's on the NAK, the responder's on its refusal).
+#[test]
+fn the_qp_error_handler_hears_of_each_qp_entering_err_once() {
+    use std::sync::{Arc, Mutex};
+    let (a, b) = pair([127, 10, 12], 1 << 16);
+    let heard: [Arc<Mutex<Vec<u32>>>; 2] = Default::default();
+    for (s, h) in [(&a, &heard[0]), (&b, &heard[1])] {
+        let h = h.clone();
+        assert!(s.ctx.set_qp_error_handler(Box::new(move |q| h.lock().unwrap().push(q))));
+    }
+    let bad = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() ^ 0x80 };
+    assert_eq!(write_through(&a, bad.rkey, bad.addr, &[1; 8], 1), WcStatus::RemAccessErr);
+    let start = Instant::now();
+    while heard[1].lock().unwrap().is_empty() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Moving an errored QP to ERR again is no new error.
+    a.qp.modify(&QpAttr { state: Some(QpState::Err), ..QpAttr::default() }).unwrap();
+    assert_eq!(*heard[0].lock().unwrap(), vec![a.qp.qp_num()]);
+    assert_eq!(*heard[1].lock().unwrap(), vec![b.qp.qp_num()]);
+}

@@ -20,8 +20,6 @@ use std::time::Duration;
 
 /// How long `rdma_connect` and `rdma_accept` wait for the peer before reporting failure.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-/// How often a connection is checked for its end (DISCONNECTED).
-const WATCH_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Events waiting on a channel, and the eventfd that counts them.
 pub struct Queue {
@@ -122,7 +120,7 @@ pub struct SoftId {
 #[derive(Clone, Copy)]
 struct Ptr(usize);
 
-fn event(
+pub(crate) fn event(
     id: *mut ffi::rdma_cm_id,
     listen: *mut ffi::rdma_cm_id,
     kind: ffi::rdma_cm_event_type,
@@ -677,35 +675,16 @@ fn failure(id: *mut ffi::rdma_cm_id, e: &ConnectError) -> Box<EventBox> {
     }
 }
 
-/// Watches a connection until it ends, then reports DISCONNECTED once.
-fn watch(id: Ptr, gate: Arc<Mutex<bool>>, stop: Arc<AtomicBool>, queue: Arc<Queue>) {
-    while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(WATCH_INTERVAL);
-        let live = gate.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the gate is held and says the id's QP lives.
-        let ended = !*live
-            || unsafe { soft_qp((*(id.0 as *mut ffi::rdma_cm_id)).qp) }
-                .and_then(|q| q.qp.state())
-                .is_none_or(|st| st == QpState::Err);
-        drop(live);
-        if ended {
-            queue.push(event(id.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_DISCONNECTED, 0));
-            return;
-        }
-    }
-}
-
 /// What a thread bringing a connection up needs of its id.
 struct Setup {
     at: Ptr,
     gate: Arc<Mutex<bool>>,
-    stop: Arc<AtomicBool>,
     queue: Arc<Queue>,
 }
 
 impl Setup {
     fn of(s: &SoftId, id: *mut ffi::rdma_cm_id) -> Setup {
-        Setup { at: Ptr(id as usize), gate: s.qp_gate.clone(), stop: s.stop.clone(), queue: s.queue.clone() }
+        Setup { at: Ptr(id as usize), gate: s.qp_gate.clone(), queue: s.queue.clone() }
     }
 
     /// Runs `f` on the id's QP with the gate held (so the QP cannot go meanwhile).
@@ -721,12 +700,28 @@ impl Setup {
         conn_event(self.at.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_ESTABLISHED, data, depths)
     }
 
-    /// Queues how the setup ended; a connection that came up is then watched for its end.
+    /// Queues how the setup ended; a connection that came up is then watched for its end
+    /// ([`crate::cm_watch`]), and reported at once if its QP is in ERR already.
     fn report(self, ev: Box<EventBox>) {
         let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
         self.queue.push(ev);
-        if up {
-            watch(self.at, self.gate, self.stop, self.queue);
+        if !up {
+            return;
+        }
+        let live = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the gate is held and says the id's QP lives.
+        let Some(q) = (*live).then(|| unsafe { soft_qp((*(self.at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten() else {
+            return;
+        };
+        // SAFETY: a live QP's context is open.
+        let Some(device) = (unsafe { soft_context(q.ibv().context) }).map(|c| crate::event::device_key(c.device))
+        else {
+            return;
+        };
+        let qpn = q.qp.qp_num();
+        crate::cm_watch::watch(device, qpn, self.at.0 as *mut _, self.queue.clone());
+        if q.qp.state().is_none_or(|s| s == QpState::Err) {
+            crate::cm_watch::ended(device, qpn);
         }
     }
 }
@@ -887,6 +882,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
     let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
     live_ids().remove(&(id as usize));
     s.stop.store(true, Ordering::Release);
+    crate::cm_watch::forget_id(id);
     if let Some(h) = s.listener.lock().unwrap_or_else(|e| e.into_inner()).take() {
         let _ = h.join();
     }
@@ -901,8 +897,8 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
         // SAFETY: the id's own channel, made with it; nothing else holds it.
         unsafe { rdma_destroy_event_channel(s.ibv.channel) };
     }
-    // A watch thread still running holds its own handles and stops on `stop`; it may
-    // still read `id` for a moment, so the id's memory is kept (a few hundred bytes).
+    // A connecting thread still running holds its own handles and may still read `id`
+    // for a moment, so the id's memory is kept (a few hundred bytes).
     0
 }
 

@@ -51,6 +51,7 @@ impl SoftDevice {
             e.raw_os_error().unwrap_or(libc::EIO)
         })?;
         crate::event::install_handler(self, &ctx);
+        crate::cm_watch::install(crate::event::device_key(self), &ctx);
         Ok(self.engine.get_or_init(|| ctx))
     }
 }

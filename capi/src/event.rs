@@ -49,7 +49,7 @@ fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn device_key(d: &SoftDevice) -> usize {
+pub(crate) fn device_key(d: &SoftDevice) -> usize {
     d as *const SoftDevice as usize
 }
 

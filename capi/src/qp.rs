@@ -228,6 +228,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     // SAFETY: the QP's context is open.
     if let Some(soft) = unsafe { soft_context(owned.ibv().context) } {
         crate::event::remove_object(soft.device, crate::event::Kind::Qp, owned.qp.qp_num());
+        crate::cm_watch::forget_qp(crate::event::device_key(soft.device), owned.qp.qp_num());
     }
     let gate = owned.cm_gate.lock().unwrap_or_else(|e| e.into_inner()).take();
     // Closed before the QP goes: a thread holding the gate finishes with the QP first.

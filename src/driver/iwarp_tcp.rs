@@ -300,6 +300,7 @@ impl Core {
         while let Some(e) = self.dev.dev.poll_async_event() {
             self.events.deliver(e);
         }
+        self.events.qps_errored(self.dev.dev.take_errored_qps());
     }
 
     /// Writes what connection `t` has queued until the socket would block.

@@ -169,6 +169,7 @@ impl RoceDriver {
         while let Some(e) = core.dev.poll_async_event() {
             self.events.deliver(e);
         }
+        self.events.qps_errored(core.dev.take_errored_qps());
         let deadline = core.dev.poll_timeout().unwrap_or(u64::MAX);
         if deadline < self.armed_ns.fetch_min(deadline, Ordering::AcqRel) {
             self.waker.wake();

@@ -34,6 +34,9 @@ pub struct AsyncEvents {
     queue: VecDeque<AsyncEvent>,
     /// Events dropped because [`ASYNC_EVENTS_MAX`] were waiting.
     pub dropped: u64,
+    /// QPs that entered ERR since the driver last looked ([`AsyncEvents::take_errored`]):
+    /// no IBTA event, but what rdma_cm reports as DISCONNECTED.
+    errored: Vec<u32>,
 }
 
 impl AsyncEvents {
@@ -54,6 +57,19 @@ impl AsyncEvents {
     /// True when none waits.
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
+    }
+
+    /// QP `qpn` entered ERR. Held for the driver up to [`ASYNC_EVENTS_MAX`] (a driver takes
+    /// them after every call; a device driven without one keeps the first).
+    pub fn note_qp_error(&mut self, qpn: u32) {
+        if self.errored.len() < ASYNC_EVENTS_MAX {
+            self.errored.push(qpn);
+        }
+    }
+
+    /// The QPs that entered ERR since the last call, in order.
+    pub fn take_errored(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.errored)
     }
 }
 

@@ -406,6 +406,17 @@ impl Device {
         self.events.raise(e);
     }
 
+    /// QP `qpn` entered ERR (an iWARP QP, whose device notes it here).
+    pub fn note_qp_error(&mut self, qpn: u32) {
+        self.events.note_qp_error(qpn);
+    }
+
+    /// The QPs that entered ERR since the last call: the driver tells rdma_cm's ids
+    /// (DISCONNECTED) without a thread watching each.
+    pub fn take_errored_qps(&mut self) -> Vec<u32> {
+        self.events.take_errored()
+    }
+
     /// A random QPN for a new QP: 24 bits, never 0 or 1 (SMI, GSI) nor the rest of the
     /// first 16, drawn from the device's random source so that a peer cannot guess one.
     pub fn draw_qpn(&mut self, taken: impl Fn(u32) -> bool) -> u32 {

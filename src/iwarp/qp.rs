@@ -144,6 +144,8 @@ pub struct IwarpQp {
     completions: VecDeque<Wc>,
     /// A Terminate was sent or received and the application has not been told yet.
     fatal_unreported: bool,
+    /// The QP entered ERR and the device has not noted it yet.
+    errored_unreported: bool,
     terminated: Option<Terminated>,
     max_send_wr: usize,
     max_recv_wr: usize,
@@ -179,6 +181,7 @@ impl IwarpQp {
             completions: VecDeque::new(),
             terminated: None,
             fatal_unreported: false,
+            errored_unreported: false,
             max_send_wr: usize::MAX,
             max_recv_wr: usize::MAX,
         };
@@ -256,6 +259,11 @@ impl IwarpQp {
     /// True once after a Terminate took the QP to ERR: its asynchronous event is due.
     pub fn take_fatal(&mut self) -> bool {
         std::mem::take(&mut self.fatal_unreported)
+    }
+
+    /// True once after the QP entered ERR, for whatever reason.
+    pub fn take_errored(&mut self) -> bool {
+        std::mem::take(&mut self.errored_unreported)
     }
 
     /// Why the stream stopped, if it did.
@@ -825,6 +833,7 @@ impl IwarpQp {
 
     /// ERR: every outstanding request completes flushed (IBTA 10.3.1.7 semantics, as siw).
     fn enter_error(&mut self) {
+        self.errored_unreported |= self.state != QpState::Err;
         self.state = QpState::Err;
         self.reads_in.clear();
         let qpn = self.qpn;

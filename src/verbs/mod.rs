@@ -481,6 +481,17 @@ impl Context {
         }
     }
 
+    /// Tells `f` the QPN of every QP of this device that enters ERR from now on, whatever
+    /// took it there (an error, the peer's disconnect, the application): what rdma_cm
+    /// reports as DISCONNECTED. `f` runs with the device locked and must not call into it.
+    /// False if a handler is set already.
+    pub fn set_qp_error_handler(&self, f: Box<dyn Fn(u32) + Send + Sync>) -> bool {
+        match &self.backend {
+            Backend::Roce(s) => s.events.set_qp_error_handler(f),
+            Backend::Iwarp(s) => s.events().set_qp_error_handler(f),
+        }
+    }
+
     /// `ibv_create_srq`.
     pub fn create_srq(&self, max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
         let id = self.backend.with_dev(|d| d.create_srq(max_wr, max_sge));

@@ -145,8 +145,9 @@ int main(void)
 	/* An operation softrdma does not do fails the batch, posting nothing. */
 	ibv_wr_start(ax);
 	ax->wr_id = 5;
-	ibv_wr_local_inv(ax, 1);
-	CHECK(ibv_wr_complete(ax) == EOPNOTSUPP, "LOCAL_INV is refused");
+	char hdr[64] = { 0 };
+	ibv_wr_send_tso(ax, hdr, sizeof hdr, 1024);
+	CHECK(ibv_wr_complete(ax) == EOPNOTSUPP, "TSO is refused");
 	struct ibv_poll_cq_attr attr = {};
 	CHECK(ibv_start_poll(cqx, &attr) == ENOENT, "nothing posted");
 

@@ -251,6 +251,9 @@ impl Qp {
         if to == QpState::Err {
             self.flush(ctx);
             self.note_last_wqe(was, ctx);
+            if was != QpState::Err {
+                ctx.events.note_qp_error(self.path.qpn);
+            }
         }
         Ok(())
     }
@@ -261,6 +264,9 @@ impl Qp {
         self.state = QpState::Err;
         self.flush(ctx);
         self.note_last_wqe(was, ctx);
+        if was != QpState::Err {
+            ctx.events.note_qp_error(self.path.qpn);
+        }
     }
 
     /// A QP on an SRQ entering ERR raises "last WQE reached" once (IBTA 10.2.9.5): the

@@ -273,6 +273,9 @@ impl IwarpDevice {
                 sends.push(wc)
             }
         }
+        if qp.take_errored() {
+            self.dev.note_qp_error(qpn);
+        }
         if qp.take_fatal() {
             // siw raises the same on a Terminate (IBTA 11.6.3.1 catastrophic error).
             self.dev.raise_async_event(crate::engine::event::AsyncEvent::QpFatal(qpn));
