@@ -362,6 +362,12 @@ proptest! {
         let dreq = DreqRepr { local_comm_id: ids.0, remote_comm_id: ids.1, remote_qpn: q.0, private_data: &pd[..220] };
         check_mad(MadHeaderRepr { attribute_id: attr::DREQ, ..h }, CmMessage::Dreq(dreq))?;
         check_mad(MadHeaderRepr { attribute_id: 0x0019, ..h }, CmMessage::Other(&pd))?;
+        let sidr_req = SidrReqRepr { request_id: ids.0, pkey: bits.7, service_id: ServiceId(ids.3),
+            private_data: &pd[..216] };
+        check_mad(MadHeaderRepr { attribute_id: attr::SIDR_REQ, ..h }, CmMessage::SidrReq(sidr_req))?;
+        let sidr_rep = SidrRepRepr { request_id: ids.0, status: ids.4, additional_info_len: ids.5, qpn: q.0,
+            service_id: ServiceId(ids.3), qkey: ids.2, additional_info: &pd[..72], private_data: &pd[..136] };
+        check_mad(MadHeaderRepr { attribute_id: attr::SIDR_REP, ..h }, CmMessage::SidrRep(sidr_rep))?;
     }
 
     #[test]

@@ -43,6 +43,11 @@ impl Cm {
                 true
             }
             CmMessage::Drep(r) => self.on_drep(now, src, &r),
+            CmMessage::SidrReq(r) => {
+                self.on_sidr_req(now, src, local, &r);
+                true
+            }
+            CmMessage::SidrRep(r) => self.on_sidr_rep(src, &r),
             CmMessage::Other(_) => false,
         };
         if !handled {

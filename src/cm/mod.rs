@@ -9,6 +9,7 @@
 
 mod inbound;
 mod msg;
+mod sidr;
 /// MAD builders, for other modules' tests.
 #[cfg(test)]
 pub(crate) use msg::{dreq as test_dreq, req as test_req, rtu as test_rtu};
@@ -21,6 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 
 pub use msg::{reason, req as req_mad};
+pub use sidr::{SidrArgs, SidrStatus, UdRequest, SIDR_REP_PRIVATE, SIDR_REQ_USER_PRIVATE};
 
 /// Connections (any state, time-wait included) a device holds at once: what peers' REQs
 /// and the application's connects can make the CM keep. A REQ beyond it is rejected with
@@ -249,6 +251,10 @@ pub struct Cm {
     rng: Rng,
     conns: HashMap<ConnId, Conn>,
     listeners: HashMap<u16, VecDeque<Request>>,
+    /// UD listeners (RDMA_PS_UDP) and their requests ([`sidr`]).
+    ud_listeners: HashMap<u16, VecDeque<UdRequest>>,
+    /// UD resolutions asked and answered.
+    sidrs: HashMap<ConnId, sidr::Sidr>,
     out: VecDeque<OutMad>,
     /// Counters: MADs in, dropped (malformed, unknown IDs), retransmissions.
     pub stats: CmStats,
@@ -280,6 +286,8 @@ impl Cm {
             rng,
             conns: HashMap::new(),
             listeners: HashMap::new(),
+            ud_listeners: HashMap::new(),
+            sidrs: HashMap::new(),
             out: VecDeque::new(),
             stats: CmStats::default(),
             id_tag: None,
@@ -533,7 +541,7 @@ impl Cm {
 
     /// The earliest timer.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.conns.values().filter_map(|c| c.timer).min()
+        self.conns.values().filter_map(|c| c.timer).chain(self.sidr_timeout()).min()
     }
 
     /// Fires the timers due at `now` (IBTA 12.7.x): a message not answered is sent again;
@@ -544,6 +552,7 @@ impl Cm {
         for id in due {
             self.on_timer(now, id, qps);
         }
+        self.sidr_timers(now);
     }
 
     fn on_timer(&mut self, now: u64, id: ConnId, qps: &mut dyn QpControl) {
@@ -585,7 +594,7 @@ impl Cm {
         loop {
             let drawn = self.rng.next_u64() as u32;
             let id = self.id_tag.map_or(drawn, |t| u32::from(t) << 24 | drawn & 0xff_ffff);
-            if id != 0 && !self.conns.contains_key(&id) {
+            if id != 0 && !self.conns.contains_key(&id) && !self.sidrs.contains_key(&id) {
                 return id;
             }
         }

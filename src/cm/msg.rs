@@ -71,6 +71,11 @@ fn emit(id: u32, attribute_id: u16, message: CmMessage<'_>) -> Box<[u8; MAD_LEN]
     b
 }
 
+/// A MAD of this CM's class and method, for the SIDR module.
+pub(super) fn emit_mad(id: u32, attribute_id: u16, message: CmMessage<'_>) -> Box<[u8; MAD_LEN]> {
+    emit(id, attribute_id, message)
+}
+
 fn padded<const N: usize>(pd: &[u8]) -> [u8; N] {
     let mut b = [0u8; N];
     let n = pd.len().min(N);

@@ -474,3 +474,62 @@ fn mads_queued_for_the_wire_are_bounded() {
     }
     assert_eq!(drain(&mut b).len(), MAX_QUEUED_MADS);
 }
+
+fn ud_args() -> SidrArgs {
+    SidrArgs { local_gid: A, peer_gid: B, src_port: 0xc321, dst_port: 7174, private_data: b"ud hello".to_vec() }
+}
+
+// IBTA 12.11: a SIDR_REQ for a UD listener's port becomes a request with the
+// requester's private data and address; the answer carries the UD QP's number and Q_Key,
+// and the requester reads them; a duplicate request gets the same answer again.
+#[test]
+fn a_ud_resolution_carries_the_qp_number_and_q_key() {
+    let (mut a, mut b, mut qps) = (cm(1), cm(2), FakeQps::default());
+    b.listen_ud(7174).unwrap();
+    let id = a.resolve_ud(0, ud_args()).unwrap();
+    let req = drain(&mut a);
+    assert_eq!(req.len(), 1);
+    assert!(matches!(parse(&req[0]).message, CmMessage::SidrReq(r) if r.service_id.0 == 0x0111_1c06));
+    b.handle_mad(0, A, B, &req[0].mad[..], &mut qps);
+    let r = b.take_ud_request(7174).expect("a request");
+    assert_eq!(&r.private_data[..8], b"ud hello");
+    assert_eq!(r.peer, Some(("10.0.0.1".parse().unwrap(), 0xc321)));
+    b.accept_ud(r.id, 0x4242, 0x0123_4567, b"ud reply").unwrap();
+    let rep = drain(&mut b);
+    assert_eq!(a.ud_status(id), Some(&SidrStatus::Pending));
+    a.handle_mad(0, B, A, &rep[0].mad[..], &mut qps);
+    match a.ud_status(id) {
+        Some(SidrStatus::Resolved { qpn, qkey, private_data }) => {
+            assert_eq!((*qpn, *qkey, &private_data[..8]), (0x4242, 0x0123_4567, &b"ud reply"[..]));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The request again (its answer was lost): the same answer, no new request.
+    b.handle_mad(1, A, B, &req[0].mad[..], &mut qps);
+    assert_eq!(drain(&mut b).iter().map(|m| m.mad.clone()).collect::<Vec<_>>(), vec![rep[0].mad.clone()]);
+    assert!(b.take_ud_request(7174).is_none());
+}
+
+// 12.11.2: nobody listening answers "unsupported service"; an unanswered request is sent
+// again on its timer and fails after the last retry.
+#[test]
+fn a_ud_resolution_is_refused_without_a_listener_and_times_out_unanswered() {
+    let (mut a, mut b, mut qps) = (cm(3), cm(4), FakeQps::default());
+    let id = a.resolve_ud(0, ud_args()).unwrap();
+    let req = drain(&mut a);
+    b.handle_mad(0, A, B, &req[0].mad[..], &mut qps);
+    let rep = drain(&mut b);
+    a.handle_mad(0, B, A, &rep[0].mad[..], &mut qps);
+    assert_eq!(a.ud_status(id), Some(&SidrStatus::Refused(1)));
+
+    let id = a.resolve_ud(0, ud_args()).unwrap();
+    drain(&mut a);
+    let mut sent = 0;
+    while let Some(t) = a.poll_timeout() {
+        a.handle_timeout(t, &mut qps);
+        sent += drain(&mut a).len();
+        assert!(sent <= 20, "retries are bounded");
+    }
+    assert_eq!(sent, usize::from(CmConfig::default().max_retries));
+    assert_eq!(a.ud_status(id), Some(&SidrStatus::Timeout));
+}

@@ -62,6 +62,8 @@ fn mad_owner(packet: &[u8]) -> Owner {
     let Ok(m) = CmMadRepr::parse(&p) else { return Owner::Here };
     let receiver = match m.message {
         CmMessage::Req(r) => return r.service_id.ip_port().map_or(Owner::Here, |(_, port)| Owner::Service(port)),
+        CmMessage::SidrReq(r) => return r.service_id.ip_port().map_or(Owner::Here, |(_, port)| Owner::Service(port)),
+        CmMessage::SidrRep(r) => r.request_id,
         CmMessage::Rep(r) => r.remote_comm_id,
         CmMessage::Rtu(r) | CmMessage::Drep(r) => r.remote_comm_id,
         CmMessage::Rej(r) => r.remote_comm_id,

@@ -13,11 +13,17 @@ pub struct ServiceId(pub u64);
 
 /// The rdma_cm port space of TCP-like connections (RDMA_PS_TCP).
 pub const PORT_SPACE_TCP: u16 = 0x0106;
+/// The rdma_cm port space of UD QPs (RDMA_PS_UDP), resolved by SIDR.
+pub const PORT_SPACE_UDP: u16 = 0x0111;
 
 impl ServiceId {
     /// The ServiceID rdma_cm uses for `port` in the TCP port space (Annex A11.2.1).
     pub const fn for_tcp_port(port: u16) -> ServiceId {
         ServiceId((PORT_SPACE_TCP as u64) << 16 | port as u64)
+    }
+    /// The ServiceID rdma_cm uses for `port` in the UDP port space.
+    pub const fn for_udp_port(port: u16) -> ServiceId {
+        ServiceId((PORT_SPACE_UDP as u64) << 16 | port as u64)
     }
     /// The (port space, port) of an IP CM ServiceID, if it is one.
     pub const fn ip_port(self) -> Option<(u16, u16)> {
@@ -33,6 +39,7 @@ impl fmt::Display for ServiceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.ip_port() {
             Some((PORT_SPACE_TCP, port)) => write!(f, "sid=tcp:{port}"),
+            Some((PORT_SPACE_UDP, port)) => write!(f, "sid=udp:{port}"),
             _ => write!(f, "sid=0x{:016x}", self.0),
         }
     }

@@ -28,6 +28,10 @@ pub mod attr {
     pub const DREQ: u16 = 0x0015;
     /// DisconnectReply.
     pub const DREP: u16 = 0x0016;
+    /// ServiceIDResolutionRequest (IBTA 12.11.1): rdma_cm's UD "connect".
+    pub const SIDR_REQ: u16 = 0x0017;
+    /// ServiceIDResolutionResponse (IBTA 12.11.2).
+    pub const SIDR_REP: u16 = 0x0018;
 }
 
 /// A checked view of a MAD: exactly 256 bytes.

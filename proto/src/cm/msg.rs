@@ -281,6 +281,46 @@ pub struct IdsRepr<'a> {
     pub private_data: &'a [u8],
 }
 
+/// ServiceIDResolutionRequest (IBTA 12.11.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub struct SidrReqRepr<'a> {
+    pub request_id: u32,
+    pub pkey: u16,
+    pub service_id: ServiceId,
+    /// 216 bytes; rdma_cm puts its [`super::CmaHeader`] first.
+    pub private_data: &'a [u8],
+}
+
+/// ServiceIDResolutionResponse (IBTA 12.11.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub struct SidrRepRepr<'a> {
+    pub request_id: u32,
+    /// [`sidr_status`].
+    pub status: u8,
+    pub additional_info_len: u8,
+    pub qpn: u32,
+    pub service_id: ServiceId,
+    pub qkey: u32,
+    /// 72 bytes (a ClassPortInfo when redirecting).
+    pub additional_info: &'a [u8],
+    /// 136 bytes.
+    pub private_data: &'a [u8],
+}
+
+/// SIDR_REP status values (IBTA Table 119).
+pub mod sidr_status {
+    /// The QP is valid.
+    pub const VALID: u8 = 0;
+    /// No service with that ID.
+    pub const UNSUPPORTED_SERVICE: u8 = 1;
+    /// The service refused.
+    pub const REJECTED: u8 = 2;
+    /// No QP for the service.
+    pub const NO_QP: u8 = 3;
+}
+
 /// A decoded CM message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CmMessage<'a> {
@@ -298,7 +338,11 @@ pub enum CmMessage<'a> {
     Dreq(DreqRepr<'a>),
     /// DisconnectReply.
     Drep(IdsRepr<'a>),
-    /// Any other attribute (SIDR, LAP, APR, ClassPortInfo) or class, kept raw.
+    /// ServiceIDResolutionRequest.
+    SidrReq(SidrReqRepr<'a>),
+    /// ServiceIDResolutionResponse.
+    SidrRep(SidrRepRepr<'a>),
+    /// Any other attribute (LAP, APR, ClassPortInfo) or class, kept raw.
     Other(&'a [u8]),
 }
 
@@ -336,6 +380,22 @@ impl<'a> CmMessage<'a> {
                 remote_comm_id: be32(b, 4),
                 remote_qpn: be24(b, 8),
                 private_data: &b[12..],
+            }),
+            attr::SIDR_REQ => CmMessage::SidrReq(SidrReqRepr {
+                request_id: be32(b, 0),
+                pkey: be16(b, 4),
+                service_id: ServiceId(be64(b, 8)),
+                private_data: &b[16..],
+            }),
+            attr::SIDR_REP => CmMessage::SidrRep(SidrRepRepr {
+                request_id: be32(b, 0),
+                status: b[4],
+                additional_info_len: b[5],
+                qpn: be24(b, 8),
+                service_id: ServiceId(be64(b, 12)),
+                qkey: be32(b, 20),
+                additional_info: &b[24..96],
+                private_data: &b[96..],
             }),
             _ => CmMessage::Other(b),
         })
@@ -394,6 +454,25 @@ impl<'a> CmMessage<'a> {
                 put24(b, 8, m.remote_qpn);
                 b[12..].copy_from_slice(m.private_data);
             }
+            CmMessage::SidrReq(m) => {
+                Self::check_pd(m.private_data, 216)?;
+                put32(b, 0, m.request_id);
+                put16(b, 4, m.pkey);
+                put64(b, 8, m.service_id.0);
+                b[16..].copy_from_slice(m.private_data);
+            }
+            CmMessage::SidrRep(m) => {
+                Self::check_pd(m.additional_info, 72)?;
+                Self::check_pd(m.private_data, 136)?;
+                put32(b, 0, m.request_id);
+                b[4] = m.status;
+                b[5] = m.additional_info_len;
+                put24(b, 8, m.qpn);
+                put64(b, 12, m.service_id.0);
+                put32(b, 20, m.qkey);
+                b[24..96].copy_from_slice(m.additional_info);
+                b[96..].copy_from_slice(m.private_data);
+            }
             CmMessage::Other(d) => {
                 Self::check_pd(d, DATA_LEN)?;
                 b.copy_from_slice(d);
@@ -432,6 +511,12 @@ impl fmt::Display for CmMessage<'_> {
             CmMessage::Rej(m) => write!(f, "CM REJ lcid=0x{:08x} reason={}", m.local_comm_id, m.reason),
             CmMessage::Mra(m) => write!(f, "CM MRA lcid=0x{:08x} timeout={}", m.local_comm_id, m.service_timeout),
             CmMessage::Dreq(m) => write!(f, "CM DREQ lcid=0x{:08x} qpn=0x{:x}", m.local_comm_id, m.remote_qpn),
+            CmMessage::SidrReq(m) => write!(f, "CM SIDR_REQ rid=0x{:08x} {}", m.request_id, m.service_id),
+            CmMessage::SidrRep(m) => write!(
+                f,
+                "CM SIDR_REP rid=0x{:08x} status={} qpn=0x{:x} qkey=0x{:08x}",
+                m.request_id, m.status, m.qpn, m.qkey
+            ),
             CmMessage::Other(_) => f.write_str("CM (other attribute)"),
         }
     }
