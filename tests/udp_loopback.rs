@@ -12,7 +12,7 @@ use softrdma::verbs::*;
 
 mod rc_pair;
 use rc_pair::{connect, every_operation, pattern, side, wait_ok, Side, WAIT};
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 fn open(ip: [u8; 4]) -> Context {
@@ -387,4 +387,47 @@ fn the_qp_error_handler_hears_of_each_qp_entering_err_once() {
     a.qp.modify(&QpAttr { state: Some(QpState::Err), ..QpAttr::default() }).unwrap();
     assert_eq!(*heard[0].lock().unwrap(), vec![a.qp.qp_num()]);
     assert_eq!(*heard[1].lock().unwrap(), vec![b.qp.qp_num()]);
+}
+
+/// A UD QP in RTS taking `qkey`, on its own CQ.
+fn ud_qp(s: &Side, qkey: u32) -> (QueuePair, CompletionQueue) {
+    let cq = s.ctx.create_cq(64);
+    let qp = s.ctx.create_qp(&s._pd, &cq, &cq, QpType::Ud, QpCaps::default(), None).unwrap();
+    let st = |state| QpAttr { state: Some(state), ..QpAttr::default() };
+    qp.modify(&QpAttr { pkey: Some(0xffff), qkey: Some(qkey), ..st(QpState::Init) }).unwrap();
+    qp.modify(&st(QpState::Rtr)).unwrap();
+    qp.modify(&QpAttr { sq_psn: Some(0), ..st(QpState::Rts) }).unwrap();
+    (qp, cq)
+}
+
+// rdma_cm's UD port space (IBTA 12.11 SIDR): the requester learns the listener's UD QP
+// and Q_Key, and a datagram sent with them arrives; a port nobody listens on is refused.
+#[test]
+fn a_ud_resolution_finds_the_listeners_qp_and_a_datagram_follows() {
+    let (a, b) = pair([127, 10, 13], 1 << 16);
+    let (qa, _ca) = ud_qp(&a, RDMA_UDP_QKEY);
+    let (qb, cb) = ud_qp(&b, RDMA_UDP_QKEY);
+    let listener = b.ctx.listen_ud("0.0.0.0:7471".parse().unwrap()).unwrap();
+    let to = SocketAddr::new(b.ctx.ip(), 7471);
+    let peer = std::thread::scope(|s| {
+        let h = s.spawn(|| a.ctx.resolve_ud(to, b"who is there", WAIT));
+        let r = listener.get_request(WAIT).expect("a request");
+        assert_eq!(&r.private_data[..12], b"who is there");
+        assert_eq!(r.peer.map(|p| p.ip()), Some(a.ctx.ip()));
+        r.accept(&qb, RDMA_UDP_QKEY, b"here").unwrap();
+        h.join().unwrap().expect("resolved")
+    });
+    assert_eq!((peer.qpn, peer.qkey, &peer.private_data[..4]), (qb.qp_num(), RDMA_UDP_QKEY, &b"here"[..]));
+    // 40 bytes of room for the GRH a UD receive starts with (IBTA 11.4.1.2).
+    qb.post_recv(RecvWr { wr_id: 1, sgl: vec![b.mr.sge(0, 40 + 64)] }).unwrap();
+    a.mr.write(0, b"datagram");
+    let mut wr = SendWr::new(2, SendOp::Send, vec![a.mr.sge(0, 8)]);
+    wr.ud = Some(UdDest { gid: peer.gid, qpn: peer.qpn, qkey: peer.qkey });
+    qa.post_send(wr).unwrap();
+    assert_eq!(wait_ok(&cb, 1).byte_len, 40 + 8);
+    let mut got = [0u8; 8];
+    b.mr.read(40, &mut got);
+    assert_eq!(&got, b"datagram");
+    let nobody = SocketAddr::new(b.ctx.ip(), 7472);
+    assert!(matches!(a.ctx.resolve_ud(nobody, b"", WAIT), Err(ConnectError::NoListener(_))));
 }

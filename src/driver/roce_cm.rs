@@ -194,3 +194,92 @@ pub fn accept(d: &RoceDriver, id: ConnId, qpn: u32, p: &ConnParam) -> Result<(),
 pub fn reject(d: &RoceDriver, id: ConnId, private_data: &[u8]) {
     let _ = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.reject(now, id, private_data)));
 }
+
+/// rdma_cm's UD port space: a UD listener on `port` (0: a free one); returns the port.
+pub fn listen_ud(d: &RoceDriver, port: u16) -> Result<u16, ConnectError> {
+    let claim = |p: u16| -> Result<u16, ConnectError> {
+        d.claim_service(p).map_err(|_| ConnectError::Invalid("the port is listened on already"))?;
+        match d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.listen_ud(p))) {
+            Ok(()) => Ok(p),
+            Err(e) => {
+                d.release_service(p);
+                Err(describe(e))
+            }
+        }
+    };
+    if port != 0 {
+        return claim(port);
+    }
+    (0..LISTEN_DRAWS_MAX)
+        .find_map(|_| claim(0xc000 | (d.with_core(|dev| dev.random_psn()) as u16 & 0x3fff)).ok())
+        .ok_or(ConnectError::Invalid("no free port to listen on"))
+}
+
+/// Stops the UD listener on `port`, refusing the requests nobody took.
+pub fn close_ud_listener(d: &RoceDriver, port: u16) {
+    d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.close_ud_listener(port)));
+    d.release_service(port);
+}
+
+/// The next UD request on `port`, waiting at most `timeout`.
+pub fn get_ud_request(d: &RoceDriver, port: u16, timeout: Duration) -> Option<crate::cm::UdRequest> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(r) = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.take_ud_request(port))) {
+            return Some(r);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(LOOK_EVERY);
+    }
+}
+
+/// Answers UD request `id` with `qpn` and `qkey` (`rdma_accept`), or refuses it.
+pub fn answer_ud(d: &RoceDriver, id: ConnId, answer: Option<(u32, u32)>, pd: &[u8]) -> Result<(), ConnectError> {
+    d.with_core_at(|dev, now| {
+        dev.with_cm(now, |cm, _| match answer {
+            Some((qpn, qkey)) => cm.accept_ud(id, qpn, qkey, pd),
+            None => cm.reject_ud(id, pd),
+        })
+    })
+    .map_err(describe)
+}
+
+/// Resolves the UD QP listening at `to` (`rdma_connect` on a UD id): its QPN, Q_Key and
+/// private data, waiting at most `timeout`.
+pub fn resolve_ud(
+    d: &RoceDriver,
+    to: SocketAddr,
+    pd: &[u8],
+    timeout: Duration,
+) -> Result<(u32, u32, Vec<u8>), ConnectError> {
+    use crate::cm::{SidrArgs, SidrStatus};
+    let deadline = Instant::now() + timeout;
+    let id = d.with_core_at(|dev, now| {
+        let args = SidrArgs {
+            local_gid: dev.gid(),
+            peer_gid: ip_to_gid(to.ip()),
+            src_port: 0xc000 | (dev.random_psn() as u16 & 0x3fff),
+            dst_port: to.port(),
+            private_data: pd.to_vec(),
+        };
+        dev.with_cm(now, |cm, _| cm.resolve_ud(now, args))
+    });
+    let id = id.map_err(describe)?;
+    let outcome = loop {
+        let s = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.ud_status(id).cloned()));
+        match s {
+            Some(SidrStatus::Pending) if Instant::now() < deadline => std::thread::sleep(LOOK_EVERY),
+            Some(SidrStatus::Pending) | None => break Err(ConnectError::Timeout),
+            Some(SidrStatus::Resolved { qpn, qkey, private_data }) => break Ok((qpn, qkey, private_data)),
+            Some(SidrStatus::Refused(1)) => {
+                break Err(ConnectError::NoListener("SIDR_REP: unsupported service".into()))
+            }
+            Some(SidrStatus::Refused(s)) => break Err(ConnectError::Rejected(format!("SIDR_REP status {s}"))),
+            Some(SidrStatus::Timeout) => break Err(ConnectError::Timeout),
+        }
+    };
+    d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.forget_ud(id)));
+    outcome
+}

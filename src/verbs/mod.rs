@@ -65,6 +65,9 @@
 //! assert_eq!(&got, b"hello over RoCEv2");
 //! ```
 
+mod ud_cm;
+pub use ud_cm::{UdListener, UdPeer, UdRequest, RDMA_UDP_QKEY};
+
 use crate::driver;
 use crate::driver::cq::CqQueue;
 use crate::driver::iwarp::IwarpPort;
