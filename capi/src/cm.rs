@@ -86,8 +86,8 @@ pub struct SoftEventChannel {
 /// An event and the private data it points into, freed together by `rdma_ack_cm_event`.
 #[repr(C)]
 pub(crate) struct EventBox {
-    ev: ffi::rdma_cm_event,
-    private_data: Vec<u8>,
+    pub(crate) ev: ffi::rdma_cm_event,
+    pub(crate) private_data: Vec<u8>,
 }
 
 /// `rdma_cm_id` and what softrdma keeps for it.
@@ -104,13 +104,15 @@ pub struct SoftId {
     /// The CQs and completion channels `rdma_create_qp` made when given none, which
     /// `rdma_destroy_qp` destroys.
     own_cqs: Mutex<bool>,
-    /// Set when the id goes: its listener thread and connection watch end.
-    stop: Arc<AtomicBool>,
+    /// Set when the id goes: its listener thread ends.
+    pub(crate) stop: Arc<AtomicBool>,
     /// A connection request this id (a listener's child) answers.
     request: Mutex<Option<ConnRequest>>,
-    listener: Mutex<Option<JoinHandle<()>>>,
+    /// A UD resolution request this id (a UD listener's child) answers ([`crate::cm_ud`]).
+    pub(crate) ud_request: Mutex<Option<softrdma::verbs::UdRequest>>,
+    pub(crate) listener: Mutex<Option<JoinHandle<()>>>,
     /// Held while a thread uses the QP, and by `rdma_destroy_qp`: true while it lives.
-    qp_gate: Arc<Mutex<bool>>,
+    pub(crate) qp_gate: Arc<Mutex<bool>>,
     /// The PD `rdma_create_qp` made when given none.
     own_pd: Mutex<usize>,
 }
@@ -118,7 +120,7 @@ pub struct SoftId {
 /// A raw pointer a worker thread carries (the objects it names outlive the thread by
 /// rdma_cm's rules, and `qp_gate` guards the QP).
 #[derive(Clone, Copy)]
-struct Ptr(usize);
+pub(crate) struct Ptr(pub(crate) usize);
 
 pub(crate) fn event(
     id: *mut ffi::rdma_cm_id,
@@ -257,7 +259,7 @@ pub(crate) fn new_id(
     ibv.channel = channel;
     ibv.context = context;
     ibv.ps = ps;
-    ibv.qp_type = ffi::IBV_QPT_RC;
+    ibv.qp_type = if ps == ffi::RDMA_PS_UDP { ffi::IBV_QPT_UD } else { ffi::IBV_QPT_RC };
     let id = SoftId {
         ibv,
         queue,
@@ -266,6 +268,7 @@ pub(crate) fn new_id(
         own_cqs: Mutex::new(false),
         stop: Arc::new(AtomicBool::new(false)),
         request: Mutex::new(None),
+        ud_request: Mutex::new(None),
         listener: Mutex::new(None),
         qp_gate: Arc::new(Mutex::new(false)),
         own_pd: Mutex::new(0),
@@ -319,8 +322,8 @@ unsafe fn live_channel<'a>(ch: *mut ffi::rdma_event_channel) -> Option<&'a SoftE
     unsafe { ch.cast::<SoftEventChannel>().as_ref() }
 }
 
-/// `rdma_create_id`: RC ids (RDMA_PS_TCP, and RDMA_PS_IB taken the same way); with no
-/// channel, a synchronous id.
+/// `rdma_create_id`: RC ids (RDMA_PS_TCP, and RDMA_PS_IB taken the same way) and UD ids
+/// (RDMA_PS_UDP, [`crate::cm_ud`]); with no channel, a synchronous id.
 ///
 /// # Safety
 /// `ch` is NULL or a live channel; `out` points to an id pointer.
@@ -331,7 +334,7 @@ pub unsafe extern "C" fn rdma_create_id(
     context: *mut c_void,
     ps: ffi::rdma_port_space,
 ) -> c_int {
-    if out.is_null() || !(ps == ffi::RDMA_PS_TCP || ps == ffi::RDMA_PS_IB) {
+    if out.is_null() || ![ffi::RDMA_PS_TCP, ffi::RDMA_PS_IB, ffi::RDMA_PS_UDP].contains(&ps) {
         return einval();
     }
     let Some(id) = new_id(ch, context, ps) else {
@@ -543,7 +546,13 @@ unsafe fn attach_qp(
     }
     // SAFETY: the caller's contract.
     let qp = unsafe { create_qp(pd, attr, true, extended) };
-    if qp.is_null() {
+    let ready = if qp.is_null() || !crate::cm_ud::is_ud(s) { Ok(()) } else { crate::cm_ud::ready_qp(qp) };
+    if let Err(e) = ready {
+        // SAFETY: just made, used by nothing yet.
+        unsafe { ibv_destroy_qp(qp) };
+        crate::set_errno(e);
+    }
+    if qp.is_null() || ready.is_err() {
         // SAFETY: the CQs made above, if any; no QP uses them.
         unsafe { drop_own_cqs(s) };
         return -1;
@@ -738,6 +747,11 @@ pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi:
     let (Some(peer), false) = (addrs(s).1, s.ibv.qp.is_null()) else { return einval() };
     // SAFETY: the caller's contract.
     let p = conn_param(unsafe { param.as_ref() });
+    if crate::cm_ud::is_ud(s) {
+        let started = crate::cm_ud::connect(s, id, peer, p.private_data);
+        // SAFETY: the caller's contract.
+        return if started == 0 { unsafe { complete(id) } } else { started };
+    }
     let conn = Setup::of(s, id);
     let mut ticket = crate::cm_order::Ticket::take();
     std::thread::spawn(move || {
@@ -762,6 +776,9 @@ pub unsafe extern "C" fn rdma_listen(id: *mut ffi::rdma_cm_id, _backlog: c_int) 
     // SAFETY: the caller's contract.
     let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
     let Some(local) = addrs(s).0 else { return einval() };
+    if crate::cm_ud::is_ud(s) {
+        return crate::cm_ud::listen(s, id, local);
+    }
     // SAFETY: a bound id's context is open.
     let Some(engine) = (unsafe { soft_context(s.ibv.verbs) }).and_then(|c| c.engine().ok()) else { return einval() };
     let listener = match engine.listen(local) {
@@ -816,6 +833,10 @@ fn serve(listener: Listener, listen_id: Ptr, stop: Arc<AtomicBool>) {
 pub unsafe extern "C" fn rdma_accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn_param) -> c_int {
     // SAFETY: the caller's contract.
     let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    if crate::cm_ud::is_ud(s) {
+        // SAFETY: the caller's contract.
+        return crate::cm_ud::accept(s, &conn_param(unsafe { param.as_ref() }).private_data);
+    }
     let Some(req) = s.request.lock().unwrap_or_else(|e| e.into_inner()).take() else { return einval() };
     if s.ibv.qp.is_null() {
         return einval();
@@ -844,13 +865,16 @@ pub unsafe extern "C" fn rdma_accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::
 pub unsafe extern "C" fn rdma_reject(id: *mut ffi::rdma_cm_id, data: *const c_void, len: u8) -> c_int {
     // SAFETY: the caller's contract.
     let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
-    let Some(req) = s.request.lock().unwrap_or_else(|e| e.into_inner()).take() else { return einval() };
     let bytes = if data.is_null() {
         &[][..]
     } else {
         // SAFETY: the caller's contract.
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }
     };
+    if crate::cm_ud::reject(s, bytes) {
+        return 0;
+    }
+    let Some(req) = s.request.lock().unwrap_or_else(|e| e.into_inner()).take() else { return einval() };
     req.reject(bytes);
     0
 }

@@ -12,6 +12,7 @@ pub mod cm;
 mod cm_addr;
 pub mod cm_ep;
 mod cm_order;
+mod cm_ud;
 mod cm_watch;
 pub mod config;
 pub mod cq;

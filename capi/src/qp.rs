@@ -162,10 +162,13 @@ pub unsafe fn create_qp(
     // SAFETY: the PD's context is open.
     let Some(soft) = (unsafe { soft_context(spd.ibv.context) }) else { return fail(libc::EINVAL) };
     let Ok(engine) = soft.engine() else { return fail(libc::EIO) };
-    if for_cm && kind != QpType::Rc {
+    // rdma_cm's ids: RC (connected by the CM) and UD (RDMA_PS_UDP, made here as any UD QP).
+    // iWARP has RC QPs only (RFC 5040), as siw.
+    let iwarp = engine.transport() == softrdma::verbs::Transport::Iwarp;
+    if (for_cm && !matches!(kind, QpType::Rc | QpType::Ud)) || (iwarp && kind != QpType::Rc) {
         return fail(libc::EOPNOTSUPP);
     }
-    let made = if for_cm {
+    let made = if for_cm && kind == QpType::Rc {
         engine.create_cm_qp(&spd.pd, (&scq.cq, &rcq.cq), caps, srq.map(|s| &s.srq))
     } else {
         engine.create_qp(&spd.pd, &scq.cq, &rcq.cq, kind, caps, srq.map(|s| &s.srq))

@@ -291,6 +291,22 @@ fn perftest_runs_connected_by_rdma_cm_on_both_transports() {
     }
 }
 
+/// rdmacm-utils' udaddy: UD QPs found through rdma_cm's UDP port space (SIDR, IBTA 12.11),
+/// four of them each way, fifty datagrams on each, the server answering each client QP
+/// with an address handle made from the GRH of what it received.
+#[test]
+fn udaddy_finds_ud_peers_through_rdma_cm() {
+    let args = ["-b", "127.0.30.1", "-c", "4", "-C", "50"];
+    let server = tool("udaddy", "127.0.30.1", &args).spawn().expect("udaddy runs");
+    std::thread::sleep(Duration::from_millis(300));
+    let args = ["-s", "127.0.30.1", "-b", "127.0.30.2", "-c", "4", "-C", "50"];
+    let c = finish(tool("udaddy", "127.0.30.2", &args).spawn().expect("udaddy runs"), Duration::from_secs(30));
+    let s = finish(server, Duration::from_secs(10));
+    for (who, o) in [("client", &c), ("server", &s)] {
+        assert!(o.status.success() && text(o).contains("data transfers complete"), "udaddy {who}:\n{}", text(o));
+    }
+}
+
 /// perftest numbers its QPs by the order of its rdma_connect calls on the client and of
 /// the CONNECT_REQUESTs on the server, then sends each QP's addresses by that number: the
 /// requests must reach the server in the order they were made (capi/src/cm_order.rs). With
