@@ -160,3 +160,37 @@ fn tshark_clean(path: &str, n: &str) {
         .expect("tshark");
     assert!(String::from_utf8_lossy(&all.stdout).lines().count() > 0, "{n}: tshark sees no DDP/RDMAP");
 }
+
+/// The UD port space of rdma_cm against rxe (udaddy, `interop/run --capi`), both ways:
+/// each side's SIDR_REQ names the UDP port space and port 7174 with rdma_cm's IP header,
+/// and each SIDR_REP answers it valid with the responder's QPN and rdma_cm's Q_Key, as
+/// the Linux CM and softrdma's CM write them (IBTA 12.11).
+#[test]
+fn udaddy_captures_hold_a_valid_sidr_exchange_both_ways() {
+    use softrdma::proto::cm::{cma, msg::sidr_status, CmMadRepr, CmMessage, MadPacket};
+    let dir = format!("{}/pcaps/interop", env!("CARGO_MANIFEST_DIR"));
+    for n in ["rxe-serves-udaddy.pcap", "softrdma-serves-udaddy.pcap"] {
+        let file = std::fs::File::open(format!("{dir}/{n}")).unwrap();
+        let mut reader = pcap_file::pcap::PcapReader::new(file).unwrap();
+        let (mut req, mut rep) = (None, None);
+        while let Some(Ok(p)) = reader.next_packet() {
+            // Ethernet, IPv4 (no options), UDP, BTH, DETH, then the MAD.
+            let Some(mad) = p.data.get(62..62 + 256) else { continue };
+            let Ok(m) = MadPacket::new_checked(mad).and_then(|p| CmMadRepr::parse(&p).map(|m| m.message)) else {
+                continue;
+            };
+            match m {
+                CmMessage::SidrReq(r) => req = Some((r.request_id, r.service_id, r.private_data.to_vec())),
+                CmMessage::SidrRep(r) => rep = Some((r.request_id, r.status, r.qpn, r.qkey)),
+                _ => {}
+            }
+        }
+        let (req_id, sid, pd) = req.unwrap_or_else(|| panic!("{n}: no SIDR_REQ"));
+        let (rep_id, status, qpn, qkey) = rep.unwrap_or_else(|| panic!("{n}: no SIDR_REP"));
+        assert_eq!(sid.ip_port(), Some((cma::PORT_SPACE_UDP, 7174)), "{n}");
+        let hdr = cma::CmaHeader::parse(&pd[..cma::HEADER_LEN]).unwrap();
+        assert!(hdr.src.to_string().starts_with("10.78.0."), "{n}: {hdr:?}");
+        assert_eq!((rep_id, status, qkey), (req_id, sidr_status::VALID, 0x0123_4567), "{n}");
+        assert!(qpn > 1, "{n}: QPN {qpn:#x}");
+    }
+}
