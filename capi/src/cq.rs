@@ -72,6 +72,8 @@ pub struct SoftCq {
     found_at_ns: AtomicU64,
     /// The completion an extended CQ's `read_*` calls read.
     pub current: Mutex<ffi::ibv_wc>,
+    /// When the current completion reached the CQ (the device clock, ns).
+    pub current_ts: std::sync::atomic::AtomicU64,
     /// The application went elsewhere after its last finds (it polled again only after
     /// [`ELSEWHERE_GAP_NS`]): a find hands the socket back to the poll thread.
     goes_elsewhere: AtomicBool,
@@ -103,12 +105,17 @@ impl SoftCq {
     /// application spinning on its CQ keeps a core busy: if none is queued it receives
     /// on its own thread, so that what it waits for does not wait for the poll thread.
     pub fn poll_app(&self, n: usize) -> Vec<softrdma::verbs::Wc> {
+        self.poll_app_stamped(n).into_iter().map(|(w, _)| w).collect()
+    }
+
+    /// As [`SoftCq::poll_app`], each completion with the time it reached the CQ.
+    pub fn poll_app_stamped(&self, n: usize) -> Vec<(softrdma::verbs::Wc, u64)> {
         let now = self.note_call();
-        let mut got = self.cq.poll(n);
+        let mut got = self.cq.poll_stamped(n);
         // SAFETY: a live CQ's context is open.
         let engine = unsafe { soft_context(self.ibv.context) }.and_then(|s| s.engine().ok());
         if got.is_empty() && engine.is_some_and(|e| e.progress_now() > 0) {
-            got = self.cq.poll(n);
+            got = self.cq.poll_stamped(n);
         }
         if !got.is_empty() {
             self.found_at_ns.store(now, Ordering::Relaxed);
@@ -184,6 +191,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         goes_elsewhere: AtomicBool::new(false),
         // SAFETY: ibv_wc is plain C data; all-zero is valid.
         current: Mutex::new(unsafe { std::mem::zeroed() }),
+        current_ts: std::sync::atomic::AtomicU64::new(0),
     }));
     // SAFETY: a channel pointer from the caller is live (contract).
     if let Some(ch) = unsafe { channel.cast::<SoftChannel>().as_mut() } {

@@ -9,9 +9,12 @@ use crate::ffi;
 use crate::objects::fail;
 use std::ffi::c_int;
 
-/// The fields an extended completion can carry here: the ones `struct ibv_wc` has.
-/// Timestamps, VLANs, flow tags and tag matching are refused (EOPNOTSUPP).
+/// The fields an extended completion can carry here: the ones `struct ibv_wc` has, and
+/// the time the completion reached the CQ (the device clock, ns: `hca_core_clock` 1 GHz)
+/// and its wall-clock time. VLANs, flow tags and tag matching are refused (EOPNOTSUPP).
 pub const WC_FLAGS_SUPPORTED: u64 = (ffi::IBV_WC_EX_WITH_BYTE_LEN
+    | ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+    | ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
     | ffi::IBV_WC_EX_WITH_IMM
     | ffi::IBV_WC_EX_WITH_QP_NUM
     | ffi::IBV_WC_EX_WITH_SRC_QP
@@ -62,6 +65,8 @@ fn install(ex: &mut ffi::ibv_cq_ex) {
     ex.read_slid = Some(read_slid);
     ex.read_sl = Some(read_sl);
     ex.read_dlid_path_bits = Some(read_dlid_path_bits);
+    ex.read_completion_ts = Some(read_completion_ts);
+    ex.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
 }
 
 /// Takes the next completion into the CQ's current one and its `status` and `wr_id`;
@@ -72,9 +77,10 @@ fn install(ex: &mut ffi::ibv_cq_ex) {
 unsafe fn take_next(cq: *mut ffi::ibv_cq_ex) -> c_int {
     // SAFETY: the caller's contract; the ibv_cq_ex begins the SoftCq.
     let Some(c) = (unsafe { soft_cq(cq.cast()) }) else { return libc::EINVAL };
-    let Some(w) = c.poll_app(1).pop() else { return libc::ENOENT };
+    let Some((w, ts)) = c.poll_app_stamped(1).pop() else { return libc::ENOENT };
     let wc = to_ibv_wc(&w);
     *c.current.lock().unwrap_or_else(|e| e.into_inner()) = wc;
+    c.current_ts.store(ts, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: the caller's CQ; these two fields are the application's to read.
     unsafe {
         (*cq).status = wc.status;
@@ -154,4 +160,20 @@ unsafe extern "C" fn read_sl(cq: *mut ffi::ibv_cq_ex) -> u8 {
 unsafe extern "C" fn read_dlid_path_bits(cq: *mut ffi::ibv_cq_ex) -> u8 {
     // SAFETY: as above.
     unsafe { current(cq) }.dlid_path_bits
+}
+
+/// The current completion's arrival on the CQ, on the device clock (ns).
+unsafe extern "C" fn read_completion_ts(cq: *mut ffi::ibv_cq_ex) -> u64 {
+    // SAFETY: as above.
+    let c: Option<&SoftCq> = unsafe { soft_cq(cq.cast()) };
+    c.map_or(0, |c| c.current_ts.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The same instant as wall-clock time (ns since the Unix epoch).
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ffi::ibv_cq_ex) -> u64 {
+    // SAFETY: as above.
+    let ts = unsafe { read_completion_ts(cq) };
+    let age = softrdma::verbs::device_clock_ns().saturating_sub(ts);
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    wall.saturating_sub(age)
 }

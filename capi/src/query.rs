@@ -71,8 +71,29 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ffi::ibv_context, attr: *mut
     0
 }
 
-/// `verbs_context.query_device_ex`: the basic attributes, and zero for every extension
-/// (no ODP, TSO, RSS, tag matching, device memory).
+/// The device clock's rate in kHz (`hca_core_clock`): it counts nanoseconds.
+pub const DEVICE_CLOCK_KHZ: u64 = 1_000_000;
+
+/// `verbs_context.query_rt_values` (`ibv_query_rt_values_ex`): the device clock now, as
+/// `raw_clock`; EINVAL for any other value asked.
+///
+/// # Safety
+/// `values` points to a `struct ibv_values_ex`.
+pub unsafe extern "C" fn query_rt_values_op(_ctx: *mut ffi::ibv_context, values: *mut ffi::ibv_values_ex) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(v) = (unsafe { values.as_mut() }) else { return libc::EINVAL };
+    if v.comp_mask & !ffi::IBV_VALUES_MASK_RAW_CLOCK != 0 {
+        return libc::EINVAL;
+    }
+    let now = softrdma::verbs::device_clock_ns();
+    v.raw_clock.tv_sec = (now / 1_000_000_000) as _;
+    v.raw_clock.tv_nsec = (now % 1_000_000_000) as _;
+    v.comp_mask = ffi::IBV_VALUES_MASK_RAW_CLOCK;
+    0
+}
+
+/// `verbs_context.query_device_ex`: the basic attributes, the device clock's rate, and
+/// zero for every other extension (no ODP, TSO, RSS, tag matching, device memory).
 ///
 /// # Safety
 /// `ctx` is an open context; `attr` holds `attr_size` bytes.
@@ -91,6 +112,9 @@ pub unsafe extern "C" fn query_device_ex_op(
     let mut full: ffi::ibv_device_attr_ex = unsafe { zeroed() };
     full.orig_attr = device_attr(soft);
     full.phys_port_cnt_ex = 1;
+    // Completion timestamps count nanoseconds on a 64-bit clock (the device clock).
+    full.completion_timestamp_mask = u64::MAX;
+    full.hca_core_clock = DEVICE_CLOCK_KHZ;
     let n = attr_size.min(size_of::<ffi::ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds attr_size bytes; the tail beyond ours is zeroed.
     unsafe {

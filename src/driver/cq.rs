@@ -7,13 +7,22 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// The device clock: nanoseconds since this process first read it, monotonic, as an
+/// HCA's free-running clock is (`hca_core_clock` 1 GHz, `ibv_query_rt_values_ex`).
+/// Completions are stamped with it as they reach their CQ.
+pub fn clock_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
 /// Most entries a CQ may be created with (`ibv_device_attr.max_cqe`); a larger request
 /// gets this many.
 pub const MAX_CQE: usize = 1 << 22;
 
 /// A CQ's completions, once they left the engine, at most `capacity` of them.
 pub struct CqQueue {
-    entries: Mutex<VecDeque<Wc>>,
+    /// Each completion with the device clock's time it arrived ([`clock_ns`]).
+    entries: Mutex<VecDeque<(Wc, u64)>>,
     ready: Condvar,
     /// Threads in [`CqQueue::wait`]: a delivery wakes them only if there are any, because a
     /// condition variable's wake-up is a system call even with nobody to wake.
@@ -91,7 +100,8 @@ impl CqQueue {
         if wcs.len() > room {
             self.set_overrun();
         }
-        q.extend(wcs.into_iter().take(room));
+        let now = clock_ns();
+        q.extend(wcs.into_iter().take(room).map(|w| (w, now)));
         // A waiter registers under the queue's lock before it looks, so one that found the
         // queue empty is counted by now.
         let waiting = self.waiters.load(Ordering::Acquire) > 0;
@@ -109,11 +119,19 @@ impl CqQueue {
     /// Removes the completions of QP `qpn` not yet polled (a QP reset: mlx5's providers
     /// clean them too, and IBTA 10.3.1 leaves it to the device).
     pub fn remove_qp(&self, qpn: u32) {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|wc| wc.qpn != qpn);
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|(wc, _)| wc.qpn != qpn);
     }
 
     /// Up to `max` completions, without waiting.
     pub fn poll(&self, max: usize) -> Vec<Wc> {
+        let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let n = max.min(q.len());
+        q.drain(..n).map(|(w, _)| w).collect()
+    }
+
+    /// As [`CqQueue::poll`], each completion with the time it reached the CQ
+    /// ([`clock_ns`]): the completion timestamp of `ibv_wc_read_completion_ts`.
+    pub fn poll_stamped(&self, max: usize) -> Vec<(Wc, u64)> {
         let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let n = max.min(q.len());
         q.drain(..n).collect()
@@ -125,7 +143,7 @@ impl CqQueue {
         let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         self.waiters.fetch_add(1, Ordering::AcqRel);
         let got = loop {
-            if let Some(wc) = q.pop_front() {
+            if let Some((wc, _)) = q.pop_front() {
                 break Some(wc);
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else { break None };

@@ -88,6 +88,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use crate::driver::cq::clock_ns as device_clock_ns;
 pub use crate::engine::cc::CcConfig;
 pub use crate::engine::event::AsyncEvent;
 pub use crate::engine::mem::mw::{MwBind, MwType};
@@ -857,6 +858,12 @@ impl CompletionQueue {
     /// `ibv_poll_cq`: up to `max` completions, without waiting.
     pub fn poll(&self, max: usize) -> Vec<Wc> {
         self.queue.poll(max)
+    }
+
+    /// As [`CompletionQueue::poll`], each completion with the [`device_clock_ns`] time it
+    /// reached the CQ (`ibv_wc_read_completion_ts`).
+    pub fn poll_stamped(&self, max: usize) -> Vec<(Wc, u64)> {
+        self.queue.poll_stamped(max)
     }
 
     /// True once a completion found the CQ full and was lost (IBTA 11.4.2.1 CQ overrun,

@@ -2,7 +2,8 @@
  * extended CQ (ibv_create_cq_ex, ibv_start_poll / ibv_next_poll / ibv_end_poll, ibv_wc_read_*)
  * as an application uses them: two RC QPs of one device connected to each other; a batch
  * of an RDMA WRITE (SGE), a SEND with inline data and an atomic FETCH_AND_ADD, then a
- * READ back; every completion and every byte checked. Built against rdma-core's headers
+ * READ back; every completion and every byte checked, with its completion timestamp (the
+ * device clock of ibv_query_rt_values_ex) and wall-clock time. Built against rdma-core's headers
  * and run on softrdma's library by capi/tests/apps.rs. Prints "wr api ok" and exits 0. */
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "connect.h"
 
@@ -31,8 +33,12 @@ static struct ibv_qp *make_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct
 	return qp;
 }
 
+/* The completion timestamp of the last completion reaped (the device clock, ns). */
+static uint64_t last_ts;
+
 /* Waits for `n` completions through the extended CQ, each a success, and puts their
- * wr_ids in `ids` and byte lengths in `lens`. */
+ * wr_ids in `ids` and byte lengths in `lens`; each one's timestamp follows the one before
+ * and its wall-clock time is now, give or take a minute. */
 static void reap(struct ibv_cq_ex *cq, int n, uint64_t *ids, uint32_t *lens)
 {
 	for (int got = 0, spins = 0; got < n; ) {
@@ -52,6 +58,13 @@ static void reap(struct ibv_cq_ex *cq, int n, uint64_t *ids, uint32_t *lens)
 			CHECK(got < n, "no more completions than requests");
 			lens[got] = ibv_wc_read_byte_len(cq);
 			ids[got++] = cq->wr_id;
+			uint64_t ts = ibv_wc_read_completion_ts(cq);
+			CHECK(ts > 0 && ts >= last_ts, "completion timestamps in order");
+			last_ts = ts;
+			struct timespec now;
+			clock_gettime(CLOCK_REALTIME, &now);
+			int64_t wall_s = (int64_t)(ibv_wc_read_completion_wallclock_ns(cq) / 1000000000);
+			CHECK(wall_s > now.tv_sec - 60 && wall_s <= now.tv_sec, "the wall-clock completion time");
 		} while (ibv_next_poll(cq) == 0);
 		ibv_end_poll(cq);
 	}
@@ -66,12 +79,15 @@ int main(void)
 	CHECK(ctx, "ibv_open_device");
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_cq_init_attr_ex cq_attr = { .cqe = 64,
-		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM };
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+			    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK };
 	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cq_attr);
 	CHECK(pd && cqx, "PD and extended CQ");
 	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
-	cq_attr.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
-	CHECK(!ibv_create_cq_ex(ctx, &cq_attr) && errno == EOPNOTSUPP, "timestamps are refused");
+	cq_attr.wc_flags = IBV_WC_EX_WITH_CVLAN;
+	CHECK(!ibv_create_cq_ex(ctx, &cq_attr) && errno == EOPNOTSUPP, "VLANs are refused");
+	struct ibv_device_attr_ex dev_ex;
+	CHECK(!ibv_query_device_ex(ctx, NULL, &dev_ex) && dev_ex.hca_core_clock == 1000000, "a 1 GHz device clock");
 	char *local = aligned_alloc(4096, LEN), *remote = aligned_alloc(4096, LEN);
 	memset(local, 0, LEN);
 	memset(remote, 0, LEN);
@@ -141,6 +157,10 @@ int main(void)
 	reap(cqx, 1, ids, lens);
 	CHECK(ids[0] == 4 && lens[0] == 1024, "the READ completes, not the aborted SEND");
 	CHECK(memcmp(local + 1024, local, 1024) == 0, "the READ's bytes");
+	struct ibv_values_ex values = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+	CHECK(!ibv_query_rt_values_ex(ctx, &values), "ibv_query_rt_values_ex");
+	uint64_t raw = (uint64_t)values.raw_clock.tv_sec * 1000000000 + (uint64_t)values.raw_clock.tv_nsec;
+	CHECK(raw >= last_ts, "the device clock runs on from the last completion");
 
 	/* An operation softrdma does not do fails the batch, posting nothing. */
 	ibv_wr_start(ax);
