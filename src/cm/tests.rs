@@ -533,3 +533,45 @@ fn a_ud_resolution_is_refused_without_a_listener_and_times_out_unanswered() {
     assert_eq!(sent, usize::from(CmConfig::default().max_retries));
     assert_eq!(a.ud_status(id), Some(&SidrStatus::Timeout));
 }
+
+/// One UD resolution over a bad network, answered after up to 10 s; whether it resolved.
+fn resolve_over(seed: u64, loss: f64, dup: f64) -> bool {
+    let mut net = Net::new(seed, loss, dup);
+    net.cms[1].listen_ud(7174).unwrap();
+    let id = net.cms[0].resolve_ud(0, ud_args()).unwrap();
+    let answer_at = net.rng.below(10_000_000_000);
+    let (mut request, mut requests) = (None, 0);
+    while net.cms[0].ud_status(id) == Some(&SidrStatus::Pending) && net.step() {
+        if let Some(r) = net.cms[1].take_ud_request(7174) {
+            requests += 1;
+            request = Some(r);
+        }
+        if let Some(r) = request.take_if(|_| net.now >= answer_at) {
+            net.cms[1].accept_ud(r.id, 0x4242, 0x0123_4567, b"").unwrap();
+        }
+    }
+    // However often the request came, the application saw it once.
+    assert!(requests <= 1, "seed {seed}: {requests} requests");
+    let resolved = match net.cms[0].ud_status(id).cloned() {
+        Some(SidrStatus::Resolved { qpn, qkey, .. }) => {
+            assert_eq!((qpn, qkey), (0x4242, 0x0123_4567), "seed {seed}");
+            true
+        }
+        other => {
+            assert_eq!(other, Some(SidrStatus::Timeout), "seed {seed}");
+            false
+        }
+    };
+    net.cms[0].forget_ud(id);
+    // Late duplicates are answered from what was kept, which then expires.
+    while net.step() {}
+    assert!(net.cms[1].sidrs.is_empty() && net.cms[0].sidrs.is_empty(), "seed {seed}");
+    resolved
+}
+
+#[test]
+fn ud_resolutions_come_through_a_network_that_loses_and_repeats_mads() {
+    let resolved = (0..300).filter(|&seed| resolve_over(seed, 0.2, 0.1)).count();
+    // 20% loss each way and 15 retries: a resolution failing is a one-in-billions event.
+    assert_eq!(resolved, 300);
+}
