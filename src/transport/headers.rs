@@ -24,6 +24,24 @@ pub fn ip_to_gid(a: IpAddr) -> Gid {
 /// The IPv4 or IPv6 header the kernel builds for a datagram of `udp_len` bytes, as far as
 /// the ICRC covers it: IPv4 Identification 0 with DF (unconnected socket, DF set).
 pub fn ip_header(src: IpAddr, dst: IpAddr, udp_len: usize, ident: u16, df: bool, tos: u8) -> ([u8; 40], usize) {
+    let (mut h, len) = ip_header_for_icrc(src, dst, udp_len, ident, df, tos);
+    if len == 20 {
+        let sum = ipv4_checksum(&h[..20]);
+        h[10..12].copy_from_slice(&sum.to_be_bytes());
+    }
+    (h, len)
+}
+
+/// As [`ip_header`] without the IPv4 header checksum, which the ICRC masks (IBTA A17.3.3):
+/// what a sender needs per packet unless it also logs the frame.
+pub fn ip_header_for_icrc(
+    src: IpAddr,
+    dst: IpAddr,
+    udp_len: usize,
+    ident: u16,
+    df: bool,
+    tos: u8,
+) -> ([u8; 40], usize) {
     let mut h = [0u8; 40];
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -36,8 +54,6 @@ pub fn ip_header(src: IpAddr, dst: IpAddr, udp_len: usize, ident: u16, df: bool,
             h[9] = 17;
             h[12..16].copy_from_slice(&s.octets());
             h[16..20].copy_from_slice(&d.octets());
-            let sum = ipv4_checksum(&h[..20]);
-            h[10..12].copy_from_slice(&sum.to_be_bytes());
             (h, 20)
         }
         _ => {

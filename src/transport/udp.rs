@@ -13,8 +13,8 @@
 //! top of the UDP checksum the kernel has verified.
 
 use super::gso;
-use super::headers::udp_header;
 pub use super::headers::{gid_to_ip, ip_header, ip_to_gid};
+use super::headers::{ip_header_for_icrc, udp_header};
 use super::link::{LinkStats, PacketRx, PacketTx};
 use super::pcap::FrameLog;
 use super::share::{self, Share};
@@ -219,7 +219,8 @@ impl UdpTx {
     fn seal(&self, p: &mut Pending, ident: u16) -> bool {
         let sport = self.sockets.tx[p.socket].1;
         let udp = udp_header(sport, p.dst.port(), p.packet.len());
-        let (ip, ip_len) = ip_header(self.sockets.local, p.dst.ip(), 8 + p.packet.len(), ident, true, 0);
+        let build = if self.log.is_some() { ip_header } else { ip_header_for_icrc };
+        let (ip, ip_len) = build(self.sockets.local, p.dst.ip(), 8 + p.packet.len(), ident, true, 0);
         let ip_ref = if ip_len == 20 { IpHeader::V4(&ip[..20]) } else { IpHeader::V6(&ip[..40]) };
         if icrc::fill(ip_ref, &udp, &mut p.packet).is_err() {
             self.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
