@@ -48,6 +48,13 @@ pub unsafe extern "C" fn create_cq_ex(
     // SAFETY: ibv_create_cq made a SoftCq, which begins with an ibv_cq_ex; nobody else
     // holds it yet.
     install(unsafe { &mut *ex });
+    let times = (ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | ffi::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK) as u64;
+    if a.wc_flags & times != 0 {
+        // SAFETY: as above.
+        if let Some(c) = unsafe { soft_cq(cq) } {
+            c.cq.stamp_completions();
+        }
+    }
     ex
 }
 

@@ -21,8 +21,12 @@ pub const MAX_CQE: usize = 1 << 22;
 
 /// A CQ's completions, once they left the engine, at most `capacity` of them.
 pub struct CqQueue {
-    /// Each completion with the device clock's time it arrived ([`clock_ns`]).
+    /// Each completion with the device clock's time it arrived ([`clock_ns`]), or 0 when
+    /// nobody asked for timestamps ([`CqQueue::stamp_completions`]).
     entries: Mutex<VecDeque<(Wc, u64)>>,
+    /// Completions are stamped: reading the clock per delivery is a system call on some
+    /// guests' clock sources, so only CQs that want the time pay for it.
+    stamped: AtomicBool,
     ready: Condvar,
     /// Threads in [`CqQueue::wait`]: a delivery wakes them only if there are any, because a
     /// condition variable's wake-up is a system call even with nobody to wake.
@@ -47,7 +51,13 @@ impl CqQueue {
             overrun: AtomicBool::new(false),
             armed: AtomicBool::new(false),
             on_event: OnceLock::new(),
+            stamped: AtomicBool::new(false),
         }
+    }
+
+    /// From now on, each completion carries the time it arrived ([`CqQueue::poll_stamped`]).
+    pub fn stamp_completions(&self) {
+        self.stamped.store(true, Ordering::Release);
     }
 
     /// Sets where completion events go; false if already set.
@@ -100,7 +110,7 @@ impl CqQueue {
         if wcs.len() > room {
             self.set_overrun();
         }
-        let now = clock_ns();
+        let now = if self.stamped.load(Ordering::Acquire) { clock_ns() } else { 0 };
         q.extend(wcs.into_iter().take(room).map(|w| (w, now)));
         // A waiter registers under the queue's lock before it looks, so one that found the
         // queue empty is counted by now.

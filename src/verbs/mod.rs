@@ -861,9 +861,15 @@ impl CompletionQueue {
     }
 
     /// As [`CompletionQueue::poll`], each completion with the [`device_clock_ns`] time it
-    /// reached the CQ (`ibv_wc_read_completion_ts`).
+    /// reached the CQ (`ibv_wc_read_completion_ts`), once [`CompletionQueue::stamp_completions`]
+    /// asked for it (0 before).
     pub fn poll_stamped(&self, max: usize) -> Vec<(Wc, u64)> {
         self.queue.poll_stamped(max)
+    }
+
+    /// Completions from now on carry the time they reached the CQ.
+    pub fn stamp_completions(&self) {
+        self.queue.stamp_completions();
     }
 
     /// True once a completion found the CQ full and was lost (IBTA 11.4.2.1 CQ overrun,
