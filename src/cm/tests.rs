@@ -575,3 +575,33 @@ fn ud_resolutions_come_through_a_network_that_loses_and_repeats_mads() {
     // 20% loss each way and 15 retries: a resolution failing is a one-in-billions event.
     assert_eq!(resolved, 300);
 }
+
+// What a peer's SIDR_REQs can make the CM keep: MAX_PENDING_PER_LISTENER requests waiting
+// on a listener (the oldest refused as newer come), MAX_CONNECTIONS in all (every request
+// past it refused at once, keeping nothing), each for MAX_REQUEST_WAIT_NS at most.
+#[test]
+fn a_flood_of_ud_requests_holds_every_limit() {
+    use crate::proto::cm::msg::sidr_status;
+    let (mut a, mut b, mut qps) = (cm(5), cm(6), FakeQps::default());
+    b.listen_ud(7174).unwrap();
+    let sent = MAX_CONNECTIONS + 10;
+    let mut refused = 0;
+    for _ in 0..sent {
+        let id = a.resolve_ud(0, ud_args()).unwrap();
+        a.forget_ud(id);
+        for m in drain(&mut a) {
+            b.handle_mad(0, A, B, &m.mad[..], &mut qps);
+        }
+        for m in drain(&mut b) {
+            let CmMessage::SidrRep(r) = parse(&m).message else { panic!("only SIDR_REPs") };
+            assert_eq!(r.status, sidr_status::REJECTED);
+            refused += 1;
+        }
+    }
+    let pending = std::iter::from_fn(|| b.take_ud_request(7174)).count();
+    assert_eq!(pending, MAX_PENDING_PER_LISTENER);
+    assert_eq!(refused, sent - MAX_PENDING_PER_LISTENER);
+    assert_eq!(b.sidrs.len(), MAX_CONNECTIONS);
+    b.handle_timeout(MAX_REQUEST_WAIT_NS, &mut qps);
+    assert!(b.sidrs.is_empty() && b.poll_timeout().is_none());
+}
