@@ -794,28 +794,36 @@ pub unsafe extern "C" fn rdma_listen(id: *mut ffi::rdma_cm_id, _backlog: c_int) 
     0
 }
 
+/// A new id for a request on listener `parent` from `peer`, on the listener's device and
+/// route. A synchronous listener's requests are synchronous ids too (librdmacm migrates
+/// them to channels of their own); the others report on the listener's channel.
+pub(crate) fn child_id(parent: &SoftId, peer: Option<SocketAddr>) -> Option<*mut SoftId> {
+    let channel = if parent.sync { std::ptr::null_mut() } else { parent.ibv.channel };
+    let child = new_id(channel, parent.ibv.context, parent.ibv.ps)?;
+    // SAFETY: just made.
+    let c = unsafe { &mut *child };
+    c.ibv.verbs = parent.ibv.verbs;
+    c.ibv.port_num = 1;
+    c.ibv.route = parent.ibv.route;
+    if let Some(peer) = peer {
+        // SAFETY: writing the storage member of the union.
+        to_storage(peer, unsafe { &mut c.ibv.route.addr.__bindgen_anon_2.dst_storage });
+    }
+    Some(child)
+}
+
 /// The listening thread: each request becomes a child id and a CONNECT_REQUEST event.
 fn serve(listener: Listener, listen_id: Ptr, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         let Some(req) = listener.get_request(Duration::from_millis(100)) else { continue };
         // SAFETY: the listening id lives until its thread is joined (rdma_destroy_id).
         let parent = unsafe { &*(listen_id.0 as *const SoftId) };
-        // A synchronous listener's requests are synchronous ids too (librdmacm migrates
-        // them to channels of their own); the others report on the listener's channel.
-        let channel = if parent.sync { std::ptr::null_mut() } else { parent.ibv.channel };
-        let Some(child) = new_id(channel, parent.ibv.context, parent.ibv.ps) else {
+        let Some(child) = child_id(parent, req.peer) else {
             req.reject(&[]);
             continue;
         };
         // SAFETY: just made.
         let c = unsafe { &mut *child };
-        c.ibv.verbs = parent.ibv.verbs;
-        c.ibv.port_num = 1;
-        c.ibv.route = parent.ibv.route;
-        if let Some(peer) = req.peer {
-            // SAFETY: writing the storage member of the union.
-            to_storage(peer, unsafe { &mut c.ibv.route.addr.__bindgen_anon_2.dst_storage });
-        }
         let depths = (req.responder_resources, req.initiator_depth);
         let data = req.private_data.clone();
         *c.request.lock().unwrap_or_else(|e| e.into_inner()) = Some(req);

@@ -6,7 +6,6 @@
 //! `rdma_reject`. iWARP has no UD QPs: their creation fails.
 
 use crate::cm::{einval, event, EventBox, Ptr, SoftId};
-use crate::cm_addr::to_storage;
 use crate::device::soft_context;
 use crate::ffi;
 use crate::qp::soft_qp;
@@ -117,21 +116,12 @@ fn serve(listener: UdListener, listen_id: Ptr, stop: Arc<AtomicBool>) {
         let Some(req) = listener.get_request(Duration::from_millis(100)) else { continue };
         // SAFETY: the listening id lives until its thread is joined (rdma_destroy_id).
         let parent = unsafe { &*(listen_id.0 as *const SoftId) };
-        let channel = if parent.sync { std::ptr::null_mut() } else { parent.ibv.channel };
-        let Some(child) = crate::cm::new_id(channel, parent.ibv.context, parent.ibv.ps) else {
+        let Some(child) = crate::cm::child_id(parent, req.peer) else {
             req.reject(&[]);
             continue;
         };
         // SAFETY: just made.
         let c = unsafe { &mut *child };
-        c.ibv.verbs = parent.ibv.verbs;
-        c.ibv.port_num = 1;
-        c.ibv.qp_type = ffi::IBV_QPT_UD;
-        c.ibv.route = parent.ibv.route;
-        if let Some(peer) = req.peer {
-            // SAFETY: writing the storage member of the union.
-            to_storage(peer, unsafe { &mut c.ibv.route.addr.__bindgen_anon_2.dst_storage });
-        }
         let mut ev = event(child.cast(), listen_id.0 as *mut _, ffi::RDMA_CM_EVENT_CONNECT_REQUEST, 0);
         ev.private_data = req.private_data.clone();
         // SAFETY: the ud member is the one UD events fill.

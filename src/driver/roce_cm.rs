@@ -156,10 +156,15 @@ pub fn close_listener(d: &RoceDriver, port: u16) {
 
 /// The next request on `port`, waiting at most `timeout`.
 pub fn get_request(d: &RoceDriver, port: u16, timeout: Duration) -> Option<Request> {
+    look_until(timeout, || d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.take_request(port))))
+}
+
+/// Looks (every [`LOOK_EVERY`]) until `look` finds something, at most `timeout`.
+fn look_until<T>(timeout: Duration, mut look: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(r) = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.take_request(port))) {
-            return Some(r);
+        if let Some(found) = look() {
+            return Some(found);
         }
         if Instant::now() >= deadline {
             return None;
@@ -223,16 +228,7 @@ pub fn close_ud_listener(d: &RoceDriver, port: u16) {
 
 /// The next UD request on `port`, waiting at most `timeout`.
 pub fn get_ud_request(d: &RoceDriver, port: u16, timeout: Duration) -> Option<crate::cm::UdRequest> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(r) = d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.take_ud_request(port))) {
-            return Some(r);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(LOOK_EVERY);
-    }
+    look_until(timeout, || d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.take_ud_request(port))))
 }
 
 /// Answers UD request `id` with `qpn` and `qkey` (`rdma_accept`), or refuses it.
