@@ -105,17 +105,23 @@ impl SoftCq {
     /// application spinning on its CQ keeps a core busy: if none is queued it receives
     /// on its own thread, so that what it waits for does not wait for the poll thread.
     pub fn poll_app(&self, n: usize) -> Vec<softrdma::verbs::Wc> {
-        self.poll_app_stamped(n).into_iter().map(|(w, _)| w).collect()
+        self.poll_app_with(n, |cq, n| cq.poll(n))
     }
 
     /// As [`SoftCq::poll_app`], each completion with the time it reached the CQ.
     pub fn poll_app_stamped(&self, n: usize) -> Vec<(softrdma::verbs::Wc, u64)> {
+        self.poll_app_with(n, |cq, n| cq.poll_stamped(n))
+    }
+
+    /// [`SoftCq::poll_app`] with the CQ's own poll (plain or stamped), so that neither
+    /// builds its list twice.
+    fn poll_app_with<T>(&self, n: usize, poll: impl Fn(&CompletionQueue, usize) -> Vec<T>) -> Vec<T> {
         let now = self.note_call();
-        let mut got = self.cq.poll_stamped(n);
+        let mut got = poll(&self.cq, n);
         // SAFETY: a live CQ's context is open.
         let engine = unsafe { soft_context(self.ibv.context) }.and_then(|s| s.engine().ok());
         if got.is_empty() && engine.is_some_and(|e| e.progress_now() > 0) {
-            got = self.cq.poll_stamped(n);
+            got = poll(&self.cq, n);
         }
         if !got.is_empty() {
             self.found_at_ns.store(now, Ordering::Relaxed);
