@@ -9,6 +9,7 @@ use crate::cm::{einval, event, EventBox, Ptr, SoftId};
 use crate::device::soft_context;
 use crate::ffi;
 use crate::qp::soft_qp;
+use softrdma::proto::cm::msg::sidr_status;
 use softrdma::verbs::{ConnectError, QpAttr, QpState, UdListener, UdPeer, RDMA_UDP_QKEY};
 use std::ffi::c_int;
 use std::net::SocketAddr;
@@ -69,8 +70,8 @@ fn resolved(id: *mut ffi::rdma_cm_id, p: UdPeer) -> Box<EventBox> {
 /// listener's side refused (1: nobody listens), as the kernel's rdma_cm reports it.
 fn unresolved(id: *mut ffi::rdma_cm_id, e: &ConnectError) -> Box<EventBox> {
     let status = match e {
-        ConnectError::NoListener(_) => 1,
-        ConnectError::Rejected(_) => 2,
+        ConnectError::NoListener(_) => c_int::from(sidr_status::UNSUPPORTED_SERVICE),
+        ConnectError::Rejected(_) => c_int::from(sidr_status::REJECTED),
         _ => -libc::ETIMEDOUT,
     };
     event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_UNREACHABLE, status)

@@ -269,7 +269,7 @@ pub fn resolve_ud(
             Some(SidrStatus::Pending) if Instant::now() < deadline => std::thread::sleep(LOOK_EVERY),
             Some(SidrStatus::Pending) | None => break Err(ConnectError::Timeout),
             Some(SidrStatus::Resolved { qpn, qkey, private_data }) => break Ok((qpn, qkey, private_data)),
-            Some(SidrStatus::Refused(1)) => {
+            Some(SidrStatus::Refused(crate::proto::cm::msg::sidr_status::UNSUPPORTED_SERVICE)) => {
                 break Err(ConnectError::NoListener("SIDR_REP: unsupported service".into()))
             }
             Some(SidrStatus::Refused(s)) => break Err(ConnectError::Rejected(format!("SIDR_REP status {s}"))),
