@@ -273,6 +273,60 @@ fn a_busy_poller_with_nothing_arriving_sleeps_and_wakes_for_a_write() {
     wait_ok(&a.cq, 1);
 }
 
+/// Both sides of a WRITE ping-pong busy-poll: the poll threads leave the sockets to them
+/// and sleep towards their timers. (A sleep's deadline that had passed while the busy
+/// poller held the socket once woke a poll thread again and again, every few
+/// microseconds, on a CPU the spinning threads wanted.)
+#[test]
+fn the_poll_threads_sleep_while_both_sides_of_a_ping_pong_busy_poll() {
+    const ROUNDS: u32 = 2000;
+    let (a, b) = pair([127, 10, 6], 4096);
+    // A Local ACK Timeout of about 4 ms (4.096 µs × 2^10): the requesters' timers come due
+    // in a run, each a moment the poll thread wakes for.
+    for s in [&a, &b] {
+        s.qp.modify(&QpAttr { timeout: Some(10), ..QpAttr::default() }).unwrap();
+    }
+    let wakeups = |s: &Side| s.ctx.stats().poll_thread_wakeups;
+    let before = (wakeups(&a), wakeups(&b));
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for (me, peer, first) in [(&a, &b, true), (&b, &a, false)] {
+            s.spawn(move || ping_pong(me, peer, first, ROUNDS));
+        }
+    });
+    let woke = (wakeups(&a) - before.0, wakeups(&b) - before.1);
+    // A wake-up or two each time a timer comes due (every 4 ms at the soonest, as the
+    // timer is set again from the next post), and the sections' starts and ends.
+    let ms = started.elapsed().as_millis() as u64;
+    assert!(woke.0 + woke.1 <= 2 * ms + 20, "the poll threads woke {woke:?} times in {ms} ms");
+}
+
+/// `rounds` WRITEs of a 4-byte count each way (one word of the region, so it lands whole),
+/// `me` writing first if `first`, each side busy-polling for the peer's count and for its
+/// own completion.
+fn ping_pong(me: &Side, peer: &Side, first: bool, rounds: u32) {
+    let at = Remote { addr: peer.mr.addr() + 8, rkey: peer.mr.rkey() };
+    let mut busy = me.ctx.busy_poll();
+    let mut got = [0u8; 4];
+    let mut arrived = |want: u32| me.mr.read(8, &mut got) && u32::from_le_bytes(got) == want;
+    for n in 1..=rounds {
+        let want = if first { n - 1 } else { n };
+        assert!(want == 0 || busy.until(|| arrived(want), WAIT), "round {n}");
+        me.mr.write(0, &n.to_le_bytes());
+        me.qp.post_send(SendWr::new(u64::from(n), SendOp::Write(at), vec![me.mr.sge(0, 4)])).unwrap();
+        let mut wc = None;
+        let completed = busy.until(
+            || {
+                wc = me.cq.poll(1).pop();
+                wc.is_some()
+            },
+            WAIT,
+        );
+        assert!(completed && wc.unwrap().status == WcStatus::Success, "completion {n}");
+    }
+    assert!(!first || busy.until(|| arrived(rounds), WAIT), "last round");
+}
+
 /// Binds window `mw` (whose key is `key` now) over `len` bytes of `b`'s region at
 /// `offset` for remote WRITE and READ, with a work request on `b`'s QP; the new key.
 fn bind_window(b: &Side, key: u32, offset: usize, len: u64, wr_id: u64) -> u32 {

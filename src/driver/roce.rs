@@ -61,6 +61,8 @@ pub struct RoceDriver {
     app_poll_until_ns: AtomicU64,
     /// When an application thread last polled (ns since `epoch`).
     app_last_poll_ns: AtomicU64,
+    /// Times the poll thread woke from its sleep.
+    pub poll_thread_wakeups: AtomicU64,
 }
 
 /// A transport, opened: both halves, their counters and the capture they write.
@@ -104,6 +106,7 @@ impl RoceDriver {
             last_rx_ns: AtomicU64::new(0),
             app_poll_until_ns: AtomicU64::new(0),
             app_last_poll_ns: AtomicU64::new(0),
+            poll_thread_wakeups: AtomicU64::new(0),
         });
         let d = driver.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || d.poll_loop())?;
@@ -246,6 +249,7 @@ impl RoceDriver {
                 std::thread::sleep(Duration::from_millis(1));
             }
             self.waker.clear();
+            self.poll_thread_wakeups.fetch_add(1, Ordering::Relaxed);
             let mut handled = 0;
             while let n @ 1.. = self.progress(Poller::PollThread) {
                 handled += n;
@@ -289,8 +293,37 @@ impl RoceDriver {
     /// the replies to what arrived (ACKs) wait for the caller's next post or look, so
     /// that they leave with the caller's own request in one batch.
     pub fn progress(&self, who: Poller) -> usize {
+        match self.rx.try_lock() {
+            Ok(rx) => self.progress_on(rx, who),
+            Err(_) if who == Poller::PollThread => self.tend_timers(),
+            Err(_) => 0,
+        }
+    }
+
+    /// The poll thread, finding the socket taken (a caller busy-polls): fires the timers
+    /// if one is due (waiting for the socket, so an ACK in it is read first), else sleeps
+    /// again towards the engine's deadline. Leaving the sleep's deadline as it was made a
+    /// deadline already past (one that moved later meanwhile) wake the thread at once,
+    /// again and again, on a CPU the busy-polling threads wanted: one wake-up every 5 µs
+    /// of a WRITE ping-pong.
+    fn tend_timers(&self) -> usize {
+        let core = self.lock();
+        let now = self.now_ns();
+        match core.dev.poll_timeout() {
+            Some(t) if t <= now => {
+                drop(core);
+                let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+                self.progress_on(rx, Poller::PollThread)
+            }
+            deadline => {
+                self.armed_ns.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
+                0
+            }
+        }
+    }
+
+    fn progress_on(&self, mut rx: std::sync::MutexGuard<'_, Box<dyn PacketRx>>, who: Poller) -> usize {
         let hold_replies = who == Poller::BusyPolling;
-        let Ok(mut rx) = self.rx.try_lock() else { return 0 };
         let mut n = rx.recv().unwrap_or(0);
         let now = self.now_ns();
         self.last_rx_ns.store(now, Ordering::Relaxed);

@@ -264,6 +264,8 @@ pub struct DeviceStats {
     pub echo_replies: u64,
     /// Shared address: packets read for another process's device and handed on.
     pub forwarded_out: u64,
+    /// Times the device's poll thread woke (RoCEv2).
+    pub poll_thread_wakeups: u64,
     /// Shared address: packets another process's device handed on to this one.
     pub forwarded_in: u64,
     /// Shared address: packets for another device whose queue was full (lost).
@@ -668,6 +670,7 @@ impl Context {
             forwarded_out: get(&u.forwarded_out),
             forwarded_in: get(&u.forwarded_in),
             forward_dropped: get(&u.forward_dropped),
+            poll_thread_wakeups: get(&shared.poll_thread_wakeups),
             iwarp_connections: 0,
         }
     }
