@@ -541,3 +541,25 @@ fn reads_beyond_ird_are_refused() {
     let naks: Vec<_> = syndrome_of(&last).into_iter().filter(|s| s.0 == 0x11).collect();
     assert_eq!(naks, vec![(0x11, e.add(2).value(), Syndrome::Nak(NakCode::InvalidRequest))]);
 }
+
+// Not a transport rule: what the device keeps of the packets it sent. Buffers come back
+// to it to build later packets in, up to a bound, and a buffer larger than any packet is
+// not kept.
+#[test]
+fn sent_packets_buffers_are_kept_up_to_the_bound() {
+    use softrdma::engine::{SPARE_PACKETS_MAX, SPARE_PACKET_BYTES_MAX};
+    let mut p = pair(Attrs::default());
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::Write(remote(&p.mb, 0)), vec![sge(&p.ma, 0, 64)])).unwrap();
+    p.settle();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    let kept = p.sim.devices[0].spare_packets();
+    assert!(kept >= 1, "the simulator hands sent packets back, as the drivers do");
+    let d = &mut p.sim.devices[0];
+    for _ in 0..2 * SPARE_PACKETS_MAX {
+        d.recycle(Vec::with_capacity(1024));
+    }
+    assert_eq!(d.spare_packets(), SPARE_PACKETS_MAX);
+    let mut fresh = dev(9);
+    fresh.recycle(Vec::with_capacity(SPARE_PACKET_BYTES_MAX + 1));
+    assert_eq!(fresh.spare_packets(), 0, "larger than any packet");
+}

@@ -122,6 +122,11 @@ pub struct DeviceConfig {
 
 /// Packets a QP may send per turn of `poll_transmit`.
 const BURST: usize = 16;
+/// Most sent packets' buffers a device keeps to build packets in ([`Device::recycle`]):
+/// a send queue's burst, about 1 MiB of 4 KiB packets.
+pub const SPARE_PACKETS_MAX: usize = 256;
+/// Largest buffer kept: a packet of the largest MTU with its headers.
+pub const SPARE_PACKET_BYTES_MAX: usize = 4096 + 128;
 /// Packets one pass over the QPs queues before it stops ([`Device::poll_transmit`]).
 const FILL_PACKETS: usize = 64;
 
@@ -135,6 +140,8 @@ pub struct Device {
     next_pd: u32,
     next_cq: u32,
     out: VecDeque<Transmit>,
+    /// Buffers of packets sent, for the next packets to be built in ([`Device::recycle`]).
+    spare: Vec<Vec<u8>>,
     srqs: HashMap<u32, srq::Srq>,
     /// SRQs that QPs outside the engine (iWARP) take receives from: how many QPs each.
     srq_holders: HashMap<u32, usize>,
@@ -186,6 +193,7 @@ impl Device {
             next_pd: 1,
             next_cq: 1,
             out: VecDeque::new(),
+            spare: Vec::new(),
             srqs: HashMap::new(),
             srq_holders: HashMap::new(),
             next_srq: 1,
@@ -577,6 +585,7 @@ impl Device {
             mrs: &mut self.mrs,
             cqs: &mut self.cqs,
             out: &mut self.out,
+            spare: &mut self.spare,
             stats: &mut self.stats,
             srqs: &mut self.srqs,
             events: &mut self.events,
@@ -747,6 +756,21 @@ impl Device {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Takes back the buffer of a packet [`Device::poll_transmit`] gave out, once sent, to
+    /// build a later packet in: a fresh allocation per packet cost malloc, zeroing and, for
+    /// 4 KiB packets, page faults (6 % of a 4 KiB WRITE sender's samples). At most
+    /// [`SPARE_PACKETS_MAX`] are kept.
+    pub fn recycle(&mut self, packet: Vec<u8>) {
+        if self.spare.len() < SPARE_PACKETS_MAX && packet.capacity() <= SPARE_PACKET_BYTES_MAX {
+            self.spare.push(packet);
+        }
+    }
+
+    /// Buffers kept for packets to be built in.
+    pub fn spare_packets(&self) -> usize {
+        self.spare.len()
     }
 
     /// The next packet to send, if any.

@@ -178,7 +178,7 @@ impl Sim {
         self.now >= self.partition_window.0
     }
 
-    fn offer(&mut self, from: usize, mut t: Transmit) {
+    fn offer(&mut self, from: usize, t: &mut Transmit) {
         self.stats.sent += 1;
         if let Some(f) = self.tamper.as_mut() {
             if !f(from, &mut t.packet) {
@@ -196,7 +196,7 @@ impl Sim {
             return;
         }
         let src = t.src;
-        let frame = self.frame(src, &t);
+        let frame = self.frame(src, t);
         let copies = if self.rng.chance(self.faults.duplicate) { 2 } else { 1 };
         self.stats.duplicated += copies - 1;
         let serialize = self.faults.rate_bytes_per_us.map_or(0, |r| frame.len() as u64 * 1000 / r.max(1));
@@ -281,8 +281,10 @@ impl Sim {
     /// Moves every device's pending packets onto the link.
     pub fn flush_transmits(&mut self) {
         for i in 0..self.devices.len() {
-            while let Some(t) = self.devices[i].poll_transmit(self.now) {
-                self.offer(i, t);
+            while let Some(mut t) = self.devices[i].poll_transmit(self.now) {
+                self.offer(i, &mut t);
+                // As the UDP and raw drivers do once a packet is sent.
+                self.devices[i].recycle(t.packet);
             }
         }
     }

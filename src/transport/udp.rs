@@ -200,10 +200,10 @@ impl UdpTx {
         while let Some(t) = dev.poll_transmit(now_ns) {
             self.queue(t);
             if self.batch.len() >= TX_BATCH {
-                self.send_queued();
+                self.send_queued(&mut |p| dev.recycle(p));
             }
         }
-        self.send_queued();
+        self.send_queued(&mut |p| dev.recycle(p));
     }
 
     fn queue(&mut self, t: Transmit) {
@@ -234,7 +234,7 @@ impl UdpTx {
 
     /// Sends the queue: one `sendmmsg` per run of packets leaving from one socket, and with
     /// offloads, one GSO send per run of equal-sized packets to one peer in it.
-    fn send_queued(&mut self) {
+    fn send_queued(&mut self, recycle: &mut dyn FnMut(Vec<u8>)) {
         let mut batch = std::mem::take(&mut self.batch);
         // One system call per socket: packets of many QPs interleave sockets, and runs of
         // one packet each made a thousand QPs' ACKs a sendmmsg apiece. A QP always sends
@@ -247,7 +247,9 @@ impl UdpTx {
             self.send_run(&mut batch[start..end]);
             start = end;
         }
-        batch.clear();
+        for p in batch.drain(..) {
+            recycle(p.packet);
+        }
         self.batch = batch;
     }
 
@@ -590,7 +592,7 @@ mod tests {
             packet[11] = i as u8;
             tx.queue(Transmit { dst: ip_to_gid(local), src: ip_to_gid(local), src_qpn: 7, packet });
         }
-        tx.send_queued();
+        tx.send_queued(&mut drop);
         assert!(!tx.offload, "offload is off after the refusal");
         let (mut got, mut cache, mut buf) = (0, icrc::RecoveryCache::default(), [0u8; 2048]);
         let deadline = Instant::now() + Duration::from_secs(2);

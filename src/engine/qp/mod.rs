@@ -69,6 +69,8 @@ pub struct Ctx<'a> {
     pub cqs: &'a mut rustc_hash::FxHashMap<u32, Cq>,
     /// Packets to send.
     pub out: &'a mut VecDeque<Transmit>,
+    /// Buffers to build packets in (`Device::recycle`).
+    pub spare: &'a mut Vec<Vec<u8>>,
     /// Counters.
     pub stats: &'a mut Stats,
     /// Shared receive queues.
@@ -156,7 +158,9 @@ impl Path {
         repr: &RoceRepr<'_>,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> bool,
     ) -> bool {
-        let mut buf = vec![0u8; repr.buffer_len()];
+        let mut buf = ctx.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(repr.buffer_len(), 0);
         if repr.emit(&mut buf).is_err() {
             return false;
         }

@@ -332,6 +332,7 @@ impl PacketTx for RawTx {
     fn flush(&mut self, dev: &mut Device, now_ns: u64) {
         while let Some(t) = dev.poll_transmit(now_ns) {
             self.queue(gid_to_ip(&t.dst), t.src_qpn, &t.packet, now_ns);
+            dev.recycle(t.packet);
             if self.batch.len() >= TX_BATCH {
                 self.shared.send(&std::mem::take(&mut self.batch));
             }
