@@ -332,6 +332,7 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
     // again while waiting for credits, which arrive without completions).
     let mut to_post: Vec<usize> = (0..nq).collect();
     let mut wcs = Vec::new();
+    let mut busy = ep.ctx.busy_poll();
     loop {
         for q in to_post.drain(..) {
             st.post_more(ep, rem, p, q)?;
@@ -341,7 +342,15 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
         }
         // Waiting for credit, nothing may complete: look at the credit words again soon.
         let wait = if ep.credits { Duration::from_millis(1) } else { Duration::from_secs(30) };
-        let Some(first) = ep.cq.wait(wait) else {
+        let mut first = None;
+        busy.until(
+            || {
+                first = ep.cq.poll(1).pop();
+                first.is_some()
+            },
+            wait,
+        );
+        let Some(first) = first else {
             if ep.credits && stalled_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
                 to_post.extend(0..nq);
                 continue;
