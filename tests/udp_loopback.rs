@@ -301,6 +301,42 @@ fn the_poll_threads_sleep_while_both_sides_of_a_ping_pong_busy_poll() {
     assert!(woke.0 + woke.1 <= 2 * ms + 20, "the poll threads woke {woke:?} times in {ms} ms");
 }
 
+/// A READ target serving on its own thread (`Context::serve_while`) receives and answers
+/// the READs there, not on its poll thread.
+#[test]
+fn a_read_target_serving_on_its_thread_answers_without_its_poll_thread() {
+    const READS: u64 = 2000;
+    let (a, b) = pair([127, 10, 7], 4096);
+    for s in [&a, &b] {
+        s.qp.modify(&QpAttr { timeout: Some(10), ..QpAttr::default() }).unwrap();
+    }
+    b.mr.write(0, &pattern(64, 3));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let before = b.ctx.stats().poll_thread_packets;
+    std::thread::scope(|s| {
+        s.spawn(|| b.ctx.serve_while(|| !done.load(std::sync::atomic::Ordering::Acquire)));
+        let from = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() };
+        let mut busy = a.ctx.busy_poll();
+        for n in 1..=READS {
+            a.qp.post_send(SendWr::new(n, SendOp::Read(from), vec![a.mr.sge(0, 64)])).unwrap();
+            let mut wc = None;
+            let completed = busy.until(
+                || {
+                    wc = a.cq.poll(1).pop();
+                    wc.is_some()
+                },
+                WAIT,
+            );
+            assert!(completed && wc.unwrap().status == WcStatus::Success, "READ {n}");
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let mut got = [0u8; 64];
+    assert!(a.mr.read(0, &mut got) && got[..] == pattern(64, 3)[..]);
+    let by_poll_thread = b.ctx.stats().poll_thread_packets - before;
+    assert!(by_poll_thread < READS / 100, "B's poll thread received {by_poll_thread} of {READS} READs");
+}
+
 /// `rounds` WRITEs of a 4-byte count each way (one word of the region, so it lands whole),
 /// `me` writing first if `first`, each side busy-polling for the peer's count and for its
 /// own completion.

@@ -59,10 +59,12 @@ pub struct RoceDriver {
     /// Until when (ns since `epoch`) an application thread is taken to be polling its CQ
     /// and receiving on its own thread ([`RoceDriver::app_polling`]).
     app_poll_until_ns: AtomicU64,
-    /// When an application thread last polled (ns since `epoch`).
+    /// When an application thread's last poll ended (ns since `epoch`).
     app_last_poll_ns: AtomicU64,
     /// Times the poll thread woke from its sleep.
     pub poll_thread_wakeups: AtomicU64,
+    /// Packets the poll thread received (the rest came in on application threads).
+    pub poll_thread_packets: AtomicU64,
 }
 
 /// A transport, opened: both halves, their counters and the capture they write.
@@ -107,6 +109,7 @@ impl RoceDriver {
             app_poll_until_ns: AtomicU64::new(0),
             app_last_poll_ns: AtomicU64::new(0),
             poll_thread_wakeups: AtomicU64::new(0),
+            poll_thread_packets: AtomicU64::new(0),
         });
         let d = driver.clone();
         let thread = std::thread::Builder::new().name("softrdma-poll".into()).spawn(move || d.poll_loop())?;
@@ -344,6 +347,7 @@ impl RoceDriver {
         }
         drop(rx);
         if who == Poller::PollThread {
+            self.poll_thread_packets.fetch_add(n as u64, Ordering::Relaxed);
             // The poll thread re-arms from scratch; another caller leaves its sleep alone
             // (settle only ever moves it earlier), or every look would wake it.
             self.armed_ns.store(u64::MAX, Ordering::Release);
@@ -371,10 +375,15 @@ impl RoceDriver {
     /// iteration and spin on memory in between) leaves the socket to the poll thread.
     pub fn app_polling(&self) {
         let now = self.now_ns();
-        let last = self.app_last_poll_ns.swap(now, Ordering::AcqRel);
-        if now.saturating_sub(last) <= APP_POLL_GAP_NS {
+        let last_end = self.app_last_poll_ns.load(Ordering::Acquire);
+        if now.saturating_sub(last_end) <= APP_POLL_GAP_NS {
             self.app_poll_until_ns.store(now + APP_POLL_WINDOW_NS, Ordering::Release);
         }
+    }
+
+    /// An application thread's poll ([`RoceDriver::app_polling`]) ended.
+    pub fn app_polled(&self) {
+        self.app_last_poll_ns.store(self.now_ns(), Ordering::Release);
     }
 
     /// The application thread stopped polling (it is about to block for a completion
@@ -434,8 +443,11 @@ pub enum Poller {
 /// for the poll thread to read for it.
 pub const APP_POLL_WINDOW_NS: u64 = 1_000_000;
 
-/// Two polls of a CQ this close together are a thread polling in a loop (one empty poll,
-/// a receive attempt included, takes about a microsecond).
+/// A poll of a CQ that starts this soon after the previous one ended is a thread polling
+/// in a loop. Measured from the end, not the start: an empty poll, a receive attempt
+/// included, takes about a microsecond on the host but 10-20 µs in a QEMU/TCG guest,
+/// where a start-to-start gap of 5 µs never held and the poll thread kept waking for
+/// every packet beside an application spinning on its CQ.
 pub const APP_POLL_GAP_NS: u64 = 5_000;
 
 /// How long the socket may go unread before a posting thread reads it itself.

@@ -266,6 +266,9 @@ pub struct DeviceStats {
     pub forwarded_out: u64,
     /// Times the device's poll thread woke (RoCEv2).
     pub poll_thread_wakeups: u64,
+    /// Packets the device's poll thread received, rather than an application thread
+    /// (RoCEv2).
+    pub poll_thread_packets: u64,
     /// Shared address: packets another process's device handed on to this one.
     pub forwarded_in: u64,
     /// Shared address: packets for another device whose queue was full (lost).
@@ -606,7 +609,9 @@ impl Context {
         match &self.backend {
             Backend::Roce(s) => {
                 s.app_polling();
-                s.progress(Poller::Application)
+                let n = s.progress(Poller::Application);
+                s.app_polled();
+                n
             }
             Backend::Iwarp(s) => s.progress(),
         }
@@ -618,6 +623,32 @@ impl Context {
     pub fn stop_polling(&self) {
         if let Backend::Roce(s) = &self.backend {
             s.app_waiting();
+        }
+    }
+
+    /// Receives and answers on the caller's thread while `keep_going` holds, replies leaving
+    /// at once: the passive side of a test (a READ target) then answers with no thread
+    /// wake-up, as an RDMA NIC's responder does with no CPU at all. Looks that find nothing
+    /// for [`BUSY_POLL_IDLE_NS`] turn into waits in `poll(2)`, at most [`LOOK_WAIT_MAX`]
+    /// at a time, so an idle server does not hold a CPU.
+    pub fn serve_while(&self, mut keep_going: impl FnMut() -> bool) {
+        let _section = self.busy_poll();
+        let mut idle_since = std::time::Instant::now();
+        let mut looks = 0u32;
+        while keep_going() {
+            let handled = match &self.backend {
+                Backend::Roce(s) => s.progress(Poller::Application),
+                Backend::Iwarp(s) => s.progress(),
+            };
+            if handled > 0 {
+                idle_since = std::time::Instant::now();
+            } else if idle_since.elapsed().as_nanos() as u64 >= BUSY_POLL_IDLE_NS {
+                self.wait_input(LOOK_WAIT_MAX);
+            }
+            looks = looks.wrapping_add(1);
+            if looks.is_multiple_of(64) {
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -671,6 +702,7 @@ impl Context {
             forwarded_in: get(&u.forwarded_in),
             forward_dropped: get(&u.forward_dropped),
             poll_thread_wakeups: get(&shared.poll_thread_wakeups),
+            poll_thread_packets: get(&shared.poll_thread_packets),
             iwarp_connections: 0,
         }
     }
