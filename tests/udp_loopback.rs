@@ -521,3 +521,55 @@ fn a_ud_resolution_finds_the_listeners_qp_and_a_datagram_follows() {
     let nobody = SocketAddr::new(b.ctx.ip(), 7472);
     assert!(matches!(a.ctx.resolve_ud(nobody, b"", WAIT), Err(ConnectError::NoListener(_))));
 }
+
+/// IBTA 10.5, 9.8.1: a UD datagram to DestQP 0xFFFFFF at a multicast group's address
+/// reaches every QP attached to the group, each its own copy; a detached QP gets none,
+/// nor does one whose Q_Key differs (C10-15); a unicast datagram to DestQP 0xFFFFFF
+/// reaches no QP.
+#[test]
+fn a_multicast_datagram_reaches_each_attached_qp_once() {
+    let (a, b) = pair([127, 10, 14], 1 << 16);
+    let group = IpAddr::V4(Ipv4Addr::new(239, 10, 14, 1));
+    let mgid = softrdma::transport::headers::ip_to_gid(group);
+    // The group's datagrams go to B's port (each test device has its own).
+    a.ctx.set_peer_port(group, b.ctx.port());
+    let (qa, _ca) = ud_qp(&a, RDMA_UDP_QKEY);
+    let members: Vec<_> = (0..2).map(|_| ud_qp(&b, RDMA_UDP_QKEY)).collect();
+    let (other, other_cq) = ud_qp(&b, 0x1111);
+    for (i, (qp, _)) in members.iter().enumerate() {
+        qp.attach_mcast(mgid).unwrap();
+        qp.post_recv(RecvWr { wr_id: 10 + i as u64, sgl: vec![b.mr.sge(i * 256, 40 + 64)] }).unwrap();
+    }
+    other.attach_mcast(mgid).unwrap();
+    other.post_recv(RecvWr { wr_id: 20, sgl: vec![b.mr.sge(1024, 40 + 64)] }).unwrap();
+    let send = |wr_id: u64, text: &[u8], gid| {
+        a.mr.write(0, text);
+        let mut wr = SendWr::new(wr_id, SendOp::Send, vec![a.mr.sge(0, text.len() as u32)]);
+        wr.ud = Some(UdDest { gid, qpn: 0xff_ffff, qkey: RDMA_UDP_QKEY });
+        qa.post_send(wr).unwrap();
+    };
+    send(1, b"to the group", mgid);
+    for (i, (_, cq)) in members.iter().enumerate() {
+        assert_eq!(wait_ok(cq, 10 + i as u64).byte_len, 40 + 12);
+        let mut got = [0u8; 12];
+        assert!(b.mr.read(i * 256 + 40, &mut got) && &got == b"to the group");
+    }
+    // Detached, the first member gets nothing more; the second gets the next datagram.
+    members[0].0.detach_mcast(mgid).unwrap();
+    assert_eq!(members[0].0.detach_mcast(mgid), Err(VerbsError::NotFound));
+    for (i, (qp, _)) in members.iter().enumerate() {
+        qp.post_recv(RecvWr { wr_id: 30 + i as u64, sgl: vec![b.mr.sge(i * 256, 40 + 64)] }).unwrap();
+    }
+    send(2, b"second", mgid);
+    send(3, b"unicast", b.ctx.gid(0).unwrap());
+    assert_eq!(wait_ok(&members[1].1, 31).byte_len, 40 + 6);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(members[0].1.poll(1).is_empty(), "detached");
+    assert!(members[1].1.poll(1).is_empty(), "the unicast datagram to 0xFFFFFF reached no QP");
+    assert!(other_cq.poll(1).is_empty(), "another Q_Key");
+    assert!(b.ctx.stats().engine.qkey_violations >= 2);
+    // A UD QP only (IBTA 10.5), and a multicast group only.
+    let unicast = b.ctx.gid(0).unwrap();
+    assert_eq!(members[1].0.attach_mcast(unicast), Err(VerbsError::InvalidAttribute("gid")));
+    assert_eq!(b.qp.attach_mcast(mgid), Err(VerbsError::InvalidRequest));
+}

@@ -3,6 +3,8 @@
 
 use super::cq::CqQueue;
 use super::spin::SpinBudget;
+use crate::engine::mcast::GroupChange;
+use crate::engine::verbs::{Gid, VerbsError};
 use crate::engine::Device;
 use crate::transport::pcap::FrameLog;
 use crate::transport::{wait_readable, LinkStats, PacketRx, PacketTx, Waker};
@@ -136,6 +138,40 @@ impl RoceDriver {
     /// Gives up `port`'s CM requests.
     pub fn release_service(&self, port: u16) {
         self.rx.lock().unwrap_or_else(|e| e.into_inner()).release_service(port)
+    }
+
+    /// Attaches UD QP `qpn` to multicast group `mgid`, the transport joining the group
+    /// with its first member here (IBTA 10.5).
+    pub fn attach_mcast(&self, qpn: u32, mgid: Gid) -> Result<(), VerbsError> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let change = self.lock().dev.attach_mcast(qpn, mgid)?;
+        if change == GroupChange::First {
+            if let Err(e) = rx.join(&mgid) {
+                let _ = self.lock().dev.detach_mcast(qpn, mgid);
+                return Err(match e.kind() {
+                    io::ErrorKind::Unsupported => VerbsError::Unsupported,
+                    _ => VerbsError::OutOfResources,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches QP `qpn` from `mgid`, the transport leaving the group after its last member.
+    pub fn detach_mcast(&self, qpn: u32, mgid: Gid) -> Result<(), VerbsError> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if self.lock().dev.detach_mcast(qpn, mgid)? == GroupChange::Last {
+            rx.leave(&mgid);
+        }
+        Ok(())
+    }
+
+    /// Leaves the groups destroyed QPs left with no member.
+    pub fn leave_emptied_groups(&self) {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        for g in self.lock().dev.take_emptied_groups() {
+            rx.leave(&g);
+        }
     }
 
     /// Drops the completions of QP `qpn` that no one polled yet (its reset).

@@ -14,6 +14,7 @@ pub mod cc;
 pub mod cq;
 pub mod event;
 pub mod gsi;
+pub mod mcast;
 pub mod mem;
 pub mod qp;
 pub mod rng;
@@ -142,6 +143,10 @@ pub struct Device {
     out: VecDeque<Transmit>,
     /// Buffers of packets sent, for the next packets to be built in ([`Device::recycle`]).
     spare: Vec<Vec<u8>>,
+    /// Multicast groups and their QPs.
+    mcast: mcast::McastTable,
+    /// Groups a destroyed QP left with no member, for the transport to leave.
+    mcast_emptied: Vec<Gid>,
     srqs: HashMap<u32, srq::Srq>,
     /// SRQs that QPs outside the engine (iWARP) take receives from: how many QPs each.
     srq_holders: HashMap<u32, usize>,
@@ -194,6 +199,8 @@ impl Device {
             next_cq: 1,
             out: VecDeque::new(),
             spare: Vec::new(),
+            mcast: mcast::McastTable::default(),
+            mcast_emptied: Vec::new(),
             srqs: HashMap::new(),
             srq_holders: HashMap::new(),
             next_srq: 1,
@@ -475,6 +482,8 @@ impl Device {
     pub fn destroy_qp_at(&mut self, now: u64, qpn: u32) -> Result<(), VerbsError> {
         self.with_cm(now, |cm, qps| cm.qp_destroyed(now, qpn, qps));
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::NotFound)?;
+        let emptied = self.mcast.forget(qpn);
+        self.mcast_emptied.extend(emptied);
         if qp.window_busy {
             self.window_busy_qps -= 1;
         }
@@ -673,6 +682,49 @@ impl Device {
         }
         self.receive_on_qp(now, src, ce, &r);
         self.touch(r.bth.dest_qp);
+    }
+
+    /// Attaches UD QP `qpn` to multicast group `mgid` (IBTA 10.5, `ibv_attach_mcast`);
+    /// `First` when the group had no member on this device (the transport joins it).
+    pub fn attach_mcast(&mut self, qpn: u32, mgid: Gid) -> Result<mcast::GroupChange, VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::NotFound)?;
+        if qp.init.qp_type != QpType::Ud {
+            return Err(VerbsError::InvalidRequest);
+        }
+        self.mcast.attach(mgid, qpn)
+    }
+
+    /// Detaches QP `qpn` from `mgid`; `Last` when the group has no member left.
+    pub fn detach_mcast(&mut self, qpn: u32, mgid: Gid) -> Result<mcast::GroupChange, VerbsError> {
+        self.mcast.detach(mgid, qpn)
+    }
+
+    /// The groups destroyed QPs left with no member since the last call.
+    pub fn take_emptied_groups(&mut self) -> Vec<Gid> {
+        std::mem::take(&mut self.mcast_emptied)
+    }
+
+    /// A datagram the transport received for multicast group `mgid` (its ICRC verified):
+    /// a UD SEND to DestQP 0xFFFFFF, delivered to each QP attached to the group (IBTA
+    /// 9.8.1, 10.5); anything else is dropped.
+    pub fn handle_multicast(&mut self, now: u64, src: Gid, mgid: Gid, ce: bool, packet: &[u8]) {
+        self.stats.rx_packets += 1;
+        let Ok(r) = RocePacket::new_checked(packet).and_then(|p| RoceRepr::parse(&p)) else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        if r.bth.tver != 0 || r.bth.dest_qp != mcast::MCAST_QPN || r.deth.is_none() {
+            self.stats.rx_unknown_qp += 1;
+            return;
+        }
+        self.now_hint = now;
+        let members = self.mcast.members(&mgid).to_vec();
+        for qpn in members {
+            let mut copy = r;
+            copy.bth.dest_qp = qpn;
+            self.receive_on_qp(now, src, ce, &copy);
+            self.touch(qpn);
+        }
     }
 
     /// A parsed packet for QP `r.bth.dest_qp` (not QP1).

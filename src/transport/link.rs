@@ -45,6 +45,13 @@ pub trait PacketRx: Send {
     }
     /// Gives up `port`'s CM requests.
     fn release_service(&mut self, _port: u16) {}
+    /// Starts receiving multicast group `mgid`'s datagrams (for the engine's
+    /// `handle_multicast`).
+    fn join(&mut self, _mgid: &crate::engine::verbs::Gid) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "multicast is not offered on this link"))
+    }
+    /// Stops receiving group `mgid`.
+    fn leave(&mut self, _mgid: &crate::engine::verbs::Gid) {}
 }
 
 /// Transport counters, shared by both halves (the engine counts the rest).

@@ -197,6 +197,11 @@ impl Share {
         self.epoll.as_raw_fd()
     }
 
+    /// The set behind [`Share::fd`], for the device's other sockets to join.
+    pub fn poll_set(&self) -> &super::sys::Epoll {
+        &self.epoll
+    }
+
     /// Takes the CM requests for `port` on this address: fails with `AddrInUse` if
     /// another device listens there.
     pub fn claim_service(&mut self, port: u16) -> io::Result<()> {

@@ -19,6 +19,7 @@ use super::link::{LinkStats, PacketRx, PacketTx};
 use super::pcap::FrameLog;
 use super::share::{self, Share};
 use super::sys::{self, RecvBatch};
+use super::udp_mcast::McastSockets;
 use crate::engine::rng::Rng;
 use crate::engine::verbs::Gid;
 use crate::engine::{Device, Transmit};
@@ -130,6 +131,10 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
     let mut tx = Vec::new();
     for _ in 0..cfg.source_ports.max(1) {
         let s = open_socket(SocketAddr::new(cfg.addr, 0), false)?;
+        if let IpAddr::V4(v4) = cfg.addr {
+            // Multicast leaves from the device's interface (loopback too), not the default route's.
+            socket2::SockRef::from(&s).set_multicast_if_v4(&v4)?;
+        }
         let port = s.local_addr()?.port();
         tx.push((s, port));
     }
@@ -148,14 +153,24 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
         batch: Vec::new(),
         offload,
     };
+    let poll_set = match share {
+        Some(_) => None,
+        None => {
+            let set = sys::Epoll::new()?;
+            set.add(sockets.rx.as_raw_fd())?;
+            Some(set)
+        }
+    };
     let rx_half = UdpRx {
         sockets,
         stats,
         log,
         batch: RecvBatch::new(RX_BATCH, rx_buffer),
         recovery: icrc::RecoveryCache::default(),
+        poll_set,
         share,
         looks: 0,
+        mcast: McastSockets::default(),
     };
     Ok((tx_half, rx_half))
 }
@@ -397,6 +412,11 @@ pub struct UdpRx {
     /// Calls to [`UdpRx::recv`], to look at forwarded packets now and then while the
     /// UDP socket is busy.
     looks: u32,
+    /// The multicast groups joined.
+    mcast: McastSockets,
+    /// The poll set when the address is not shared (the share has its own): the receive
+    /// socket and the groups' sockets.
+    poll_set: Option<sys::Epoll>,
 }
 
 /// Forwarded packets are looked for once in this many reads, busy or idle: a spinning
@@ -422,7 +442,34 @@ pub enum RxVerdict {
 impl UdpRx {
     /// The receive socket's descriptor, for a poll.
     pub fn fd(&self) -> RawFd {
-        self.share.as_ref().map_or(self.sockets.rx.as_raw_fd(), Share::fd)
+        match (&self.share, &self.poll_set) {
+            (Some(share), _) => share.fd(),
+            (None, Some(set)) => set.as_raw_fd(),
+            (None, None) => self.sockets.rx.as_raw_fd(),
+        }
+    }
+
+    /// The set [`UdpRx::fd`] stands for.
+    fn poll_set(&self) -> Option<&sys::Epoll> {
+        self.share.as_ref().map(Share::poll_set).or(self.poll_set.as_ref())
+    }
+
+    /// Starts receiving multicast group `mgid` on the device's port.
+    pub fn join(&mut self, mgid: &Gid) -> io::Result<()> {
+        let fd = self.mcast.join(mgid, self.sockets.local, self.sockets.port)?;
+        if let Some(set) = self.poll_set() {
+            set.add(fd)?;
+        }
+        Ok(())
+    }
+
+    /// Stops receiving group `mgid`.
+    pub fn leave(&mut self, mgid: &Gid) {
+        if let Some(fd) = self.mcast.leave(mgid) {
+            if let Some(set) = self.poll_set() {
+                set.remove(fd);
+            }
+        }
     }
 
     /// Reads what is queued (up to one batch, and what other devices on a shared address
@@ -430,11 +477,14 @@ impl UdpRx {
     pub fn recv(&mut self) -> io::Result<usize> {
         let udp = self.recv_udp();
         self.looks = self.looks.wrapping_add(1);
-        let Some(share) = self.share.as_mut() else { return udp };
-        let forwarded = if self.looks.is_multiple_of(FORWARD_LOOK_EVERY) { share.recv() } else { 0 };
+        let multicast = if self.mcast.any() { self.mcast.recv() } else { 0 };
+        let forwarded = match self.share.as_mut() {
+            Some(share) if self.looks.is_multiple_of(FORWARD_LOOK_EVERY) => share.recv(),
+            _ => 0,
+        };
         match udp {
-            Ok(n) => Ok(n + forwarded),
-            Err(_) if forwarded > 0 => Ok(forwarded),
+            Ok(n) => Ok(n + forwarded + multicast),
+            Err(_) if forwarded + multicast > 0 => Ok(forwarded + multicast),
             Err(e) => Err(e),
         }
     }
@@ -470,6 +520,25 @@ impl UdpRx {
         }
         self.batch = batch;
         self.deliver_forwarded(dev, now_ns);
+        self.deliver_multicast(dev, now_ns);
+    }
+
+    /// Checks and hands to `dev` what the group sockets read: each datagram's ICRC over an
+    /// IP header addressed to its group.
+    fn deliver_multicast(&mut self, dev: &mut Device, now_ns: u64) {
+        let port = self.sockets.port;
+        for (mgid, src, payload) in self.mcast.received() {
+            let group = gid_to_ip(&mgid);
+            match check_datagram(&mut self.recovery, src, (group, port), 0, payload) {
+                DatagramCheck::Good { src, ce, .. } => dev.handle_multicast(now_ns, src, mgid, ce, payload),
+                DatagramCheck::BadIcrc => {
+                    self.stats.rx_icrc_bad.fetch_add(1, Ordering::Relaxed);
+                }
+                DatagramCheck::Runt => {
+                    self.stats.rx_runt.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Checks and hands to `dev` what other devices on the address handed on to this one.
@@ -557,6 +626,12 @@ impl PacketRx for UdpRx {
         if let Some(s) = self.share.as_mut() {
             s.release_service(port);
         }
+    }
+    fn join(&mut self, mgid: &Gid) -> io::Result<()> {
+        UdpRx::join(self, mgid)
+    }
+    fn leave(&mut self, mgid: &Gid) {
+        UdpRx::leave(self, mgid)
     }
 }
 

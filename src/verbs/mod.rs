@@ -1007,6 +1007,24 @@ impl QueuePair {
         self.qpn
     }
 
+    /// `ibv_attach_mcast`: this UD QP receives the datagrams sent to multicast group
+    /// `mgid` (an IPv4-mapped class D address, as rdma_cm maps groups on RoCEv2) with
+    /// DestQP 0xFFFFFF. RoCEv2 on kernel UDP sockets only (IPv4); iWARP has no multicast.
+    pub fn attach_mcast(&self, mgid: Gid) -> Result<(), VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => s.attach_mcast(self.qpn, mgid),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
+    /// `ibv_detach_mcast`.
+    pub fn detach_mcast(&self, mgid: Gid) -> Result<(), VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => s.detach_mcast(self.qpn, mgid),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
     /// `ibv_modify_qp`. On iWARP, where connections move the state, only ERR is taken.
     /// A reset drops the QP's completions nobody polled yet, as mlx5 does (an
     /// application restarting a failed QP does not meet the old one's flushes).
@@ -1142,6 +1160,7 @@ impl Drop for QueuePair {
         match &self.backend {
             Backend::Roce(s) => {
                 let _ = s.with_core_at(|d, now| d.destroy_qp_at(now, self.qpn));
+                s.leave_emptied_groups();
             }
             Backend::Iwarp(s) => driver::iwarp::with(&**s, |d| d.destroy_qp(self.qpn)),
         }

@@ -1,0 +1,93 @@
+//! The multicast groups a device on kernel UDP sockets has joined: one socket per group,
+//! bound to the group's address and the RoCEv2 port (several devices and processes may
+//! bind it: each gets its copy), a member of the group on the device's interface. What
+//! arrives there is a datagram to DestQP 0xFFFFFF, checked against an IP header whose
+//! destination is the group and handed to `Device::handle_multicast`.
+
+use crate::engine::mcast::MAX_MCAST_GROUPS;
+use crate::engine::verbs::Gid;
+use crate::transport::headers::gid_to_ip;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Most datagrams one [`McastSockets::recv`] reads over all groups.
+const RECV_MAX: usize = 32;
+/// Largest datagram read (a 4096-byte MTU's packet with room to spare).
+const DATAGRAM_MAX: usize = 9216;
+
+struct Group {
+    mgid: Gid,
+    socket: UdpSocket,
+}
+
+/// The joined groups and what the last [`McastSockets::recv`] read from them.
+#[derive(Default)]
+pub struct McastSockets {
+    groups: Vec<Group>,
+    /// (group index, sender, buffer, length); buffers are kept from read to read.
+    received: Vec<(usize, SocketAddr, Vec<u8>, usize)>,
+    pending: usize,
+}
+
+impl McastSockets {
+    /// Joins `mgid` (an IPv4 multicast group as an IPv4-mapped GID) on the interface of
+    /// `local`, receiving on `port`; returns the socket's descriptor for the poll set.
+    pub fn join(&mut self, mgid: &Gid, local: IpAddr, port: u16) -> io::Result<RawFd> {
+        let (IpAddr::V4(group), IpAddr::V4(local)) = (gid_to_ip(mgid), local) else {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "multicast on IPv4 devices only"));
+        };
+        if !group.is_multicast() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a multicast group"));
+        }
+        if self.groups.len() >= MAX_MCAST_GROUPS {
+            return Err(io::Error::new(io::ErrorKind::OutOfMemory, "too many groups"));
+        }
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+        s.set_reuse_address(true)?;
+        s.bind(&SocketAddr::new(IpAddr::V4(group), port).into())?;
+        s.join_multicast_v4(&group, &local)?;
+        s.set_nonblocking(true)?;
+        let socket: UdpSocket = s.into();
+        let fd = socket.as_raw_fd();
+        self.groups.push(Group { mgid: *mgid, socket });
+        Ok(fd)
+    }
+
+    /// Leaves `mgid` (closing its socket); the descriptor to take out of the poll set.
+    pub fn leave(&mut self, mgid: &Gid) -> Option<RawFd> {
+        let at = self.groups.iter().position(|g| &g.mgid == mgid)?;
+        self.pending = 0;
+        let g = self.groups.remove(at);
+        Some(g.socket.as_raw_fd())
+    }
+
+    /// Reads what the group sockets hold, at most [`RECV_MAX`] datagrams, without
+    /// blocking; returns how many.
+    pub fn recv(&mut self) -> usize {
+        self.pending = 0;
+        for (i, g) in self.groups.iter().enumerate() {
+            while self.pending < RECV_MAX {
+                if self.received.len() == self.pending {
+                    let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+                    self.received.push((0, unspecified, vec![0u8; DATAGRAM_MAX], 0));
+                }
+                let slot = &mut self.received[self.pending];
+                let Ok((len, src)) = g.socket.recv_from(&mut slot.2) else { break };
+                (slot.0, slot.1, slot.3) = (i, src, len);
+                self.pending += 1;
+            }
+        }
+        self.pending
+    }
+
+    /// The datagrams of the last [`McastSockets::recv`]: (group, sender, bytes).
+    pub fn received(&self) -> impl Iterator<Item = (Gid, SocketAddr, &[u8])> {
+        self.received[..self.pending].iter().map(|(g, src, buf, len)| (self.groups[*g].mgid, *src, &buf[..*len]))
+    }
+
+    /// Whether any group is joined.
+    pub fn any(&self) -> bool {
+        !self.groups.is_empty()
+    }
+}
