@@ -115,6 +115,8 @@ pub struct SoftId {
     pub(crate) qp_gate: Arc<Mutex<bool>>,
     /// The PD `rdma_create_qp` made when given none.
     own_pd: Mutex<usize>,
+    /// Multicast groups joined, and whether the id's QP was attached ([`crate::mcast`]).
+    pub(crate) groups: Mutex<Vec<([u8; 16], bool)>>,
 }
 
 /// A raw pointer a worker thread carries (the objects it names outlive the thread by
@@ -272,6 +274,7 @@ pub(crate) fn new_id(
         listener: Mutex::new(None),
         qp_gate: Arc::new(Mutex::new(false)),
         own_pd: Mutex::new(0),
+        groups: Mutex::new(Vec::new()),
     };
     let id = Box::into_raw(Box::new(id));
     live_ids().insert(id as usize);

@@ -19,6 +19,7 @@ pub mod cq;
 pub mod cq_ex;
 pub mod device;
 pub mod event;
+pub mod mcast;
 pub mod mw;
 pub mod objects;
 mod ops;

@@ -5,7 +5,7 @@
 //! - rdma-core's provider-internal interface (`ibv_cmd_*`, `verbs_*`: IBVERBS_PRIVATE_34)
 //!   drives a kernel uverbs device; no softrdma device has one. Called anyway, each
 //!   answers EOPNOTSUPP (or NULL, or nothing).
-//! - Public verbs softrdma lacks so far (multicast, ECE, kernel-structure copies) answer
+//! - Public verbs softrdma lacks so far (ECE, kernel-structure copies) answer
 //!   the errno rdma-core gives when a provider lacks them.
 
 use std::ffi::{c_int, c_void};
@@ -130,7 +130,7 @@ pub extern "C" fn ibv_register_driver() {}
 std::arch::global_asm!(".symver ibv_register_driver, ibv_register_driver@IBVERBS_1.1");
 unsupported!("IBVERBS_1.0", *mut c_void, null(), [ibv_get_sysfs_path]);
 unsupported!("IBVERBS_1.1", (), (), [ibv_copy_ah_attr_from_kern]);
-unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_attach_mcast, ibv_detach_mcast, ibv_resolve_eth_l2_from_gid]);
+unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_resolve_eth_l2_from_gid]);
 unsupported!("IBVERBS_1.10", c_int, eopnotsupp(), [ibv_query_ece, ibv_set_ece]);
 // Importing another process's objects, dma-buf memory, re-registration, resizing a CQ.
 unsupported!("IBVERBS_1.10", *mut c_void, null(), [ibv_import_device, ibv_import_mr, ibv_import_pd]);
@@ -172,8 +172,6 @@ unsupported!("RDMACM_1.0", i64, i64::from(enosys()), [riomap]);
 // Nothing written: `size_t` has no -1.
 unsupported!("RDMACM_1.0", usize, enosys().max(0) as usize, [riowrite]);
 // librdmacm beyond what `cm.rs` implements.
-unsupported!("RDMACM_1.0", c_int, enosys(), [rdma_join_multicast, rdma_leave_multicast]);
-unsupported!("RDMACM_1.1", c_int, enosys(), [rdma_join_multicast_ex]);
 unsupported!("RDMACM_1.3", c_int, enosys(), [rdma_get_remote_ece, rdma_set_local_ece]);
 unsupported!("RDMACM_1.2", c_int, enosys(), [rdma_establish, rdma_init_qp_attr]);
 

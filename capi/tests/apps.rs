@@ -307,6 +307,26 @@ fn udaddy_finds_ud_peers_through_rdma_cm() {
     }
 }
 
+/// mckey, librdmacm's multicast example: a receiver with two UD ids joins a group and
+/// counts the sender's datagrams on each, so every datagram reaches both QPs (IBTA 10.5,
+/// 9.8.1; rdma_join_multicast on RoCEv2 with no subnet administrator).
+#[test]
+fn mckey_sends_to_a_group_and_each_member_qp_receives() {
+    let group = "239.30.3.1";
+    let server = tool("mckey", "127.0.30.3", &["-m", group, "-b", "127.0.30.3", "-c", "2", "-C", "40"])
+        .spawn()
+        .expect("mckey runs");
+    std::thread::sleep(Duration::from_millis(500));
+    let args = ["-m", group, "-b", "127.0.30.4", "-s", "-C", "40"];
+    let c = finish(tool("mckey", "127.0.30.4", &args).spawn().expect("mckey runs"), Duration::from_secs(30));
+    let s = finish(server, Duration::from_secs(15));
+    for (who, o) in [("sender", &c), ("receiver", &s)] {
+        let out = text(o);
+        assert!(o.status.success() && out.contains("data transfers complete"), "mckey {who}:\n{out}");
+        assert!(out.contains("joined dgid: ::ffff:239.30.3.1"), "mckey {who}:\n{out}");
+    }
+}
+
 /// perftest numbers its QPs by the order of its rdma_connect calls on the client and of
 /// the CONNECT_REQUESTs on the server, then sends each QP's addresses by that number: the
 /// requests must reach the server in the order they were made (capi/src/cm_order.rs). With
