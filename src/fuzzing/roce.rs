@@ -1,6 +1,6 @@
-//! Stateful fuzzing of a RoCEv2 device: an RC, a UC and a UD QP fed a fuzzer-chosen
-//! sequence of packets, as if from their peer (or a stranger), with time passing and
-//! timers firing. Oracles: no panic; replies, packets out and completions bounded; no
+//! Stateful fuzzing of a RoCEv2 device: an RC, a UC and a UD QP (a member of a multicast
+//! group) fed a fuzzer-chosen sequence of packets, as if from their peer (or a stranger),
+//! with time passing and timers firing. Oracles: no panic; replies, packets out and completions bounded; no
 //! completion lost twice or made up; no byte changed outside what a peer may write.
 
 use crate::engine::mem::{Access, Mr};
@@ -109,6 +109,9 @@ impl Harness {
         for attr in [init, rtr, rts] {
             self.dev.modify_qp(qpn, &attr).expect("a valid transition");
         }
+        if i == 2 {
+            self.dev.attach_mcast(qpn, group()).expect("a UD QP joins the group");
+        }
         self.up[i] = true;
         for _ in 0..RECVS {
             self.post_recv(qpn);
@@ -145,18 +148,27 @@ impl Harness {
 
     /// One packet: `sel` picks the QP (or a stranger's source), a CE mark and whether
     /// time passes and timers fire.
+    /// For the UD QP, a packet whose DestQP is 0xFFFFFF arrives as a multicast datagram
+    /// to the group that QP joined.
     fn step(&mut self, sel: u8, bytes: &[u8]) {
         let i = usize::from(sel & 3);
         let mut pkt = bytes.to_vec();
+        let multicast = i == 2 && pkt.get(5..8) == Some(&[0xff; 3][..]);
         if i < 3 && pkt.len() >= 12 {
-            pkt[5..8].copy_from_slice(&self.qps[i].to_be_bytes()[1..]);
+            if !multicast {
+                pkt[5..8].copy_from_slice(&self.qps[i].to_be_bytes()[1..]);
+            }
             if !self.up[i] {
                 self.bring_up(i, u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]]));
             }
         }
         let src = if i == 3 { self.stranger } else { self.peer };
         self.now += u64::from(sel >> 4) * 1_000_000;
-        self.dev.handle_packet_ecn(self.now, src, sel & 4 != 0, &pkt);
+        if multicast {
+            self.dev.handle_multicast(self.now, src, group(), sel & 4 != 0, &pkt);
+        } else {
+            self.dev.handle_packet_ecn(self.now, src, sel & 4 != 0, &pkt);
+        }
         if sel & 8 != 0 {
             self.dev.handle_timeout(self.now);
         }
@@ -186,6 +198,11 @@ impl Harness {
             assert!(g.mem.to_vec().iter().all(|b| *b == PATTERN), "a guard region changed");
         }
     }
+}
+
+/// The multicast group the UD QP joins.
+fn group() -> Gid {
+    ip_to_gid(Ipv4Addr::new(239, 0, 0, 7).into())
 }
 
 /// Input: records of [selector][length: u16 BE][packet: BTH .. ICRC].
