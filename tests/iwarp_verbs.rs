@@ -156,7 +156,10 @@ fn a_rejected_request_and_a_silent_peer_fail_cleanly() {
         let req = listener.get_request(T).expect("a request");
         req.reject(b"not today");
         match h.join().unwrap() {
-            Err(ConnectError::Rejected(why)) => assert!(why.contains("not today"), "{why}"),
+            Err(ConnectError::Rejected { why, private_data }) => {
+                assert!(why.contains("not today"), "{why}");
+                assert_eq!(private_data, b"not today", "the reject Reply's private data");
+            }
             other => panic!("expected a rejection: {other:?}"),
         }
     });

@@ -79,7 +79,11 @@ fn the_application_rejects_with_consumer_reject() {
     std::thread::scope(|s| {
         s.spawn(|| listener.get_request(WAIT).expect("a request").reject(b"go away"));
         match a.qp.connect(to, &param(b""), WAIT) {
-            Err(ConnectError::Rejected(why)) => assert!(why.contains("reason 28"), "{why}"),
+            Err(ConnectError::Rejected { why, private_data }) => {
+                assert!(why.contains("reason 28"), "{why}");
+                // IBTA 12.6.7: the REJ carries the rejecting side's private data.
+                assert_eq!(&private_data[..7], b"go away", "the REJ's private data");
+            }
             other => panic!("expected a REJ, got {other:?}"),
         }
     });

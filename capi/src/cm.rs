@@ -10,11 +10,11 @@ use crate::ffi;
 use crate::objects::{ibv_alloc_pd, ibv_dealloc_pd};
 use crate::qp::{create_qp, ibv_destroy_qp, soft_qp};
 use softrdma::verbs::{ConnParam, ConnRequest, ConnectError, Listener, QpState, QueuePair};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -117,6 +117,8 @@ pub struct SoftId {
     own_pd: Mutex<usize>,
     /// Multicast groups joined, and whether the id's QP was attached ([`crate::mcast`]).
     pub(crate) groups: Mutex<Vec<([u8; 16], bool)>>,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the Local ACK Timeout the QP gets in RTS.
+    ack_timeout: Mutex<Option<u8>>,
 }
 
 /// A raw pointer a worker thread carries (the objects it names outlive the thread by
@@ -275,6 +277,7 @@ pub(crate) fn new_id(
         qp_gate: Arc::new(Mutex::new(false)),
         own_pd: Mutex::new(0),
         groups: Mutex::new(Vec::new()),
+        ack_timeout: Mutex::new(None),
     };
     let id = Box::into_raw(Box::new(id));
     live_ids().insert(id as usize);
@@ -410,6 +413,7 @@ fn bind_device(id: &mut SoftId, local: Option<SocketAddr>, peer: Option<SocketAd
     let ctx = context_for(local.map(|a| a.ip()), peer.map(|a| a.ip())).ok_or(libc::EADDRNOTAVAIL)?;
     id.ibv.verbs = ctx;
     id.ibv.port_num = 1;
+    id.ibv.pd = default_pd(ctx);
     // A wildcard source becomes the device's own address, keeping the port.
     // SAFETY: an open context.
     let dev_ip = unsafe { soft_context(ctx) }.map(|s| s.device.cfg.addr).ok_or(libc::ENODEV)?;
@@ -534,7 +538,9 @@ unsafe fn attach_qp(
     if s.ibv.verbs.is_null() || !s.ibv.qp.is_null() {
         return einval();
     }
-    let pd = if pd.is_null() {
+    let pd = if pd.is_null() && !s.ibv.pd.is_null() {
+        s.ibv.pd
+    } else if pd.is_null() {
         // SAFETY: the id's context is open.
         let own = unsafe { ibv_alloc_pd(s.ibv.verbs) };
         *s.own_pd.lock().unwrap_or_else(|e| e.into_inner()) = own as usize;
@@ -676,7 +682,16 @@ fn failure(id: *mut ffi::rdma_cm_id, e: &ConnectError) -> Box<EventBox> {
     match e {
         // The status of a rejection is the CM's REJ reason (IBTA 12.6.7.2): 28 consumer
         // reject, 8 invalid ServiceID (nobody listens).
-        ConnectError::Rejected(_) => event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, 28),
+        ConnectError::Rejected { private_data, .. } => {
+            let mut b = event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, 28);
+            // The rejecting side's private data, as librdmacm hands it over.
+            b.private_data = private_data.clone();
+            // SAFETY: the conn member is the one connection events fill; plain C data.
+            let conn = unsafe { &mut b.ev.param.conn };
+            conn.private_data = b.private_data.as_ptr().cast();
+            conn.private_data_len = b.private_data.len().min(255) as u8;
+            b
+        }
         ConnectError::NoListener(_) => event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, 8),
         // As the kernel's rdma_cm reports an iWARP connect the peer's TCP refused.
         ConnectError::Refused(_) => event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED),
@@ -692,11 +707,13 @@ struct Setup {
     at: Ptr,
     gate: Arc<Mutex<bool>>,
     queue: Arc<Queue>,
+    ack_timeout: Option<u8>,
 }
 
 impl Setup {
     fn of(s: &SoftId, id: *mut ffi::rdma_cm_id) -> Setup {
-        Setup { at: Ptr(id as usize), gate: s.qp_gate.clone(), queue: s.queue.clone() }
+        let ack_timeout = *s.ack_timeout.lock().unwrap_or_else(|e| e.into_inner());
+        Setup { at: Ptr(id as usize), gate: s.qp_gate.clone(), queue: s.queue.clone(), ack_timeout }
     }
 
     /// Runs `f` on the id's QP with the gate held (so the QP cannot go meanwhile).
@@ -716,15 +733,21 @@ impl Setup {
     /// ([`crate::cm_watch`]), and reported at once if its QP is in ERR already.
     fn report(self, ev: Box<EventBox>) {
         let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
-        self.queue.push(ev);
         if !up {
+            self.queue.push(ev);
             return;
         }
         let live = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the gate is held and says the id's QP lives.
         let Some(q) = (*live).then(|| unsafe { soft_qp((*(self.at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten() else {
+            self.queue.push(ev);
             return;
         };
+        if let Some(t) = self.ack_timeout {
+            // The kernel's rdma_cm sets the option's timeout as it moves the QP to RTS.
+            let _ = q.qp.modify(&softrdma::verbs::QpAttr { timeout: Some(t), ..Default::default() });
+        }
+        self.queue.push(ev);
         // SAFETY: a live QP's context is open.
         let Some(device) = (unsafe { soft_context(q.ibv().context) }).map(|c| crate::event::device_key(c.device))
         else {
@@ -797,6 +820,18 @@ pub unsafe extern "C" fn rdma_listen(id: *mut ffi::rdma_cm_id, _backlog: c_int) 
     0
 }
 
+/// The PD librdmacm gives every id bound to device `ctx` (`id->pd`, what `rdma_create_qp`
+/// uses when given none; pyverbs makes its PD object from it before the QP exists): one
+/// per device, made on first use and kept for the process, as librdmacm keeps it while
+/// the device is open.
+pub(crate) fn default_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_pd {
+    static PDS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    let mut pds = PDS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: an open context of this library, open for the process (cm_addr::contexts).
+    let pd = *pds.entry(ctx as usize).or_insert_with(|| unsafe { ibv_alloc_pd(ctx) } as usize);
+    pd as *mut ffi::ibv_pd
+}
+
 /// A new id for a request on listener `parent` from `peer`, on the listener's device and
 /// route. A synchronous listener's requests are synchronous ids too (librdmacm migrates
 /// them to channels of their own); the others report on the listener's channel.
@@ -807,6 +842,7 @@ pub(crate) fn child_id(parent: &SoftId, peer: Option<SocketAddr>) -> Option<*mut
     let c = unsafe { &mut *child };
     c.ibv.verbs = parent.ibv.verbs;
     c.ibv.port_num = 1;
+    c.ibv.pd = parent.ibv.pd;
     c.ibv.route = parent.ibv.route;
     if let Some(peer) = peer {
         // SAFETY: writing the storage member of the union.
@@ -937,15 +973,39 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
     0
 }
 
-/// `rdma_set_option`: accepted and ignored (type of service, address reuse).
+/// `rdma_set_option`: `RDMA_OPTION_ID_ACK_TIMEOUT` sets the Local ACK Timeout the id's
+/// QP gets in RTS (and that `ibv_query_qp` reports from now); the others (type of service,
+/// address reuse) are accepted and ignored.
+///
+/// # Safety
+/// `id` is a live id; `val` points at `len` bytes.
 #[no_mangle]
-pub extern "C" fn rdma_set_option(
-    _id: *mut ffi::rdma_cm_id,
-    _level: c_int,
-    _name: c_int,
-    _val: *mut c_void,
-    _len: usize,
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut ffi::rdma_cm_id,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: usize,
 ) -> c_int {
+    let ack_timeout = level == ffi::RDMA_OPTION_ID as c_int && name == ffi::RDMA_OPTION_ID_ACK_TIMEOUT as c_int;
+    if !ack_timeout {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
+    if val.is_null() || len != 1 {
+        return einval();
+    }
+    // SAFETY: one byte at `val`.
+    let t = unsafe { *val.cast::<u8>() };
+    if t > 31 {
+        return einval();
+    }
+    *s.ack_timeout.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+    // SAFETY: the id's QP, if any, is this library's.
+    if let Some(q) = unsafe { soft_qp(s.ibv.qp) } {
+        q.set.lock().unwrap_or_else(|e| e.into_inner()).timeout = t;
+    }
     0
 }
 

@@ -71,7 +71,7 @@ fn resolved(id: *mut ffi::rdma_cm_id, p: UdPeer) -> Box<EventBox> {
 fn unresolved(id: *mut ffi::rdma_cm_id, e: &ConnectError) -> Box<EventBox> {
     let status = match e {
         ConnectError::NoListener(_) => c_int::from(sidr_status::UNSUPPORTED_SERVICE),
-        ConnectError::Rejected(_) => c_int::from(sidr_status::REJECTED),
+        ConnectError::Rejected { .. } => c_int::from(sidr_status::REJECTED),
         _ => -libc::ETIMEDOUT,
     };
     event(id, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_UNREACHABLE, status)

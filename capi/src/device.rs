@@ -14,6 +14,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of, zeroed};
 use std::net::IpAddr;
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// A configured device, its `ibv_device` first so that the pointer handed out is its own.
@@ -25,23 +26,46 @@ pub struct SoftDevice {
     pub cfg: DeviceConfig,
     /// The engine, opened when the first object of any context needs it: every context
     /// of the device in this process shares it (one address, one port), as every context
-    /// of a kernel device shares the device.
-    engine: OnceLock<Context>,
-    /// Serializes the first opening.
+    /// of a kernel device shares the device. Never freed (the device lives as long).
+    engine: AtomicPtr<Context>,
+    /// The fork generation ([`FORKS`]) the engine was opened in.
+    engine_generation: AtomicU32,
+    /// Serializes the opening.
     opening: Mutex<()>,
+}
+
+/// Children forked so far on this process's line (a `pthread_atfork` handler counts
+/// them). A child has none of its parent's threads, so an engine its parent opened moves
+/// no packet there: the child opens its own (rdma-core's Python tests fork each side of
+/// a connection from a process that used the device already).
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn forked_child() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+#[allow(unsafe_code)]
+fn count_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a handler that only increments an atomic, safe after fork.
+    ONCE.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(forked_child));
+    });
 }
 
 impl SoftDevice {
     /// The engine, opened now if not yet (binding the device's address): an errno if it
     /// cannot be (EADDRINUSE when another process holds the port).
     pub fn engine(&self) -> Result<&Context, c_int> {
-        if let Some(c) = self.engine.get() {
+        if let Some(c) = self.current_engine() {
             return Ok(c);
         }
         let _once = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = self.engine.get() {
+        if let Some(c) = self.current_engine() {
             return Ok(c);
         }
+        count_forks();
+        let generation = FORKS.load(Ordering::Acquire);
         let cfg = &self.cfg;
         let mut open = OpenConfig::new(cfg.addr);
         open.transport = cfg.transport;
@@ -52,7 +76,19 @@ impl SoftDevice {
         })?;
         crate::event::install_handler(self, &ctx);
         crate::cm_watch::install(crate::event::device_key(self), &ctx);
-        Ok(self.engine.get_or_init(|| ctx))
+        let ctx: &'static Context = Box::leak(Box::new(ctx));
+        self.engine_generation.store(generation, Ordering::Release);
+        self.engine.store((ctx as *const Context).cast_mut(), Ordering::Release);
+        Ok(ctx)
+    }
+
+    /// The engine this process opened, if it did (not one a parent process opened).
+    #[allow(unsafe_code)]
+    fn current_engine(&self) -> Option<&Context> {
+        let p = self.engine.load(Ordering::Acquire);
+        let ours = self.engine_generation.load(Ordering::Acquire) == FORKS.load(Ordering::Acquire);
+        // SAFETY: a non-null engine pointer is a leaked Box, valid for the process.
+        (!p.is_null() && ours).then(|| unsafe { &*p })
     }
 }
 
@@ -99,7 +135,13 @@ fn soft_device(cfg: DeviceConfig) -> SoftDevice {
     ibv.transport_type = transport;
     copy_c_string(&mut ibv.name, &cfg.name);
     copy_c_string(&mut ibv.dev_name, &cfg.name);
-    SoftDevice { ibv, cfg, engine: OnceLock::new(), opening: Mutex::new(()) }
+    SoftDevice {
+        ibv,
+        cfg,
+        engine: AtomicPtr::new(null_mut()),
+        engine_generation: AtomicU32::new(0),
+        opening: Mutex::new(()),
+    }
 }
 
 /// Copies `s` into a C string field, truncated to leave its NUL.

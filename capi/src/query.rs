@@ -37,6 +37,13 @@ fn device_attr(soft: &SoftContext) -> ffi::ibv_device_attr {
         // Memory windows, type 1 and 2B (IBTA 10.6.7); not on iWARP, as siw.
         a.device_cap_flags |= ffi::IBV_DEVICE_MEM_WINDOW | ffi::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
         a.max_mw = OBJECTS_MAX;
+        // Multicast (IBTA 10.5), on IPv4 devices over kernel UDP sockets.
+        if cfg.addr.is_ipv4() {
+            use softrdma::engine::mcast::{MAX_MCAST_GROUPS, MAX_MCAST_MEMBERS};
+            a.max_mcast_grp = MAX_MCAST_GROUPS as c_int;
+            a.max_mcast_qp_attach = MAX_MCAST_MEMBERS as c_int;
+            a.max_total_mcast_qp_attach = (MAX_MCAST_GROUPS * MAX_MCAST_MEMBERS) as c_int;
+        }
     }
     a.max_sge = SGE_MAX;
     a.max_sge_rd = SGE_MAX;

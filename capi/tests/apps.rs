@@ -414,6 +414,14 @@ fn memory_windows_open_and_close_remote_access() {
     c_program("memory_windows", "127.0.29.3", "memory windows ok");
 }
 
+/// librdmacm's details: id->pd before any QP, private data on REJECTED, the ACK timeout
+/// option on both sides, and a forked child connecting on its own
+/// (capi/tests/c/rdma_cm_details.c; each found by rdma-core's Python suite).
+#[test]
+fn rdma_cm_details_hold_as_librdmacm_has_them() {
+    c_program("rdma_cm_details", "127.0.29.4", "rdma_cm details ok");
+}
+
 /// Builds capi/tests/c/`name`.c against rdma-core's headers, runs it on the library with
 /// a device on `addr`, and checks it printed `ok`.
 fn c_program(name: &str, addr: &str, ok: &str) {
@@ -422,7 +430,8 @@ fn c_program(name: &str, addr: &str, ok: &str) {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let exe = dir.join(name);
     let source = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
-    let cc = Command::new("cc").args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).arg("-libverbs").output();
+    let mut cc = Command::new("cc");
+    let cc = cc.args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).args(["-libverbs", "-lrdmacm"]).output();
     let cc = cc.expect("a C compiler (cc) runs");
     assert!(cc.status.success(), "{name}.c builds:\n{}", text(&cc));
     let run = tool(exe.to_str().unwrap(), addr, &[]).spawn().expect("the program runs");

@@ -29,9 +29,10 @@ pub fn failure(f: &CmFailure) -> ConnectError {
         CmFailure::Rejected { reason: crate::cm::reason::INVALID_SERVICE_ID, .. } => {
             ConnectError::NoListener("CM REJ, reason 8 (invalid ServiceID)".into())
         }
-        CmFailure::Rejected { reason, .. } => {
-            ConnectError::Rejected(format!("CM REJ, reason {reason} ({})", reason_text(*reason)))
-        }
+        CmFailure::Rejected { reason, private_data } => ConnectError::Rejected {
+            why: format!("CM REJ, reason {reason} ({})", reason_text(*reason)),
+            private_data: private_data.clone(),
+        },
         CmFailure::Timeout => ConnectError::Timeout,
         CmFailure::Qp(e) => ConnectError::Mpa(format!("the QP refused the connection's attributes: {e:?}")),
     }
@@ -115,7 +116,9 @@ pub fn connect(
             d.with_core_at(|dev, now| dev.with_cm(now, |cm, _| cm.forget(id)));
             Err(e)
         }
-        Some(ConnStatus::Disconnected) | None => Err(ConnectError::Rejected("the connection was torn down".into())),
+        Some(ConnStatus::Disconnected) | None => {
+            Err(ConnectError::Rejected { why: "the connection was torn down".into(), private_data: Vec::new() })
+        }
     }
 }
 
@@ -191,7 +194,7 @@ pub fn accept(d: &RoceDriver, id: ConnId, qpn: u32, p: &ConnParam) -> Result<(),
     match wait_settled(d, id, None) {
         Some(ConnStatus::Established) => Ok(()),
         Some(ConnStatus::Failed(f)) => Err(failure(&f)),
-        _ => Err(ConnectError::Rejected("the initiator went away".into())),
+        _ => Err(ConnectError::Rejected { why: "the initiator went away".into(), private_data: Vec::new() }),
     }
 }
 
@@ -272,7 +275,9 @@ pub fn resolve_ud(
             Some(SidrStatus::Refused(crate::proto::cm::msg::sidr_status::UNSUPPORTED_SERVICE)) => {
                 break Err(ConnectError::NoListener("SIDR_REP: unsupported service".into()))
             }
-            Some(SidrStatus::Refused(s)) => break Err(ConnectError::Rejected(format!("SIDR_REP status {s}"))),
+            Some(SidrStatus::Refused(s)) => {
+                break Err(ConnectError::Rejected { why: format!("SIDR_REP status {s}"), private_data: Vec::new() })
+            }
             Some(SidrStatus::Timeout) => break Err(ConnectError::Timeout),
         }
     };

@@ -85,8 +85,14 @@ pub enum ConnectError {
     /// The peer's host refused the TCP connection (a reset answering the SYN: nobody
     /// listens on that port).
     Refused(String),
-    /// The peer rejected the connection in MPA or the CM.
-    Rejected(String),
+    /// The peer rejected the connection in MPA or the CM: why, and the private data its
+    /// rejection carried (what librdmacm's REJECTED event hands the application).
+    Rejected {
+        /// Why, for people.
+        why: String,
+        /// The peer's private data (the CM's REJ or MPA's reject Reply).
+        private_data: Vec<u8>,
+    },
     /// Nobody listens on that port (RoCEv2: the CM's REJ "invalid ServiceID").
     NoListener(String),
     /// MPA setup failed (a protocol error, or the peer's silence).
@@ -102,7 +108,7 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::Tcp(e) => write!(f, "TCP: {e}"),
             ConnectError::Refused(e) => write!(f, "TCP connection refused: {e}"),
-            ConnectError::Rejected(e) => write!(f, "rejected: {e}"),
+            ConnectError::Rejected { why, .. } => write!(f, "rejected: {why}"),
             ConnectError::NoListener(e) => write!(f, "nobody listens there: {e}"),
             ConnectError::Mpa(e) => write!(f, "MPA setup: {e}"),
             ConnectError::Timeout => write!(f, "no connection in time"),

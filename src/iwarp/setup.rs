@@ -126,6 +126,15 @@ pub struct Setup {
     defer: bool,
     /// The held Request frame.
     request: Vec<u8>,
+    /// Initiator: the private data of the responder's reject Reply.
+    reject_data: Vec<u8>,
+}
+
+impl Setup {
+    /// Initiator: the private data the responder's reject Reply carried (empty if none).
+    pub fn peer_reject_data(&self) -> &[u8] {
+        &self.reject_data
+    }
 }
 
 /// A held MPA Request, as the application sees it (rdma_cm's connect request).
@@ -185,6 +194,7 @@ impl Setup {
             outcome: None,
             defer: false,
             request: Vec::new(),
+            reject_data: Vec::new(),
         }
     }
 
@@ -382,6 +392,7 @@ impl Setup {
     fn take_reply(&mut self, f: &MpaFrameRepr<'_>) {
         let p = &self.policy;
         if f.reject {
+            self.reject_data = f.private_data.to_vec();
             let pd = String::from_utf8_lossy(f.private_data).into_owned();
             return self.finish(Outcome::Rejected(format!("the responder rejected the connection ({pd:?})")));
         }

@@ -160,6 +160,7 @@ impl IwarpDevice {
         let out = setup.take_output();
         let held = setup.pending_request().is_some();
         let outcome = setup.outcome().cloned();
+        let reject_data = setup.peer_reject_data().to_vec();
         c.queue(out);
         if !c.announced && held {
             c.announced = true;
@@ -170,7 +171,7 @@ impl IwarpDevice {
         match outcome {
             None => self.refill(t),
             Some(Outcome::Established(neg)) => self.establish(t, &neg),
-            Some(Outcome::Rejected(why)) => self.fail(t, ConnectError::Rejected(why)),
+            Some(Outcome::Rejected(why)) => self.fail(t, ConnectError::Rejected { why, private_data: reject_data }),
             Some(Outcome::Failed(why)) => self.fail(t, ConnectError::Mpa(why)),
         }
     }

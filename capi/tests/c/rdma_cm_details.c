@@ -1,0 +1,142 @@
+/* rdma_cm details applications rely on, each as librdmacm does it: an id bound to a device
+ * has the device's PD (id->pd) before any QP, and rdma_create_qp with no PD uses it; a
+ * REJECTED event carries the rejecting side's private data; RDMA_OPTION_ID_ACK_TIMEOUT is
+ * the QP's Local ACK Timeout (ibv_query_qp) on both sides; and a child forked after its
+ * parent used the device connects on its own (a forked process has none of its parent's
+ * threads). Built against rdma-core's headers and run on softrdma's library by
+ * capi/tests/apps.rs, on the device SOFTRDMA_DEVICES names. Prints "rdma_cm details ok". */
+#include <arpa/inet.h>
+#include <rdma/rdma_cma.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHECK(c, what) do { if (!(c)) { fprintf(stderr, "failed: %s\n", what); exit(1); } } while (0)
+
+static struct sockaddr_in server_addr;
+
+/* The next event on `ch`, which must be `type`; its id and status, and a copy of its
+ * private data in `data` (NUL-terminated). */
+static struct rdma_cm_id *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type, char *data)
+{
+	struct rdma_cm_event *e;
+	CHECK(!rdma_get_cm_event(ch, &e), "rdma_get_cm_event");
+	if (e->event != type)
+		fprintf(stderr, "got %s, wanted %s\n", rdma_event_str(e->event), rdma_event_str(type));
+	CHECK(e->event == type, "the expected event");
+	struct rdma_cm_id *id = e->id;
+	if (data) {
+		size_t n = e->param.conn.private_data_len;
+		memcpy(data, e->param.conn.private_data ? e->param.conn.private_data : "", n);
+		data[n] = 0;
+	}
+	rdma_ack_cm_event(e);
+	return id;
+}
+
+static void make_qp(struct rdma_cm_id *id)
+{
+	struct ibv_qp_init_attr a = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	CHECK(!rdma_create_qp(id, NULL, &a), "rdma_create_qp");
+	CHECK(id->qp->pd == id->pd, "rdma_create_qp with no PD uses id->pd");
+}
+
+/* A client id on `ch`, its address and route resolved to the server, with a QP. */
+static struct rdma_cm_id *client(struct rdma_event_channel *ch)
+{
+	struct rdma_cm_id *id;
+	CHECK(!rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), "rdma_create_id");
+	CHECK(!rdma_resolve_addr(id, NULL, (struct sockaddr *)&server_addr, 2000), "rdma_resolve_addr");
+	expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, NULL);
+	CHECK(id->verbs && id->pd, "a resolved id has its device's PD");
+	CHECK(!rdma_resolve_route(id, 2000), "rdma_resolve_route");
+	expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL);
+	make_qp(id);
+	return id;
+}
+
+static void set_ack_timeout(struct rdma_cm_id *id, uint8_t t)
+{
+	CHECK(!rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t), "ACK timeout");
+}
+
+static int qp_timeout(struct rdma_cm_id *id)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr i;
+	CHECK(!ibv_query_qp(id->qp, &a, IBV_QP_TIMEOUT, &i), "ibv_query_qp");
+	return a.timeout;
+}
+
+/* Accepts the next request on `ch` (whose ESTABLISHED events follow, the server's and,
+ * when `client_too`, the client's, in either order). */
+static struct rdma_cm_id *accept_next(struct rdma_event_channel *ch, uint8_t ack_timeout, int client_too)
+{
+	struct rdma_cm_id *child = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
+	make_qp(child);
+	set_ack_timeout(child, ack_timeout);
+	struct rdma_conn_param p = { .responder_resources = 1, .initiator_depth = 1 };
+	CHECK(!rdma_accept(child, &p), "rdma_accept");
+	CHECK(qp_timeout(child) == ack_timeout, "the accepting side's QP has the option's timeout");
+	for (int i = 0; i < 1 + client_too; i++)
+		expect(ch, RDMA_CM_EVENT_ESTABLISHED, NULL);
+	return child;
+}
+
+int main(void)
+{
+	const char *devices = getenv("SOFTRDMA_DEVICES");
+	char ip[64];
+	CHECK(devices && sscanf(devices, "%*s %*s %63s", ip) == 1, "the device's address");
+	server_addr.sin_family = AF_INET;
+	server_addr.sin_port = htons(7471);
+	CHECK(inet_pton(AF_INET, ip, &server_addr.sin_addr) == 1, "an IPv4 address");
+
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *listener;
+	CHECK(ch && !rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP), "the listener's id");
+	CHECK(!rdma_bind_addr(listener, (struct sockaddr *)&server_addr), "rdma_bind_addr");
+	CHECK(listener->pd, "a bound id has its device's PD");
+	CHECK(!rdma_listen(listener, 8), "rdma_listen");
+
+	/* Rejected with private data. */
+	struct rdma_cm_id *a = client(ch);
+	struct rdma_conn_param p = { .private_data = "hello", .private_data_len = 6, .initiator_depth = 1 };
+	CHECK(!rdma_connect(a, &p), "rdma_connect");
+	struct rdma_cm_id *req = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
+	CHECK(!rdma_reject(req, "not now", 8), "rdma_reject");
+	char data[256];
+	expect(ch, RDMA_CM_EVENT_REJECTED, data);
+	CHECK(!strcmp(data, "not now"), "the REJECTED event carries the rejecting side's private data");
+	rdma_destroy_id(req);
+
+	/* The ACK timeout option, on both sides. */
+	struct rdma_cm_id *b = client(ch);
+	set_ack_timeout(b, 9);
+	CHECK(!rdma_connect(b, &p), "rdma_connect");
+	accept_next(ch, 10, 1);
+	CHECK(qp_timeout(b) == 9, "the connecting side's QP has the option's timeout");
+
+	/* A forked child connects on its own while the parent serves. */
+	pid_t pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		struct rdma_event_channel *own = rdma_create_event_channel();
+		struct rdma_cm_id *c = client(own);
+		CHECK(!rdma_connect(c, &p), "the child's rdma_connect");
+		expect(own, RDMA_CM_EVENT_ESTABLISHED, NULL);
+		_exit(0);
+	}
+	accept_next(ch, 12, 0);
+	int status;
+	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "the forked child connected");
+	printf("rdma_cm details ok\n");
+	return 0;
+}
