@@ -119,6 +119,9 @@ pub struct SoftId {
     pub(crate) groups: Mutex<Vec<([u8; 16], bool)>>,
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the Local ACK Timeout the QP gets in RTS.
     ack_timeout: Mutex<Option<u8>>,
+    /// The application's own QP (`ibv_create_qp`) this id connects, named by the
+    /// connection parameters' `qp_num`, when the id has none of its own (`id->qp` NULL).
+    external_qp: Mutex<usize>,
 }
 
 /// A raw pointer a worker thread carries (the objects it names outlive the thread by
@@ -278,6 +281,7 @@ pub(crate) fn new_id(
         own_pd: Mutex::new(0),
         groups: Mutex::new(Vec::new()),
         ack_timeout: Mutex::new(None),
+        external_qp: Mutex::new(0),
     };
     let id = Box::into_raw(Box::new(id));
     live_ids().insert(id as usize);
@@ -708,38 +712,57 @@ struct Setup {
     gate: Arc<Mutex<bool>>,
     queue: Arc<Queue>,
     ack_timeout: Option<u8>,
+    /// The application's own QP, when the id has none ([`SoftId::external_qp`]).
+    external: usize,
 }
 
 impl Setup {
     fn of(s: &SoftId, id: *mut ffi::rdma_cm_id) -> Setup {
         let ack_timeout = *s.ack_timeout.lock().unwrap_or_else(|e| e.into_inner());
-        Setup { at: Ptr(id as usize), gate: s.qp_gate.clone(), queue: s.queue.clone(), ack_timeout }
+        let external = if s.ibv.qp.is_null() { *s.external_qp.lock().unwrap_or_else(|e| e.into_inner()) } else { 0 };
+        Setup { at: Ptr(id as usize), gate: s.qp_gate.clone(), queue: s.queue.clone(), ack_timeout, external }
     }
 
-    /// Runs `f` on the id's QP with the gate held (so the QP cannot go meanwhile).
+    /// The QP being connected: the id's, or the application's own.
+    ///
+    /// # Safety
+    /// The gate is held and says the QP lives.
+    unsafe fn qp(&self) -> Option<&crate::qp::SoftQp> {
+        // SAFETY: the caller's contract; the id outlives its setup thread.
+        let own = unsafe { (*(self.at.0 as *mut ffi::rdma_cm_id)).qp };
+        let qp = if own.is_null() { self.external as *mut ffi::ibv_qp } else { own };
+        // SAFETY: a live QP of this library (the gate).
+        unsafe { soft_qp(qp) }
+    }
+
+    /// Runs `f` on the QP with the gate held (so the QP cannot go meanwhile).
     fn with_qp<T>(&self, f: impl FnOnce(&QueuePair) -> Result<T, ConnectError>) -> Result<T, ConnectError> {
         let live = self.gate.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the gate is held and says the id's QP lives.
-        let qp = (*live).then(|| unsafe { soft_qp((*(self.at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten();
+        // SAFETY: the gate is held and says the QP lives.
+        let qp = (*live).then(|| unsafe { self.qp() }).flatten();
         qp.map_or(Err(ConnectError::Invalid("the QP went")), |q| f(&q.qp))
     }
 
     fn established(&self, data: Vec<u8>, p: &ConnParam) -> Box<EventBox> {
+        self.event(ffi::RDMA_CM_EVENT_ESTABLISHED, data, p)
+    }
+
+    fn event(&self, kind: ffi::rdma_cm_event_type, data: Vec<u8>, p: &ConnParam) -> Box<EventBox> {
         let depths = (p.responder_resources, p.initiator_depth);
-        conn_event(self.at.0 as *mut _, std::ptr::null_mut(), ffi::RDMA_CM_EVENT_ESTABLISHED, data, depths)
+        conn_event(self.at.0 as *mut _, std::ptr::null_mut(), kind, data, depths)
     }
 
     /// Queues how the setup ended; a connection that came up is then watched for its end
     /// ([`crate::cm_watch`]), and reported at once if its QP is in ERR already.
     fn report(self, ev: Box<EventBox>) {
-        let up = ev.ev.event == ffi::RDMA_CM_EVENT_ESTABLISHED;
+        let up = matches!(ev.ev.event, ffi::RDMA_CM_EVENT_ESTABLISHED | ffi::RDMA_CM_EVENT_CONNECT_RESPONSE);
         if !up {
             self.queue.push(ev);
             return;
         }
         let live = self.gate.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the gate is held and says the id's QP lives.
-        let Some(q) = (*live).then(|| unsafe { soft_qp((*(self.at.0 as *mut ffi::rdma_cm_id)).qp) }).flatten() else {
+        // SAFETY: the gate is held and says the QP lives.
+        let Some(q) = (*live).then(|| unsafe { self.qp() }).flatten() else {
             self.queue.push(ev);
             return;
         };
@@ -770,7 +793,11 @@ impl Setup {
 pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn_param) -> c_int {
     // SAFETY: the caller's contract.
     let Some(s) = (unsafe { soft_id(id) }) else { return einval() };
-    let (Some(peer), false) = (addrs(s).1, s.ibv.qp.is_null()) else { return einval() };
+    let Some(peer) = addrs(s).1 else { return einval() };
+    // SAFETY: the caller's contract.
+    if s.ibv.qp.is_null() && !crate::cm_ud::is_ud(s) && !unsafe { take_external_qp(s, param) } {
+        return einval();
+    }
     // SAFETY: the caller's contract.
     let p = conn_param(unsafe { param.as_ref() });
     if crate::cm_ud::is_ud(s) {
@@ -784,6 +811,8 @@ pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi:
         ticket.wait_turn(crate::cm_order::TURN_WAIT_MAX);
         let sent = &mut || ticket.sent();
         let ev = match conn.with_qp(|q| q.connect_reporting(peer, &p, CONNECT_TIMEOUT, sent)) {
+            // The application's own QP: it calls rdma_establish after this event.
+            Ok(data) if conn.external != 0 => conn.event(ffi::RDMA_CM_EVENT_CONNECT_RESPONSE, data, &p),
             Ok(data) => conn.established(data, &p),
             Err(e) => failure(conn.at.0 as *mut _, &e),
         };
@@ -791,6 +820,99 @@ pub unsafe extern "C" fn rdma_connect(id: *mut ffi::rdma_cm_id, param: *mut ffi:
     });
     // SAFETY: the caller's contract.
     unsafe { complete(id) }
+}
+
+/// An id with no QP of its own connects the application's QP the connection parameters
+/// name (`qp_num`, a QP of the id's device): the CM moves it as it moves an id's QP, and
+/// destroying it closes the id's gate. False if there is no such QP.
+///
+/// # Safety
+/// `param` is NULL or connection parameters.
+unsafe fn take_external_qp(s: &SoftId, param: *const ffi::rdma_conn_param) -> bool {
+    // SAFETY: the caller's contract.
+    let Some(p) = (unsafe { param.as_ref() }) else { return false };
+    // SAFETY: a bound id's context is open.
+    let Some(ctx) = (unsafe { soft_context(s.ibv.verbs) }) else { return false };
+    let Some(qp) = crate::event::object(ctx.device, crate::event::Kind::Qp, p.qp_num) else { return false };
+    // SAFETY: a live QP of this library (just found in the registry).
+    let Some(q) = (unsafe { soft_qp(qp as *mut ffi::ibv_qp) }) else { return false };
+    *s.external_qp.lock().unwrap_or_else(|e| e.into_inner()) = qp;
+    *q.cm_gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.qp_gate.clone());
+    *s.qp_gate.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    true
+}
+
+/// `rdma_init_qp_attr`: what an application that made its own QP changes to bring it to
+/// `attr->qp_state`. INIT: the port, the default P_Key and rdma_cm's access (remote READ,
+/// WRITE and atomics; a UD id's Q_Key), as the kernel's rdma_cm gives them. RTR and RTS:
+/// nothing (`*mask` 0), because softrdma's CM moves that QP itself at the points IBTA
+/// 12.9 places the transitions, as it moves an id's own QP (RTR as the REQ or REP goes,
+/// RTS on the REP or RTU), so a modify with what this returns changes nothing.
+///
+/// # Safety
+/// `id` is a live id; `attr` and `mask` point at writable values.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut ffi::rdma_cm_id,
+    attr: *mut ffi::ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(s), Some(a), false) = (unsafe { soft_id(id) }, unsafe { attr.as_mut() }, mask.is_null()) else {
+        return einval();
+    };
+    if s.ibv.verbs.is_null() {
+        return einval();
+    }
+    let state = a.qp_state;
+    // SAFETY: plain C data; all-zero is valid.
+    *a = unsafe { std::mem::zeroed() };
+    a.qp_state = state;
+    a.port_num = 1;
+    let mut m = 0;
+    // SAFETY: the id's QP or the application's it connects, live while the id is.
+    if state == ffi::IBV_QPS_INIT && !unsafe { past_init(s) } {
+        m = ffi::IBV_QP_STATE | ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT;
+        if crate::cm_ud::is_ud(s) {
+            a.qkey = softrdma::verbs::RDMA_UDP_QKEY;
+            m |= ffi::IBV_QP_QKEY;
+        } else {
+            a.qp_access_flags = ffi::IBV_ACCESS_LOCAL_WRITE
+                | ffi::IBV_ACCESS_REMOTE_WRITE
+                | ffi::IBV_ACCESS_REMOTE_READ
+                | ffi::IBV_ACCESS_REMOTE_ATOMIC;
+            m |= ffi::IBV_QP_ACCESS_FLAGS;
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { *mask = m as c_int };
+    0
+}
+
+/// Whether the QP the id connects (its own, or the application's) is past INIT: the CM
+/// has moved it on already (the initiator's, once the REP came).
+///
+/// # Safety
+/// The id's QPs are live.
+unsafe fn past_init(s: &SoftId) -> bool {
+    let external = *s.external_qp.lock().unwrap_or_else(|e| e.into_inner());
+    let qp = if s.ibv.qp.is_null() { external as *mut ffi::ibv_qp } else { s.ibv.qp };
+    // SAFETY: the caller's contract.
+    let state = unsafe { soft_qp(qp) }.and_then(|q| q.qp.state());
+    state.is_some_and(|st| !matches!(st, QpState::Reset | QpState::Init))
+}
+
+/// `rdma_establish`: the RTU already went when the REP brought the QP to RTS.
+///
+/// # Safety
+/// `id` is a live id.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_establish(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: the caller's contract.
+    if unsafe { soft_id(id) }.is_none() {
+        return einval();
+    }
+    0
 }
 
 /// `rdma_listen`: requests arrive as CONNECT_REQUEST events, each with a new id.
@@ -884,10 +1006,11 @@ pub unsafe extern "C" fn rdma_accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::
         // SAFETY: the caller's contract.
         return crate::cm_ud::accept(s, &conn_param(unsafe { param.as_ref() }).private_data);
     }
-    let Some(req) = s.request.lock().unwrap_or_else(|e| e.into_inner()).take() else { return einval() };
-    if s.ibv.qp.is_null() {
+    // SAFETY: the caller's contract.
+    if s.ibv.qp.is_null() && !unsafe { take_external_qp(s, param) } {
         return einval();
     }
+    let Some(req) = s.request.lock().unwrap_or_else(|e| e.into_inner()).take() else { return einval() };
     // SAFETY: the caller's contract.
     let p = conn_param(unsafe { param.as_ref() });
     let conn = Setup::of(s, id);

@@ -70,6 +70,11 @@ pub fn add_object(device: &SoftDevice, kind: Kind, id: u32, object: usize, ctx: 
     registry().owners.insert((device_key(device), kind, id), (object, ctx as usize));
 }
 
+/// The live object `id` of `kind` on `device` (its address as handed out), if any.
+pub fn object(device: &SoftDevice, kind: Kind, id: u32) -> Option<usize> {
+    registry().owners.get(&(device_key(device), kind, id)).map(|&(object, _)| object)
+}
+
 /// An object about to be freed: no event names it any more, not even one queued.
 pub fn remove_object(device: &SoftDevice, kind: Kind, id: u32) {
     let mut r = registry();

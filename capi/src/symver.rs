@@ -71,6 +71,8 @@ std::arch::global_asm!(
     ".symver rdma_bind_addr, rdma_bind_addr@@RDMACM_1.0",
     ".symver rdma_resolve_addr, rdma_resolve_addr@@RDMACM_1.0",
     ".symver rdma_join_multicast, rdma_join_multicast@@RDMACM_1.0",
+    ".symver rdma_init_qp_attr, rdma_init_qp_attr@@RDMACM_1.2",
+    ".symver rdma_establish, rdma_establish@@RDMACM_1.2",
     ".symver rdma_leave_multicast, rdma_leave_multicast@@RDMACM_1.0",
     ".symver rdma_join_multicast_ex, rdma_join_multicast_ex@@RDMACM_1.1",
     ".symver rdma_resolve_route, rdma_resolve_route@@RDMACM_1.0",

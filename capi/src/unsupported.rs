@@ -30,6 +30,12 @@ fn eopnotsupp() -> c_int {
     libc::EOPNOTSUPP
 }
 
+/// librdmacm's way: -1, errno EOPNOTSUPP.
+fn minus_eopnotsupp() -> c_int {
+    crate::set_errno(libc::EOPNOTSUPP);
+    -1
+}
+
 fn enosys() -> c_int {
     crate::set_errno(libc::ENOSYS);
     -1
@@ -172,8 +178,8 @@ unsupported!("RDMACM_1.0", i64, i64::from(enosys()), [riomap]);
 // Nothing written: `size_t` has no -1.
 unsupported!("RDMACM_1.0", usize, enosys().max(0) as usize, [riowrite]);
 // librdmacm beyond what `cm.rs` implements.
-unsupported!("RDMACM_1.3", c_int, enosys(), [rdma_get_remote_ece, rdma_set_local_ece]);
-unsupported!("RDMACM_1.2", c_int, enosys(), [rdma_establish, rdma_init_qp_attr]);
+// ECE (enhanced connection establishment): none, as librdmacm answers over a device without it.
+unsupported!("RDMACM_1.3", c_int, minus_eopnotsupp(), [rdma_get_remote_ece, rdma_set_local_ece]);
 
 /// rdma-core's switch for providers' disassociation (a kernel device going away): there is
 /// none here.

@@ -1,7 +1,9 @@
 /* rdma_cm details applications rely on, each as librdmacm does it: an id bound to a device
  * has the device's PD (id->pd) before any QP, and rdma_create_qp with no PD uses it; a
  * REJECTED event carries the rejecting side's private data; RDMA_OPTION_ID_ACK_TIMEOUT is
- * the QP's Local ACK Timeout (ibv_query_qp) on both sides; and a child forked after its
+ * the QP's Local ACK Timeout (ibv_query_qp) on both sides; an application's own QP
+ * (ibv_create_qp, named by qp_num) connects through ids that have none, brought up with
+ * rdma_init_qp_attr and rdma_establish, and carries a SEND; and a child forked after its
  * parent used the device connects on its own (a forked process has none of its parent's
  * threads). Built against rdma-core's headers and run on softrdma's library by
  * capi/tests/apps.rs, on the device SOFTRDMA_DEVICES names. Prints "rdma_cm details ok". */
@@ -89,6 +91,95 @@ static struct rdma_cm_id *accept_next(struct rdma_event_channel *ch, uint8_t ack
 	return child;
 }
 
+/* An RC QP of the application's own on `id`'s device, taken to `state` with what
+ * rdma_init_qp_attr says, one state at a time. */
+static struct ibv_qp *own_qp(struct rdma_cm_id *id, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr a = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(id->pd, &a);
+	CHECK(qp, "ibv_create_qp");
+	return qp;
+}
+
+static void init_qp_attr_to(struct rdma_cm_id *id, struct ibv_qp *qp, enum ibv_qp_state state)
+{
+	struct ibv_qp_attr a = { .qp_state = state };
+	int mask;
+	CHECK(!rdma_init_qp_attr(id, &a, &mask), "rdma_init_qp_attr");
+	CHECK(!ibv_modify_qp(qp, &a, mask), "ibv_modify_qp with rdma_init_qp_attr's attributes");
+}
+
+static struct ibv_wc wait_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 200000000; i++)
+		if (ibv_poll_cq(cq, 1, &wc) == 1)
+			return wc;
+	CHECK(0, "a completion");
+	return wc;
+}
+
+/* Both sides with QPs of their own: the client's connect reports CONNECT_RESPONSE, then
+ * rdma_establish; the server accepts with its QP's number; a SEND goes across. */
+static void external_qps(struct rdma_event_channel *ch)
+{
+	struct rdma_cm_id *c;
+	CHECK(!rdma_create_id(ch, &c, NULL, RDMA_PS_TCP), "rdma_create_id");
+	CHECK(!rdma_resolve_addr(c, NULL, (struct sockaddr *)&server_addr, 2000), "rdma_resolve_addr");
+	expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, NULL);
+	CHECK(!rdma_resolve_route(c, 2000), "rdma_resolve_route");
+	expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL);
+	struct ibv_cq *ccq = ibv_create_cq(c->verbs, 8, NULL, NULL, 0);
+	CHECK(ccq, "ibv_create_cq");
+	struct ibv_qp *cqp = own_qp(c, ccq);
+	init_qp_attr_to(c, cqp, IBV_QPS_INIT);
+	struct rdma_conn_param p = { .qp_num = cqp->qp_num, .responder_resources = 1, .initiator_depth = 1 };
+	CHECK(!rdma_connect(c, &p), "rdma_connect with the application's QP");
+
+	struct rdma_cm_id *child = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
+	CHECK(!child->qp, "a request's id has no QP yet");
+	struct ibv_cq *scq = ibv_create_cq(child->verbs, 8, NULL, NULL, 0);
+	CHECK(scq, "ibv_create_cq");
+	struct ibv_qp *sqp = own_qp(child, scq);
+	for (enum ibv_qp_state st = IBV_QPS_INIT; st <= IBV_QPS_RTS; st++)
+		init_qp_attr_to(child, sqp, st);
+	static char buf[64];
+	struct ibv_mr *mr = ibv_reg_mr(child->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr, "ibv_reg_mr");
+	struct ibv_sge rsge = { .addr = (uintptr_t)buf + 32, .length = 32, .lkey = mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 1, .sg_list = &rsge, .num_sge = 1 }, *rbad;
+	CHECK(!ibv_post_recv(sqp, &rwr, &rbad), "ibv_post_recv");
+	struct rdma_conn_param sp = { .qp_num = sqp->qp_num, .responder_resources = 1, .initiator_depth = 1 };
+	CHECK(!rdma_accept(child, &sp), "rdma_accept with the application's QP");
+
+	/* CONNECT_RESPONSE (the client's) and ESTABLISHED (the server's), either first. */
+	int response = 0, established = 0;
+	for (int i = 0; i < 2; i++) {
+		struct rdma_cm_event *e;
+		CHECK(!rdma_get_cm_event(ch, &e), "rdma_get_cm_event");
+		response += e->event == RDMA_CM_EVENT_CONNECT_RESPONSE && e->id == c;
+		established += e->event == RDMA_CM_EVENT_ESTABLISHED && e->id == child;
+		rdma_ack_cm_event(e);
+	}
+	CHECK(response == 1 && established == 1, "CONNECT_RESPONSE and ESTABLISHED");
+	/* Every state again, as pyverbs' tests do after the response: nothing to undo. */
+	for (enum ibv_qp_state st = IBV_QPS_INIT; st <= IBV_QPS_RTS; st++)
+		init_qp_attr_to(c, cqp, st);
+	CHECK(!rdma_establish(c), "rdma_establish");
+
+	strcpy(buf, "over my own QP");
+	struct ibv_sge ssge = { .addr = (uintptr_t)buf, .length = 15, .lkey = mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 2, .sg_list = &ssge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE }, *sbad;
+	CHECK(!ibv_post_send(cqp, &swr, &sbad), "ibv_post_send");
+	CHECK(wait_wc(ccq).status == IBV_WC_SUCCESS, "the SEND completes");
+	struct ibv_wc wc = wait_wc(scq);
+	CHECK(wc.status == IBV_WC_SUCCESS && !strcmp(buf + 32, "over my own QP"), "the SEND arrives");
+}
+
 int main(void)
 {
 	const char *devices = getenv("SOFTRDMA_DEVICES");
@@ -122,6 +213,8 @@ int main(void)
 	CHECK(!rdma_connect(b, &p), "rdma_connect");
 	accept_next(ch, 10, 1);
 	CHECK(qp_timeout(b) == 9, "the connecting side's QP has the option's timeout");
+
+	external_qps(ch);
 
 	/* A forked child connects on its own while the parent serves. */
 	pid_t pid = fork();
