@@ -30,16 +30,6 @@ static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_s
 	return qp;
 }
 
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (long i = 0; i < 200000000; i++)
-		if (ibv_poll_cq(cq, 1, &wc) == 1)
-			return wc;
-	CHECK(0, "a completion");
-	return wc;
-}
-
 /* The next event, waiting for async_fd under poll as an application's event loop does. */
 static struct ibv_async_event next_event(struct ibv_context *ctx)
 {

@@ -1,4 +1,4 @@
-/* What the C test programs share: CHECK, and bringing an RC QP to RTS against another QP
+/* What the C test programs share: CHECK, waiting for a completion, and bringing an RC QP to RTS against another QP
  * of the same device (its GID 0), PSN 7 both ways, path MTU 1024, the given access flags. */
 #include <infiniband/verbs.h>
 #include <stdint.h>
@@ -8,7 +8,7 @@
 
 #define CHECK(c, what) do { if (!(c)) { fprintf(stderr, "failed: %s\n", what); exit(1); } } while (0)
 
-static void connect_to(struct ibv_qp *qp, uint32_t peer_qpn, union ibv_gid *gid, int access)
+static inline void connect_to(struct ibv_qp *qp, uint32_t peer_qpn, union ibv_gid *gid, int access)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = access };
 	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), "INIT");
@@ -34,4 +34,15 @@ static void connect_to(struct ibv_qp *qp, uint32_t peer_qpn, union ibv_gid *gid,
 	a.max_rd_atomic = 4;
 	CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 			     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+}
+
+/* The next completion of `cq`, polled for (a few seconds at most). */
+static inline struct ibv_wc wait_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 200000000; i++)
+		if (ibv_poll_cq(cq, 1, &wc) == 1)
+			return wc;
+	CHECK(0, "a completion");
+	return wc;
 }

@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(c, what) do { if (!(c)) { fprintf(stderr, "failed: %s\n", what); exit(1); } } while (0)
+#include "connect.h"
 
 static struct sockaddr_in server_addr;
 
@@ -110,16 +110,6 @@ static void init_qp_attr_to(struct rdma_cm_id *id, struct ibv_qp *qp, enum ibv_q
 	int mask;
 	CHECK(!rdma_init_qp_attr(id, &a, &mask), "rdma_init_qp_attr");
 	CHECK(!ibv_modify_qp(qp, &a, mask), "ibv_modify_qp with rdma_init_qp_attr's attributes");
-}
-
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (long i = 0; i < 200000000; i++)
-		if (ibv_poll_cq(cq, 1, &wc) == 1)
-			return wc;
-	CHECK(0, "a completion");
-	return wc;
 }
 
 /* Both sides with QPs of their own: the client's connect reports CONNECT_RESPONSE, then
