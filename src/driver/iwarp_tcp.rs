@@ -13,7 +13,7 @@ use crate::iwarp::device::{ConnId, IwarpDevice};
 use mio::net::{TcpListener, TcpStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
@@ -78,9 +78,9 @@ impl IwarpTcp {
         let waker = Waker::new(poll.registry(), WAKER)?;
         let core = Core {
             dev,
-            streams: HashMap::new(),
-            listeners: HashMap::new(),
-            cqs: HashMap::new(),
+            streams: HashMap::default(),
+            listeners: HashMap::default(),
+            cqs: HashMap::default(),
             events: Arc::default(),
             registry: poll.registry().try_clone()?,
         };

@@ -15,7 +15,8 @@ use crate::engine::mem::Pd;
 use crate::engine::verbs::{QpCaps, QpState, RecvWr, SendWr, VerbsError, Wc};
 use crate::engine::Device;
 use crate::proto::iwarp::mpa;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::{BTreeSet, VecDeque};
 
 /// A connection or listener, as the driver and the device name it.
 pub type ConnId = usize;
@@ -235,10 +236,10 @@ impl IwarpDevice {
         IwarpDevice {
             dev,
             cfg,
-            qps: HashMap::new(),
-            conns: HashMap::new(),
-            listeners: HashMap::new(),
-            results: HashMap::new(),
+            qps: HashMap::default(),
+            conns: HashMap::default(),
+            listeners: HashMap::default(),
+            results: HashMap::default(),
             next_id: 0,
             now_ns: 0,
             writable: BTreeSet::new(),
