@@ -97,8 +97,7 @@ unsafe fn join(id: *mut ffi::rdma_cm_id, s: &mut SoftId, mgid: Gid, attach: bool
         // SAFETY: the id's QP, made by this library.
         let rc = unsafe { with_qp(s.ibv.qp, (&raw const mgid).cast(), true) };
         if rc != 0 {
-            // SAFETY: errno is thread-local.
-            unsafe { *libc::__errno_location() = rc };
+            crate::set_errno(rc);
             return -1;
         }
     }
@@ -166,8 +165,7 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: *mut ffi::rdma_cm_id, addr: *m
     let (Some(s), Some(mgid)) = (unsafe { soft_id(id) }, unsafe { group_of(addr) }) else { return einval() };
     let mut groups = s.groups.lock().unwrap_or_else(|e| e.into_inner());
     let Some(at) = groups.iter().position(|g| g.0 == mgid) else {
-        // SAFETY: errno is thread-local.
-        unsafe { *libc::__errno_location() = libc::EADDRNOTAVAIL };
+        crate::set_errno(libc::EADDRNOTAVAIL);
         return -1;
     };
     let (_, attached) = groups.remove(at);
