@@ -319,7 +319,7 @@ fn a_read_target_serving_on_its_thread_answers_without_its_poll_thread() {
         let mut busy = a.ctx.busy_poll();
         for n in 1..=READS {
             a.qp.post_send(SendWr::new(n, SendOp::Read(from), vec![a.mr.sge(0, 64)])).unwrap();
-            assert_eq!(busy_completion(&mut busy, &a.cq).map(|w| w.status), Some(WcStatus::Success), "READ {n}");
+            assert_eq!(busy.next_completion(&a.cq, WAIT).map(|w| w.status), Some(WcStatus::Success), "READ {n}");
         }
         done.store(true, std::sync::atomic::Ordering::Release);
     });
@@ -342,23 +342,10 @@ fn ping_pong(me: &Side, peer: &Side, first: bool, rounds: u32) {
         assert!(want == 0 || busy.until(|| arrived(want), WAIT), "round {n}");
         me.mr.write(0, &n.to_le_bytes());
         me.qp.post_send(SendWr::new(u64::from(n), SendOp::Write(at), vec![me.mr.sge(0, 4)])).unwrap();
-        let status = busy_completion(&mut busy, &me.cq).map(|w| w.status);
+        let status = busy.next_completion(&me.cq, WAIT).map(|w| w.status);
         assert_eq!(status, Some(WcStatus::Success), "completion {n}");
     }
     assert!(!first || busy.until(|| arrived(rounds), WAIT), "last round");
-}
-
-/// The next completion of `cq`, busy-polling for it (at most [`WAIT`]).
-fn busy_completion(busy: &mut BusyPoll<'_>, cq: &CompletionQueue) -> Option<Wc> {
-    let mut wc = None;
-    busy.until(
-        || {
-            wc = cq.poll(1).pop();
-            wc.is_some()
-        },
-        WAIT,
-    );
-    wc
 }
 
 /// Binds window `mw` (whose key is `key` now) over `len` bytes of `b`'s region at

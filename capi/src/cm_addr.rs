@@ -4,7 +4,7 @@
 use crate::device::{ibv_get_device_list, ibv_open_device, soft_device_of};
 use crate::ffi;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::sync::Mutex;
+use std::sync::OnceLock;
 
 /// The address at `sa`, if it is IPv4 or IPv6.
 ///
@@ -52,44 +52,30 @@ pub fn to_storage(a: SocketAddr, out: &mut ffi::sockaddr_storage) {
     }
 }
 
-/// Every configured device, opened once per process for rdma_cm (as librdmacm opens them
-/// all). Once per process, not once: a child forked after its parent used rdma_cm (as
-/// rdma-core's Python tests fork each side of a connection) has none of the parent's
-/// threads, so the parent's contexts would never move a packet there.
-fn contexts() -> Vec<(IpAddr, usize)> {
-    /// The process that opened them, and each device's address and context.
-    type Opened = Option<(u32, Vec<(IpAddr, usize)>)>;
-    static OPEN: Mutex<Opened> = Mutex::new(None);
-    let pid = std::process::id();
-    let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-    match open.as_ref() {
-        Some((p, all)) if *p == pid => all.clone(),
-        _ => {
-            let all = open_all();
-            *open = Some((pid, all.clone()));
-            all
-        }
-    }
+/// Every configured device, opened once for rdma_cm (as librdmacm opens them all). A child
+/// forked after this may use them: each context reaches its device's engine, which is the
+/// child's own (`SoftDevice::engine`).
+fn contexts() -> &'static [(IpAddr, usize)] {
+    static OPEN: OnceLock<Vec<(IpAddr, usize)>> = OnceLock::new();
+    OPEN.get_or_init(open_all)
 }
 
 fn open_all() -> Vec<(IpAddr, usize)> {
-    {
-        let mut n = 0;
-        // SAFETY: our own device list, walked to its NULL and never freed (the contexts
-        // hold devices that live for the process anyway).
-        let list = unsafe { ibv_get_device_list(&mut n) };
-        (0..n.max(0) as usize)
-            .filter_map(|i| {
-                // SAFETY: i < n entries.
-                let dev = unsafe { *list.add(i) };
-                // SAFETY: a device from the list.
-                let addr = unsafe { soft_device_of(dev) }?.cfg.addr;
-                // SAFETY: as above.
-                let ctx = unsafe { ibv_open_device(dev) };
-                (!ctx.is_null()).then_some((addr, ctx as usize))
-            })
-            .collect()
-    }
+    let mut n = 0;
+    // SAFETY: our own device list, walked to its NULL and never freed (the contexts
+    // hold devices that live for the process anyway).
+    let list = unsafe { ibv_get_device_list(&mut n) };
+    (0..n.max(0) as usize)
+        .filter_map(|i| {
+            // SAFETY: i < n entries.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a device from the list.
+            let addr = unsafe { soft_device_of(dev) }?.cfg.addr;
+            // SAFETY: as above.
+            let ctx = unsafe { ibv_open_device(dev) };
+            (!ctx.is_null()).then_some((addr, ctx as usize))
+        })
+        .collect()
 }
 
 /// The context of the device that owns `local` (or, for a wildcard or no address, the

@@ -342,15 +342,7 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
         }
         // Waiting for credit, nothing may complete: look at the credit words again soon.
         let wait = if ep.credits { Duration::from_millis(1) } else { Duration::from_secs(30) };
-        let mut first = None;
-        busy.until(
-            || {
-                first = ep.cq.poll(1).pop();
-                first.is_some()
-            },
-            wait,
-        );
-        let Some(first) = first else {
+        let Some(first) = busy.next_completion(&ep.cq, wait) else {
             if ep.credits && stalled_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
                 to_post.extend(0..nq);
                 continue;
@@ -692,13 +684,5 @@ pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResu
 
 /// One completion, spinning (with yields) for at most 10 s.
 fn spin_poll(busy: &mut BusyPoll<'_>, cq: &CompletionQueue) -> Option<Wc> {
-    let mut wc = None;
-    busy.until(
-        || {
-            wc = cq.poll(1).pop();
-            wc.is_some()
-        },
-        Duration::from_secs(10),
-    );
-    wc
+    busy.next_completion(cq, Duration::from_secs(10))
 }

@@ -633,23 +633,11 @@ impl Context {
     /// at a time, so an idle server does not hold a CPU.
     pub fn serve_while(&self, mut keep_going: impl FnMut() -> bool) {
         let _section = self.busy_poll();
-        let mut idle_since = std::time::Instant::now();
-        let mut looks = 0u32;
-        while keep_going() {
-            let handled = match &self.backend {
-                Backend::Roce(s) => s.progress(Poller::Application),
-                Backend::Iwarp(s) => s.progress(),
-            };
-            if handled > 0 {
-                idle_since = std::time::Instant::now();
-            } else if idle_since.elapsed().as_nanos() as u64 >= BUSY_POLL_IDLE_NS {
-                self.wait_input(LOOK_WAIT_MAX);
-            }
-            looks = looks.wrapping_add(1);
-            if looks.is_multiple_of(64) {
-                std::thread::yield_now();
-            }
-        }
+        let reply_at_once = || match &self.backend {
+            Backend::Roce(s) => s.progress(Poller::Application),
+            Backend::Iwarp(s) => s.progress(),
+        };
+        look_until(self, reply_at_once, || !keep_going(), None);
     }
 
     /// Starts a busy-polling section: until the guard drops, the poll thread leaves the
@@ -745,28 +733,56 @@ impl BusyPoll<'_> {
     /// for at most `limit`; returns whether it held. Looks spin while they find traffic;
     /// once they have found nothing for [`BUSY_POLL_IDLE_NS`], the caller waits in
     /// `poll(2)` for input, at most [`LOOK_WAIT_MAX`] at a time, instead of spinning.
-    pub fn until(&mut self, mut cond: impl FnMut() -> bool, limit: std::time::Duration) -> bool {
-        let start = std::time::Instant::now();
-        let mut idle_since = start;
-        let mut looks = 0u32;
-        while !cond() {
-            // A wait that ends with input leaves it to the next look, which counts it as
-            // traffic: the caller spins again while input keeps coming.
-            if self.ctx.progress() > 0 {
-                idle_since = std::time::Instant::now();
-            } else if idle_since.elapsed().as_nanos() as u64 >= BUSY_POLL_IDLE_NS {
-                self.ctx.wait_input(LOOK_WAIT_MAX);
-            }
-            looks = looks.wrapping_add(1);
-            if looks.is_multiple_of(64) {
-                if start.elapsed() > limit {
-                    return false;
-                }
-                std::thread::yield_now();
-            }
-        }
-        true
+    pub fn until(&mut self, cond: impl FnMut() -> bool, limit: std::time::Duration) -> bool {
+        let ctx = self.ctx;
+        look_until(ctx, || ctx.progress(), cond, Some(limit))
     }
+
+    /// The next completion of `cq`, looking for input meanwhile ([`BusyPoll::until`]);
+    /// `None` if none came within `limit`.
+    pub fn next_completion(&mut self, cq: &CompletionQueue, limit: std::time::Duration) -> Option<Wc> {
+        let mut wc = None;
+        self.until(
+            || {
+                wc = cq.poll(1).pop();
+                wc.is_some()
+            },
+            limit,
+        );
+        wc
+    }
+}
+
+/// Looks for input with `look` (returning what it handled) until `cond` holds, or `limit`
+/// passes; returns whether it held. Looks spin while they find traffic; after
+/// [`BUSY_POLL_IDLE_NS`] of nothing, the caller waits in `poll(2)`, at most
+/// [`LOOK_WAIT_MAX`] at a time; every 64 looks it yields the CPU.
+fn look_until(
+    ctx: &Context,
+    mut look: impl FnMut() -> usize,
+    mut cond: impl FnMut() -> bool,
+    limit: Option<std::time::Duration>,
+) -> bool {
+    let start = std::time::Instant::now();
+    let mut idle_since = start;
+    let mut looks = 0u32;
+    while !cond() {
+        // A wait that ends with input leaves it to the next look, which counts it as
+        // traffic: the caller spins again while input keeps coming.
+        if look() > 0 {
+            idle_since = std::time::Instant::now();
+        } else if idle_since.elapsed().as_nanos() as u64 >= BUSY_POLL_IDLE_NS {
+            ctx.wait_input(LOOK_WAIT_MAX);
+        }
+        looks = looks.wrapping_add(1);
+        if looks.is_multiple_of(64) {
+            if limit.is_some_and(|l| start.elapsed() > l) {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+    true
 }
 
 impl Drop for BusyPoll<'_> {
