@@ -91,3 +91,38 @@ impl McastSockets {
         !self.groups.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::headers::ip_to_gid;
+    use std::net::Ipv4Addr;
+
+    /// A peer flooding a joined group: one look reads at most `RECV_MAX` datagrams into
+    /// at most `RECV_MAX` kept buffers, and the rest wait in the socket for later looks.
+    #[test]
+    fn a_flooded_group_is_read_a_bounded_batch_at_a_time() {
+        let (group, local) = (Ipv4Addr::new(239, 77, 1, 9), Ipv4Addr::new(127, 0, 0, 1));
+        let mut m = McastSockets::default();
+        m.join(&ip_to_gid(group.into()), local.into(), 0).unwrap();
+        let port = m.groups[0].socket.local_addr().unwrap().port();
+        let peer = UdpSocket::bind((local, 0)).unwrap();
+        socket2::SockRef::from(&peer).set_multicast_if_v4(&local).unwrap();
+        let flood = 3 * RECV_MAX + 5;
+        for i in 0..flood {
+            peer.send_to(&[i as u8; 64], (group, port)).unwrap();
+        }
+        let mut total = 0;
+        for _ in 0..100 {
+            let n = m.recv();
+            assert!(n <= RECV_MAX && m.received.len() <= RECV_MAX, "{n} read, {} kept", m.received.len());
+            assert_eq!(m.received().count(), n);
+            total += n;
+            if total == flood {
+                break;
+            }
+        }
+        assert_eq!(total, flood, "every datagram read, a batch at a time");
+        assert!(m.leave(&ip_to_gid(group.into())).is_some() && !m.any());
+    }
+}
