@@ -307,14 +307,19 @@ impl Requester {
     }
 
     /// Assigns PSNs to the WQE at `send_idx` if it has none; false when it must wait.
+    /// Called for every packet: the send queue is scanned (for the ORD) only when a READ
+    /// or atomic starts, never per packet of a message already under way.
     fn start_next(&mut self) -> bool {
-        let ord_full = self.outstanding_rd_atomic() >= usize::from(self.max_rd_atomic);
-        let inflight = self.inflight_psns();
-        let w = &mut self.wqes[self.send_idx];
+        let w = &self.wqes[self.send_idx];
         if w.started || w.done.is_some() {
             return true;
         }
-        if (w.wr.op.is_read_or_atomic() && ord_full) || inflight + w.npkts > MAX_INFLIGHT_PSNS && inflight > 0 {
+        if w.wr.op.is_read_or_atomic() && self.outstanding_rd_atomic() >= usize::from(self.max_rd_atomic) {
+            return false;
+        }
+        let inflight = self.inflight_psns();
+        let w = &mut self.wqes[self.send_idx];
+        if inflight + w.npkts > MAX_INFLIGHT_PSNS && inflight > 0 {
             return false;
         }
         w.started = true;
