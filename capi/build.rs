@@ -10,8 +10,8 @@ fn main() {
     println!("cargo:rerun-if-changed=exports.map");
     bindgen::Builder::default()
         .header(dir.join("wrapper.h").to_string_lossy())
-        .allowlist_type("ibv_.*|_ibv_.*|verbs_.*|_compat_ibv_.*|rdma_.*")
-        .allowlist_var("IBV_.*|RDMA_.*")
+        .allowlist_type("ibv_.*|_ibv_.*|verbs_.*|_compat_ibv_.*|rdma_.*|ib_uverbs_advise_mr_.*")
+        .allowlist_var("IBV_.*|RDMA_.*|IB_UVERBS_ADVISE_MR_.*")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .derive_default(true)

@@ -558,3 +558,104 @@ fn a_multicast_datagram_reaches_each_attached_qp_once() {
     assert_eq!(members[1].0.attach_mcast(unicast), Err(VerbsError::InvalidAttribute("gid")));
     assert_eq!(b.qp.attach_mcast(mgid), Err(VerbsError::InvalidRequest));
 }
+
+/// An anonymous mapping of `pages` pages, or of none at all once unmapped.
+struct Pages {
+    addr: usize,
+    len: usize,
+}
+
+impl Pages {
+    #[allow(unsafe_code)]
+    fn map(pages: usize) -> Pages {
+        let len = pages * 4096;
+        // SAFETY: a fresh private anonymous mapping, owned here.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Pages { addr: p as usize, len }
+    }
+    #[allow(unsafe_code)]
+    fn unmap(&mut self) {
+        // SAFETY: this mapping, unmapped once; nothing here keeps a reference into it.
+        assert_eq!(unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) }, 0);
+        self.len = 0;
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            self.unmap();
+        }
+    }
+}
+
+// On-demand paging (rdma-core's IBV_ACCESS_ON_DEMAND): an implicit region names the whole
+// address space; a peer's WRITE or atomic where nothing is mapped is refused with a remote
+// access NAK, never a fault in the engine; one where memory is mapped lands. An explicit
+// region whose pages the application unmaps fails its local reads with a protection error.
+#[test]
+fn on_demand_regions_place_where_memory_is_and_refuse_where_it_is_not() {
+    let (a, b) = pair([127, 10, 11], 1 << 16);
+    let all = b.ctx.reg_on_demand_mr(&b._pd, 0, usize::MAX, 0, Access::ALL).unwrap();
+    let pages = Pages::map(2);
+    let msg = pattern(6000, 3);
+    assert_eq!(write_through(&a, all.rkey(), pages.addr as u64 + 100, &msg, 1), WcStatus::Success);
+    let mut got = vec![0u8; 6000];
+    assert!(all.read(pages.addr + 100, &mut got));
+    assert_eq!(got, msg, "the WRITE crossed a page boundary into the application's memory");
+    let word = Remote { addr: pages.addr as u64 + 8192 - 8, rkey: all.rkey() };
+    a.qp.post_send(SendWr::new(2, SendOp::FetchAdd(word, 5), vec![a.mr.sge(0, 8)])).unwrap();
+    wait_ok(&a.cq, 2);
+    a.qp.post_send(SendWr::new(3, SendOp::CompareSwap(word, 5, 7), vec![a.mr.sge(8, 8)])).unwrap();
+    wait_ok(&a.cq, 3);
+    let mut old = [0u8; 16];
+    a.mr.read(0, &mut old);
+    assert_eq!(
+        (u64::from_le_bytes(old[..8].try_into().unwrap()), u64::from_le_bytes(old[8..].try_into().unwrap())),
+        (0, 5)
+    );
+    assert!(all.read(pages.addr + 8192 - 8, &mut old[..8]) && u64::from_ne_bytes(old[..8].try_into().unwrap()) == 7);
+    // Page zero is never mapped: refused, and the engine is still standing.
+    assert_eq!(write_through(&a, all.rkey(), 4096, &msg[..64], 4), WcStatus::RemAccessErr);
+    assert!(b.ctx.stats().rx_datagrams > 0);
+
+    let (a, b) = pair([127, 10, 12], 1 << 16);
+    let mut pages = Pages::map(1);
+    let mr = b.ctx.reg_on_demand_mr(&b._pd, pages.addr, pages.len, pages.addr as u64, Access::ALL).unwrap();
+    let sge = Sge { addr: pages.addr as u64, length: 4096, lkey: mr.lkey() };
+    b.ctx.prefetch(&b._pd, sge, true).expect("mapped pages prefetch");
+    pages.unmap();
+    assert_eq!(b.ctx.prefetch(&b._pd, sge, false), Err(PrefetchError::NotMapped));
+    b.qp.post_send(SendWr::new(5, SendOp::Write(Remote { addr: a.mr.addr(), rkey: a.mr.rkey() }), vec![sge])).unwrap();
+    let wc = b.cq.wait(WAIT).expect("a completion");
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::LocProtErr), "the region's memory is gone");
+
+    // A READ whose second response packet's page is gone: the first is answered, then a
+    // Remote Access Error NAK at the second's PSN ends the READ.
+    let (a, b) = pair([127, 10, 13], 1 << 16);
+    let all = b.ctx.reg_on_demand_mr(&b._pd, 0, usize::MAX, 0, Access::ALL).unwrap();
+    let mut pages = Pages::map(2);
+    assert!(all.write(pages.addr, &msg[..4096]));
+    #[allow(unsafe_code)]
+    // SAFETY: the second page of this mapping, which nothing here refers to.
+    let unmapped = unsafe { libc::munmap((pages.addr + 4096) as *mut libc::c_void, 4096) };
+    assert_eq!(unmapped, 0);
+    pages.len = 4096;
+    let at = Remote { addr: pages.addr as u64, rkey: all.rkey() };
+    a.qp.post_send(SendWr::new(6, SendOp::Read(at), vec![a.mr.sge(0, 8192)])).unwrap();
+    let wc = a.cq.wait(WAIT).expect("a READ completion");
+    assert_eq!((wc.wr_id, wc.status), (6, WcStatus::RemAccessErr));
+    a.mr.read(0, &mut got[..4096]);
+    assert_eq!(got[..4096], msg[..4096], "the first response was placed");
+    assert_eq!(b.ctx.stats().engine.naks_sent, 1, "{:?}", b.ctx.stats());
+}

@@ -78,11 +78,15 @@ fn access_of(flags: c_uint) -> Result<Access, c_int> {
     // Optional flags (relaxed ordering and its kin, bit 20 up) may be ignored.
     let flags = flags & ((1 << 20) - 1);
     let has = |f: c_uint| flags & f != 0;
+    // On-demand paging is how every region here behaves anyway (nothing is pinned);
+    // huge pages are a hint about the memory, which needs none.
     let known = ffi::IBV_ACCESS_LOCAL_WRITE
         | ffi::IBV_ACCESS_REMOTE_WRITE
         | ffi::IBV_ACCESS_REMOTE_READ
         | ffi::IBV_ACCESS_REMOTE_ATOMIC
-        | ffi::IBV_ACCESS_MW_BIND;
+        | ffi::IBV_ACCESS_MW_BIND
+        | ffi::IBV_ACCESS_ON_DEMAND
+        | ffi::IBV_ACCESS_HUGETLB;
     if flags & !known != 0 {
         return Err(libc::EOPNOTSUPP);
     }
@@ -134,14 +138,69 @@ unsafe fn register(
     let spd = unsafe { soft_pd(pd) }.ok_or(libc::EINVAL)?;
     // SAFETY: the PD's context is open.
     let soft = unsafe { soft_context(spd.ibv.context) }.ok_or(libc::EINVAL)?;
-    let ptr = NonNull::new(addr.cast::<u8>()).ok_or(libc::EINVAL)?;
     let access = access_of(flags)?;
     let engine = soft.engine().map_err(|_| libc::EIO)?;
-    // SAFETY: ibv_reg_mr's contract is reg_user_mr's: the buffer stays the caller's,
-    // valid, until ibv_dereg_mr.
-    let mr = unsafe { engine.reg_user_mr(&spd.pd, ptr, length, iova, access) }.map_err(|_| libc::ENOMEM)?;
+    let mr = if flags & ffi::IBV_ACCESS_ON_DEMAND != 0 {
+        // rdma-core's implicit region: no address and SIZE_MAX bytes, the whole space.
+        let (addr, length, iova) =
+            if addr.is_null() && length == usize::MAX { (0, usize::MAX, 0) } else { (addr as usize, length, iova) };
+        if addr == 0 && length != usize::MAX {
+            return Err(libc::EINVAL);
+        }
+        engine.reg_on_demand_mr(&spd.pd, addr, length, iova, access).map_err(|_| libc::ENOMEM)?
+    } else {
+        let ptr = NonNull::new(addr.cast::<u8>()).ok_or(libc::EINVAL)?;
+        // SAFETY: ibv_reg_mr's contract is reg_user_mr's: the buffer stays the caller's,
+        // valid, until ibv_dereg_mr.
+        unsafe { engine.reg_user_mr(&spd.pd, ptr, length, iova, access) }.map_err(|_| libc::ENOMEM)?
+    };
     let ibv = ffi::ibv_mr { context: spd.ibv.context, pd, addr, length, handle: 0, lkey: mr.lkey(), rkey: mr.rkey() };
     Ok(SoftMr { ibv, mr })
+}
+
+/// `verbs_context.advise_mr`, which the inline `ibv_advise_mr` calls: a prefetch maps
+/// the pages of each SGE's range now (writable for `PREFETCH_WRITE`), as an ODP NIC
+/// faults them in ahead of traffic; `PREFETCH_NO_FAULT` maps nothing new, so there is
+/// nothing to do. Errors as rdma-core documents them: EFAULT for a key, access or range
+/// that does not resolve, or memory not there when `IBV_ADVISE_MR_FLAG_FLUSH` asks for a
+/// synchronous prefetch; EINVAL for unknown flags or an empty list; ENOTSUP for an advice
+/// this library does not know.
+///
+/// # Safety
+/// `pd` is a live PD; `sg_list` holds `num_sge` entries.
+pub unsafe extern "C" fn advise_mr_op(
+    pd: *mut ffi::ibv_pd,
+    advice: ffi::ib_uverbs_advise_mr_advice,
+    flags: u32,
+    sg_list: *mut ffi::ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(spd) = (unsafe { soft_pd(pd) }) else { return libc::EINVAL };
+    // SAFETY: the PD's context is open.
+    let Some(soft) = (unsafe { soft_context(spd.ibv.context) }) else { return libc::EINVAL };
+    let sync = flags & ffi::IB_UVERBS_ADVISE_MR_FLAG_FLUSH != 0;
+    if flags & !ffi::IB_UVERBS_ADVISE_MR_FLAG_FLUSH != 0 || sg_list.is_null() || num_sge == 0 {
+        return libc::EINVAL;
+    }
+    let write = match advice {
+        ffi::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH => false,
+        ffi::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE => true,
+        ffi::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => return 0,
+        _ => return libc::ENOTSUP,
+    };
+    let Ok(engine) = soft.engine() else { return libc::EIO };
+    // SAFETY: the caller's contract: num_sge entries.
+    let sges = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+    for s in sges {
+        let sge = softrdma::verbs::Sge { addr: s.addr, length: s.length, lkey: s.lkey };
+        match engine.prefetch(&spd.pd, sge, write) {
+            Ok(()) => {}
+            Err(softrdma::verbs::PrefetchError::NotMapped) if !sync => {}
+            Err(_) => return libc::EFAULT,
+        }
+    }
+    0
 }
 
 /// `ibv_rereg_mr` (IBTA 11.2.8.4 "Reregister Memory Region"): a new translation, PD or

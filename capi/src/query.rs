@@ -99,8 +99,8 @@ pub unsafe extern "C" fn query_rt_values_op(_ctx: *mut ffi::ibv_context, values:
     0
 }
 
-/// `verbs_context.query_device_ex`: the basic attributes, the device clock's rate, and
-/// zero for every other extension (no ODP, TSO, RSS, tag matching, device memory).
+/// `verbs_context.query_device_ex`: the basic attributes, the device clock's rate, ODP,
+/// and zero for every other extension (no TSO, RSS, tag matching, device memory).
 ///
 /// # Safety
 /// `ctx` is an open context; `attr` holds `attr_size` bytes.
@@ -122,6 +122,7 @@ pub unsafe extern "C" fn query_device_ex_op(
     // Completion timestamps count nanoseconds on a 64-bit clock (the device clock).
     full.completion_timestamp_mask = u64::MAX;
     full.hca_core_clock = DEVICE_CLOCK_KHZ;
+    full.odp_caps = odp_caps();
     let n = attr_size.min(size_of::<ffi::ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds attr_size bytes; the tail beyond ours is zeroed.
     unsafe {
@@ -129,6 +130,20 @@ pub unsafe extern "C" fn query_device_ex_op(
         std::ptr::copy_nonoverlapping((&raw const full).cast::<u8>(), attr.cast::<u8>(), n);
     }
     0
+}
+
+/// On-demand paging: every region may be registered so (`IBV_ACCESS_ON_DEMAND`), the
+/// implicit one included, on every transport and operation there is ([`objects`]).
+fn odp_caps() -> ffi::ibv_odp_caps {
+    let recv = ffi::IBV_ODP_SUPPORT_SEND | ffi::IBV_ODP_SUPPORT_RECV | ffi::IBV_ODP_SUPPORT_SRQ_RECV;
+    let rdma = ffi::IBV_ODP_SUPPORT_WRITE | ffi::IBV_ODP_SUPPORT_READ | ffi::IBV_ODP_SUPPORT_ATOMIC;
+    // SAFETY: plain C data; all-zero is valid.
+    let mut caps: ffi::ibv_odp_caps = unsafe { zeroed() };
+    caps.general_caps = u64::from(ffi::IBV_ODP_SUPPORT | ffi::IBV_ODP_SUPPORT_IMPLICIT);
+    caps.per_transport_caps.rc_odp_caps = recv | rdma;
+    caps.per_transport_caps.uc_odp_caps = recv | ffi::IBV_ODP_SUPPORT_WRITE;
+    caps.per_transport_caps.ud_odp_caps = recv;
+    caps
 }
 
 fn port_attr(soft: &SoftContext) -> ffi::ibv_port_attr {

@@ -414,6 +414,15 @@ fn memory_windows_open_and_close_remote_access() {
     c_program("memory_windows", "127.0.29.3", "memory windows ok");
 }
 
+/// On-demand paging: ODP caps in `ibv_query_device_ex`, an explicit ODP region prefetched
+/// with `ibv_advise_mr`, an implicit one (NULL, SIZE_MAX) reaching memory mapped after it,
+/// and a WRITE to a page unmapped meanwhile refused with a remote access error
+/// (capi/tests/c/odp.c).
+#[test]
+fn on_demand_paging_regions_follow_the_address_space() {
+    c_program("odp", "127.0.29.5", "odp ok");
+}
+
 /// librdmacm's details: id->pd before any QP, private data on REJECTED, the ACK timeout
 /// option on both sides, and a forked child connecting on its own
 /// (capi/tests/c/rdma_cm_details.c; each found by rdma-core's Python suite).

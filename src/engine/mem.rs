@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub mod mw;
+mod odp;
 
 const WORD: usize = 8;
 
@@ -32,10 +33,14 @@ pub struct SharedMem {
 /// A region still in use when the application deregisters it (a multi-packet WRITE or a
 /// READ being answered holds it) is revoked under the device lock: after `ibv_dereg_mr`
 /// returns, the engine never touches the buffer again, whatever it was doing with it.
+///
+/// An on-demand region ([`SharedMem::on_demand`]) promises less: its pages may be
+/// unmapped at any time, so it is only ever reached through [`odp`]'s checked copies.
 #[derive(Debug)]
 struct Foreign {
-    ptr: std::ptr::NonNull<u8>,
+    addr: usize,
     revoked: std::sync::atomic::AtomicBool,
+    on_demand: bool,
 }
 
 // SAFETY: the pointer is only dereferenced by raw copies and atomic operations within the
@@ -81,7 +86,17 @@ impl SharedMem {
     #[allow(unsafe_code)]
     pub unsafe fn foreign(ptr: std::ptr::NonNull<u8>, len: usize) -> Self {
         let revoked = std::sync::atomic::AtomicBool::new(false);
-        SharedMem { words: Box::new([]), len, foreign: Some(Foreign { ptr, revoked }) }
+        let foreign = Foreign { addr: ptr.as_ptr() as usize, revoked, on_demand: false };
+        SharedMem { words: Box::new([]), len, foreign: Some(foreign) }
+    }
+
+    /// The `len` bytes of this process's address space from `addr`, registered on demand
+    /// (`IBV_ACCESS_ON_DEMAND`; the whole address space for an implicit region): nothing
+    /// need be mapped there, now or later. Each access is a checked copy ([`odp`]) that
+    /// fails where nothing is mapped, so this needs no promise from the caller.
+    pub fn on_demand(addr: usize, len: usize) -> Self {
+        let revoked = std::sync::atomic::AtomicBool::new(false);
+        SharedMem { words: Box::new([]), len, foreign: Some(Foreign { addr, revoked, on_demand: true }) }
     }
 
     /// Stops every later access to a foreign region (it was deregistered: the buffer is
@@ -100,6 +115,15 @@ impl SharedMem {
         const WORDS_PER_PAGE: usize = 4096 / WORD;
         for word in self.words.iter().step_by(WORDS_PER_PAGE) {
             word.fetch_or(0, Ordering::Relaxed);
+        }
+    }
+    /// `ibv_advise_mr`'s prefetch of `len` bytes at `offset`: an on-demand region's pages
+    /// are mapped now (writable if `write`); false where nothing is mapped there or the
+    /// range is out of bounds. Other regions' pages are there already.
+    pub fn prefetch(&self, offset: usize, len: usize, write: bool) -> bool {
+        match self.foreign.as_ref().filter(|f| f.on_demand) {
+            Some(f) => self.in_bounds(offset, len) && f.live() && odp::populate(f.addr + offset, len, write),
+            None => self.in_bounds(offset, len),
         }
     }
     /// Length in bytes.
@@ -185,11 +209,18 @@ impl SharedMem {
     }
     /// Atomic fetch-and-add on the 8-byte word at `offset` (8-aligned); returns the old value.
     pub fn fetch_add(&self, offset: usize, add: u64) -> Option<u64> {
+        if let Some(f) = self.foreign.as_ref().filter(|f| f.on_demand) {
+            return f.update_word(offset, self.in_bounds(offset, WORD), |v| v.wrapping_add(add));
+        }
         let w = self.word(offset)?;
         Some(w.fetch_add(add, Ordering::SeqCst))
     }
     /// Atomic compare-and-swap on the word at `offset` (8-aligned); returns the old value.
     pub fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Option<u64> {
+        if let Some(f) = self.foreign.as_ref().filter(|f| f.on_demand) {
+            let swapped = |v| if v == compare { swap } else { v };
+            return f.update_word(offset, self.in_bounds(offset, WORD), swapped);
+        }
         let w = self.word(offset)?;
         Some(match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
             Ok(v) | Err(v) => v,
@@ -217,31 +248,44 @@ impl Foreign {
     fn live(&self) -> bool {
         !self.revoked.load(Ordering::Acquire)
     }
+    fn ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
     /// Copies out, unless revoked; the caller checked the bounds.
     fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        if self.on_demand {
+            return self.live() && odp::copy_out(self.addr + offset, out);
+        }
         // SAFETY: offset + out.len() is within the registered length (checked by the
         // caller), which SharedMem::foreign's contract keeps allocated until revoked.
         self.live() && {
-            unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr().add(offset), out.as_mut_ptr(), out.len()) };
             true
         }
     }
     /// Copies in, unless revoked; the caller checked the bounds.
     fn write(&self, offset: usize, data: &[u8]) -> bool {
+        if self.on_demand {
+            return self.live() && odp::copy_in(self.addr + offset, data);
+        }
         // SAFETY: as in `read`, and the region is writable by the same contract.
         self.live() && {
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr().add(offset), data.len()) };
             true
         }
     }
+    /// An on-demand region's atomic ([`odp::update_word`]), if `in_bounds` and live.
+    fn update_word(&self, offset: usize, in_bounds: bool, f: impl FnOnce(u64) -> u64) -> Option<u64> {
+        (in_bounds && self.live()).then(|| odp::update_word(self.addr + offset, f)).flatten()
+    }
     /// The word at `offset` if its address is 8-aligned and the region live; the caller
-    /// checked the bounds.
+    /// checked the bounds. Never for an on-demand region, whose words may be unmapped.
     fn word(&self, offset: usize) -> Option<&AtomicU64> {
-        if !self.live() {
+        if !self.live() || self.on_demand {
             return None;
         }
         // SAFETY: within the region (checked by the caller).
-        let p = unsafe { self.ptr.as_ptr().add(offset) };
+        let p = unsafe { self.ptr().add(offset) };
         // SAFETY: aligned, in bounds, valid for the region's life; concurrent access to it
         // is the application's, on the same word, as RDMA atomics promise no more.
         (p as usize).is_multiple_of(WORD).then(|| unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
@@ -505,14 +549,15 @@ impl MrTable {
 
     /// Bytes `start..start + len` of the message a scatter/gather list describes (IBTA
     /// 10.7.2.1): `f(mem, offset in mem, offset in the range, n)` for each piece, in order;
-    /// false when a piece does not resolve for `need`, or the list is too short.
+    /// false when a piece does not resolve for `need`, the list is too short, or `f`
+    /// returns false (the memory refused the copy: revoked, or on demand and not mapped).
     pub fn for_sgl_range(
         &self,
         sgl: &[crate::engine::verbs::Sge],
         pd: Pd,
         (mut start, len): (usize, usize),
         need: Need,
-        mut f: impl FnMut(&SharedMem, usize, usize, usize),
+        mut f: impl FnMut(&SharedMem, usize, usize, usize) -> bool,
     ) -> bool {
         let mut done = 0;
         for s in sgl {
@@ -525,7 +570,9 @@ impl MrTable {
             let Ok((mem, off)) = self.resolve(s.lkey, pd, s.addr + start as u64, n, need) else {
                 return false;
             };
-            f(&mem, off, done, n);
+            if !f(&mem, off, done, n) {
+                return false;
+            }
             done += n;
             start = 0;
             if done == len {

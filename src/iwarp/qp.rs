@@ -527,7 +527,8 @@ impl IwarpQp {
             }
         });
         // Header fields are in range and the memory was checked at post time, under the
-        // same lock: a failure is a bug, reported as a local catastrophic error.
+        // same lock: only on-demand memory unmapped since (or a bug) fails here, and the QP
+        // enters the error state, as a NIC's unresolvable page fault on a send would.
         if framed.is_err() {
             self.enter_error();
         }
@@ -660,9 +661,18 @@ impl IwarpQp {
 
     /// Places tagged data after checking STag, PD, access and bounds (RFC 5041 §7.2 codes).
     /// A zero-length segment is checked all the same: it names a buffer like any other.
+    /// Memory that refuses the copy (revoked, or on demand with nothing mapped) is an
+    /// access violation as a key's missing right is.
     fn place_tagged(&mut self, stag: u32, to: u64, d: &[u8], need: Need, ulpdu: &[u8], mrs: &MrTable) -> bool {
-        match mrs.resolve(stag, self.pd, to, d.len(), need) {
-            Ok((mem, off)) => mem.write(off, d),
+        let placed = mrs.resolve(stag, self.pd, to, d.len(), need).and_then(|(mem, off)| {
+            if mem.write(off, d) {
+                Ok(())
+            } else {
+                Err(MemError::Access)
+            }
+        });
+        match placed {
+            Ok(()) => true,
             Err(e) => {
                 let (layer, etype, code) = tagged_error(e);
                 self.terminate(layer, etype, code, Some(ulpdu));
@@ -944,7 +954,7 @@ impl Payload<'_> {
             Payload::Sgl { sgl, pd, mrs, .. } => {
                 let range = (off, dst.len());
                 mrs.for_sgl_range(sgl, *pd, range, Need::LocalRead, |mem, at_mem, at, n| {
-                    mem.read(at_mem, &mut dst[at..at + n]);
+                    mem.read(at_mem, &mut dst[at..at + n])
                 })
             }
             Payload::Mem { mem, offset, .. } => mem.read(offset + off, dst),
@@ -954,7 +964,5 @@ impl Payload<'_> {
 
 /// Writes `d` at message offset `mo` across a receive's scatter list.
 fn scatter(wr: &RecvWr, mo: usize, d: &[u8], pd: Pd, mrs: &MrTable) -> bool {
-    mrs.for_sgl_range(&wr.sgl, pd, (mo, d.len()), Need::LocalWrite, |mem, off, at, n| {
-        mem.write(off, &d[at..at + n]);
-    })
+    mrs.for_sgl_range(&wr.sgl, pd, (mo, d.len()), Need::LocalWrite, |mem, off, at, n| mem.write(off, &d[at..at + n]))
 }

@@ -74,7 +74,7 @@ use crate::driver::iwarp::IwarpPort;
 use crate::driver::iwarp_smol::{IwarpSmol, SmolLink};
 use crate::driver::iwarp_tcp::IwarpTcp;
 use crate::driver::roce::{Link, Poller, RoceDriver};
-use crate::engine::mem::{Mr, SharedMem};
+use crate::engine::mem::{MemError, Mr, Need, SharedMem};
 use crate::engine::{Device, DeviceConfig, Stats};
 use crate::iwarp::device::{ConnId, IwarpDevice};
 use crate::transport::pcap::FrameLog;
@@ -460,6 +460,41 @@ impl Context {
         Ok(MemoryRegion { mr, backend: self.backend.clone() })
     }
 
+    /// `ibv_reg_mr` with `IBV_ACCESS_ON_DEMAND`: the `len` bytes of this process's
+    /// address space at `addr` (all of it for an implicit region: 0 and `usize::MAX`),
+    /// named `iova`, with nothing pinned or required to be mapped. An access where nothing
+    /// is mapped fails as a NIC's unresolvable page fault does (a local protection error,
+    /// or a NAK to the peer); it never touches the page.
+    pub fn reg_on_demand_mr(
+        &self,
+        pd: &ProtectionDomain,
+        addr: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let mem = Arc::new(SharedMem::on_demand(addr, len));
+        let mr = self.backend.with_dev(|d| d.reg_mem_at(pd.pd, mem, access, iova))?;
+        Ok(MemoryRegion { mr, backend: self.backend.clone() })
+    }
+
+    /// `ibv_advise_mr`'s prefetch: the pages of the bytes `sge` names (in `pd`, writable
+    /// if `write`) are mapped before traffic needs them.
+    pub fn prefetch(&self, pd: &ProtectionDomain, sge: Sge, write: bool) -> Result<(), PrefetchError> {
+        let need = if write { Need::LocalWrite } else { Need::LocalRead };
+        let len = sge.length as usize;
+        let (mem, offset) = self
+            .backend
+            .with_dev(|d| d.mrs().resolve(sge.lkey, pd.pd, sge.addr, len, need))
+            .map_err(PrefetchError::Region)?;
+        // Outside the device lock: populating may fault in many pages.
+        if mem.prefetch(offset, len, write) {
+            Ok(())
+        } else {
+            Err(PrefetchError::NotMapped)
+        }
+    }
+
     /// `ibv_create_cq` with room for `cqe` completions (1 to [`MAX_CQE`]). Completions
     /// beyond that while unpolled overrun the CQ ([`CompletionQueue::overrun`]).
     pub fn create_cq(&self, cqe: usize) -> CompletionQueue {
@@ -709,6 +744,15 @@ impl Drop for Context {
             s.close_log();
         }
     }
+}
+
+/// Why [`Context::prefetch`] failed; the caller's fault either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefetchError {
+    /// The key, PD, access or bounds do not hold for the range.
+    Region(MemError),
+    /// Part of the range has nothing mapped there (or not writable, for a write).
+    NotMapped,
 }
 
 /// A busy-polling section ([`Context::busy_poll`]).

@@ -310,6 +310,6 @@ impl Requester {
 /// Places `data` at byte `offset` of a WQE's scatter list.
 fn scatter(w: &SendWqe, offset: usize, data: &[u8], pd: Pd, mrs: &MrTable) -> bool {
     mrs.for_sgl_range(&w.wr.sgl, pd, (offset, data.len()), Need::LocalWrite, |mem, off, at, n| {
-        mem.write(off, &data[at..at + n]);
+        mem.write(off, &data[at..at + n])
     })
 }

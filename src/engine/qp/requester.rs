@@ -467,7 +467,9 @@ fn gather(sgl: &[Sge], pd: Pd, mrs: &MrTable) -> Result<Vec<u8>, ()> {
         let (mem, off) = mrs.resolve(s.lkey, pd, s.addr, s.length as usize, Need::LocalRead).map_err(|_| ())?;
         let start = data.len();
         data.resize(start + s.length as usize, 0);
-        mem.read(off, &mut data[start..]);
+        if !mem.read(off, &mut data[start..]) {
+            return Err(());
+        }
     }
     Ok(data)
 }
@@ -570,7 +572,7 @@ static ZEROS: [u8; 4096] = [0; 4096];
 /// Reads bytes `start..start + out.len()` of the message `sgl` describes into `out`.
 fn read_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, start: usize, out: &mut [u8]) -> bool {
     mrs.for_sgl_range(sgl, pd, (start, out.len()), Need::LocalRead, |mem, off, at, n| {
-        mem.read(off, &mut out[at..at + n]);
+        mem.read(off, &mut out[at..at + n])
     })
 }
 

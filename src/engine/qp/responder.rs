@@ -419,7 +419,11 @@ impl Responder {
             self.cur = None;
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
-        mem.write(*offset, r.payload);
+        if !mem.write(*offset, r.payload) {
+            // The region was revoked, or is on demand with nothing mapped there (C9-88).
+            self.cur = None;
+            return Err(Refusal::Nak(NakCode::RemoteAccessError));
+        }
         *offset += r.payload.len();
         *remaining -= r.payload.len();
         if last {
@@ -604,7 +608,15 @@ fn send_read_packet(job: &mut ReadJob, msn: u32, path: &Path, ctx: &mut Ctx<'_>)
         (false, false) => 0x0e,
     };
     let mut data = vec![0u8; n];
-    job.mem.read(job.offset, &mut data);
+    if !job.mem.read(job.offset, &mut data) {
+        // The region was revoked, or is on demand with nothing mapped there: the READ ends
+        // with a Remote Access Error NAK at this response's PSN (IBTA 9.7.5.2.4), the
+        // responses before it stand.
+        ctx.stats.naks_sent += 1;
+        let aeth = AethRepr { syndrome: Syndrome::Nak(NakCode::RemoteAccessError), msn };
+        path.send(ctx, &bare(path.bth(0x11, job.psn, 0), None, Some(aeth)));
+        return true;
+    }
     let aeth = (opcode != 0x0e).then_some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn });
     let mut repr = bare(path.bth(opcode, job.psn, n), None, aeth);
     repr.payload = &data;
@@ -656,7 +668,9 @@ pub(crate) fn scatter_recv(sgl: &[Sge], mut offset: usize, mut data: &[u8], q: &
         let Ok((mem, base)) = ctx.mrs.resolve(s.lkey, q.pd, s.addr + offset as u64, n, Need::LocalWrite) else {
             return false;
         };
-        mem.write(base, &data[..n]);
+        if !mem.write(base, &data[..n]) {
+            return false;
+        }
         data = &data[n..];
         offset = 0;
     }
