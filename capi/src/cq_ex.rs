@@ -34,8 +34,14 @@ pub unsafe extern "C" fn create_cq_ex(
     let Some(a) = (unsafe { attr.as_ref() }) else { return fail(libc::EINVAL) };
     let single_threaded = ffi::IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
     let flags_ok = a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS == 0 || a.flags & !single_threaded == 0;
-    if a.wc_flags & !WC_FLAGS_SUPPORTED != 0 || a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_PD != 0 || !flags_ok {
+    if a.wc_flags & !WC_FLAGS_SUPPORTED != 0 || !flags_ok {
         return fail(libc::EOPNOTSUPP);
+    }
+    // A CQ may be made in a parent domain ([`crate::parent`]), and only in one.
+    // SAFETY: the caller's contract: a PD of this library.
+    let in_parent = || unsafe { crate::objects::soft_pd(a.parent_domain) }.is_some_and(|p| p.parent.is_some());
+    if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_PD != 0 && !in_parent() {
+        return fail(libc::EINVAL);
     }
     let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
     let comp_vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);

@@ -282,6 +282,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.query_port = Some(query_port_op);
     vctx.query_device_ex = Some(query_device_ex_op);
     vctx.advise_mr = Some(crate::objects::advise_mr_op);
+    vctx.alloc_parent_domain = Some(crate::parent::alloc_parent_domain);
+    vctx.alloc_td = Some(crate::parent::alloc_td);
+    vctx.dealloc_td = Some(crate::parent::dealloc_td);
     vctx.query_rt_values = Some(crate::query::query_rt_values_op);
     vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex);

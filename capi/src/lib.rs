@@ -23,6 +23,7 @@ pub mod mcast;
 pub mod mw;
 pub mod objects;
 mod ops;
+pub mod parent;
 pub mod post;
 pub mod qp;
 pub mod query;

@@ -15,6 +15,8 @@ pub struct SoftPd {
     pub ibv: ffi::ibv_pd,
     /// The engine's PD.
     pub pd: ProtectionDomain,
+    /// Set for a parent domain ([`crate::parent`]): what it was made with.
+    pub parent: Option<crate::parent::ParentDomain>,
 }
 
 /// The [`SoftPd`] of a PD this library made.
@@ -40,7 +42,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::i
     };
     let pd = engine.alloc_pd();
     let ibv = ffi::ibv_pd { context: ctx, handle: 0 };
-    Box::into_raw(Box::new(SoftPd { ibv, pd })).cast()
+    Box::into_raw(Box::new(SoftPd { ibv, pd, parent: None })).cast()
 }
 
 /// `ibv_dealloc_pd`.

@@ -423,6 +423,14 @@ fn on_demand_paging_regions_follow_the_address_space() {
     c_program("odp", "127.0.29.5", "odp ok");
 }
 
+/// Thread and parent domains: an extended CQ, a region and QPs made in a parent domain
+/// carry a SEND; a nested parent domain and a CQ in a plain PD are refused
+/// (capi/tests/c/parent_domain.c).
+#[test]
+fn parent_domains_hold_the_objects_of_their_pd() {
+    c_program("parent_domain", "127.0.29.6", "parent domain ok");
+}
+
 /// librdmacm's details: id->pd before any QP, private data on REJECTED, the ACK timeout
 /// option on both sides, and a forked child connecting on its own
 /// (capi/tests/c/rdma_cm_details.c; each found by rdma-core's Python suite).

@@ -844,6 +844,14 @@ pub struct ProtectionDomain {
     pd: Pd,
 }
 
+impl ProtectionDomain {
+    /// The same protection domain under a second handle: a parent domain
+    /// (`ibv_alloc_parent_domain`) is a PD whose objects belong to the PD it wraps.
+    pub fn parent_domain(&self) -> ProtectionDomain {
+        ProtectionDomain { pd: self.pd }
+    }
+}
+
 /// `ibv_mr`: registered memory. Its bytes are atomic words the engine and the application
 /// share (see ARCHITECTURE.md), read and written by copy.
 pub struct MemoryRegion {
