@@ -284,6 +284,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.advise_mr = Some(crate::objects::advise_mr_op);
     vctx.alloc_parent_domain = Some(crate::parent::alloc_parent_domain);
     vctx.alloc_td = Some(crate::parent::alloc_td);
+    vctx.alloc_dm = Some(crate::dm::alloc_dm);
+    vctx.free_dm = Some(crate::dm::free_dm);
+    vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
     vctx.dealloc_td = Some(crate::parent::dealloc_td);
     vctx.query_rt_values = Some(crate::query::query_rt_values_op);
     vctx.create_qp_ex = Some(crate::qp::create_qp_ex);

@@ -18,6 +18,7 @@ pub mod config;
 pub mod cq;
 pub mod cq_ex;
 pub mod device;
+pub mod dm;
 pub mod event;
 pub mod mcast;
 pub mod mw;

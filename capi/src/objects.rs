@@ -76,7 +76,7 @@ pub struct SoftMr {
 
 /// Access flags (`enum ibv_access_flags`) to softrdma's; EINVAL for a remote write or
 /// atomic without local write (IBTA 10.6.3.1), EOPNOTSUPP for what softrdma lacks.
-fn access_of(flags: c_uint) -> Result<Access, c_int> {
+pub(crate) fn access_of(flags: c_uint) -> Result<Access, c_int> {
     // Optional flags (relaxed ordering and its kin, bit 20 up) may be ignored.
     let flags = flags & ((1 << 20) - 1);
     let has = |f: c_uint| flags & f != 0;

@@ -100,7 +100,7 @@ pub unsafe extern "C" fn query_rt_values_op(_ctx: *mut ffi::ibv_context, values:
 }
 
 /// `verbs_context.query_device_ex`: the basic attributes, the device clock's rate, ODP,
-/// and zero for every other extension (no TSO, RSS, tag matching, device memory).
+/// device memory, and zero for every other extension (no TSO, RSS, tag matching).
 ///
 /// # Safety
 /// `ctx` is an open context; `attr` holds `attr_size` bytes.
@@ -123,6 +123,7 @@ pub unsafe extern "C" fn query_device_ex_op(
     full.completion_timestamp_mask = u64::MAX;
     full.hca_core_clock = DEVICE_CLOCK_KHZ;
     full.odp_caps = odp_caps();
+    full.max_dm_size = softrdma::engine::MAX_DEVICE_MEMORY_BYTES as u64;
     let n = attr_size.min(size_of::<ffi::ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds attr_size bytes; the tail beyond ours is zeroed.
     unsafe {

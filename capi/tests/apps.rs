@@ -431,6 +431,13 @@ fn parent_domains_hold_the_objects_of_their_pd() {
     c_program("parent_domain", "127.0.29.6", "parent domain ok");
 }
 
+/// Device memory: `max_dm_size`, word-granular copies in and out, a zero-based region
+/// from an offset into it taking a WRITE and serving a READ (capi/tests/c/device_memory.c).
+#[test]
+fn device_memory_is_reached_by_copies_and_zero_based_regions() {
+    c_program("device_memory", "127.0.29.7", "device memory ok");
+}
+
 /// librdmacm's details: id->pd before any QP, private data on REJECTED, the ACK timeout
 /// option on both sides, and a forked child connecting on its own
 /// (capi/tests/c/rdma_cm_details.c; each found by rdma-core's Python suite).

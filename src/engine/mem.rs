@@ -335,8 +335,13 @@ pub struct Mr {
     pub rkey: u32,
     /// The virtual address of the first byte.
     pub addr: u64,
-    /// The bytes.
+    /// The bytes: the region is `len` of them from `start` (all of them, but for a region
+    /// over part of device memory).
     pub mem: Arc<SharedMem>,
+    /// Where the region begins in `mem`.
+    pub start: usize,
+    /// The region's length.
+    pub len: usize,
 }
 
 #[derive(Debug)]
@@ -345,6 +350,9 @@ struct Region {
     access: Access,
     addr: u64,
     mem: Arc<SharedMem>,
+    /// The region is `len` bytes of `mem` from `start`.
+    start: usize,
+    len: usize,
     key: u32,
     valid: bool,
 }
@@ -423,14 +431,31 @@ impl MrTable {
         addr: Option<u64>,
         rng: &mut Rng,
     ) -> Option<Mr> {
+        let len = mem.len();
+        self.register_span(pd, (mem, 0, len), access, addr, rng)
+    }
+
+    /// As [`MrTable::register_mem`], for the `len` bytes of `mem` from `start` (a region
+    /// over part of device memory); `None` if they are not all in `mem`.
+    pub fn register_span(
+        &mut self,
+        pd: Pd,
+        (mem, start, len): (Arc<SharedMem>, usize, usize),
+        access: Access,
+        addr: Option<u64>,
+        rng: &mut Rng,
+    ) -> Option<Mr> {
+        if start.checked_add(len).is_none_or(|end| end > mem.len()) {
+            return None;
+        }
         if self.regions.len() >= self.max_regions {
             return None;
         }
         let key = self.fresh_key(rng);
         let index = key >> 8;
         let addr = addr.unwrap_or_else(|| (rng.next_u64() & 0x0000_7fff_ffff_f000) | 0x1000);
-        self.regions.insert(index, Region { pd, access, addr, mem: mem.clone(), key, valid: true });
-        Some(Mr { lkey: key, rkey: key, addr, mem })
+        self.regions.insert(index, Region { pd, access, addr, mem: mem.clone(), start, len, key, valid: true });
+        Some(Mr { lkey: key, rkey: key, addr, mem, start, len })
     }
 
     /// A key whose 24 index bits name neither a region nor a window; index 0 is never
@@ -457,10 +482,11 @@ impl MrTable {
             r.access = access;
         }
         if let Some((mem, addr)) = change.mem {
+            (r.start, r.len) = (0, mem.len());
             std::mem::replace(&mut r.mem, mem).revoke();
             r.addr = addr;
         }
-        Some(Mr { lkey: r.key, rkey: r.key, addr: r.addr, mem: r.mem.clone() })
+        Some(Mr { lkey: r.key, rkey: r.key, addr: r.addr, mem: r.mem.clone(), start: r.start, len: r.len })
     }
 
     /// Deregisters a region; a foreign one is revoked ([`SharedMem::revoke`]).
@@ -538,13 +564,13 @@ impl MrTable {
         }
         let off = va.checked_sub(r.addr).ok_or(MemError::Bounds)?;
         let end = off.checked_add(len as u64).ok_or(MemError::Bounds)?;
-        if end > r.mem.len() as u64 {
+        if end > r.len as u64 {
             return Err(MemError::Bounds);
         }
         if need == Need::RemoteAtomic && !va.is_multiple_of(8) {
             return Err(MemError::Alignment);
         }
-        Ok((r.mem.clone(), off as usize))
+        Ok((r.mem.clone(), r.start + off as usize))
     }
 
     /// Bytes `start..start + len` of the message a scatter/gather list describes (IBTA
@@ -605,6 +631,24 @@ mod tests {
         let (mem, off) = t.resolve(a.rkey, Pd(2), 0x5000 + 120, 8, Need::LocalRead).unwrap();
         assert!(Arc::ptr_eq(&mem, &new) && off == 120);
         assert!(t.reregister(a.lkey ^ 1, Rereg::default()).is_none(), "a stale key names nothing");
+    }
+
+    // A region over part of device memory: its addresses start at 0 and name the memory
+    // from the span's start; nothing outside the span is reachable through it.
+    #[test]
+    fn a_span_region_reaches_its_part_of_the_memory_only() {
+        let mut t = MrTable::new(4);
+        let mut rng = Rng::new(3);
+        let mem = Arc::new(SharedMem::new(256));
+        assert!(
+            t.register_span(Pd(1), (mem.clone(), 200, 57), Access::ALL, Some(0), &mut rng).is_none(),
+            "past the end"
+        );
+        let mr = t.register_span(Pd(1), (mem.clone(), 64, 128), Access::ALL, Some(0), &mut rng).unwrap();
+        assert_eq!((mr.addr, mr.start, mr.len), (0, 64, 128));
+        let (m, off) = t.resolve(mr.rkey, Pd(1), 120, 8, Need::RemoteWrite).unwrap();
+        assert!(Arc::ptr_eq(&m, &mem) && off == 184);
+        assert_eq!(t.resolve(mr.rkey, Pd(1), 121, 8, Need::RemoteWrite).err(), Some(MemError::Bounds));
     }
 
     #[test]

@@ -131,6 +131,11 @@ pub const SPARE_PACKET_BYTES_MAX: usize = 4096 + 128;
 /// Packets one pass over the QPs queues before it stops ([`Device::poll_transmit`]).
 const FILL_PACKETS: usize = 64;
 
+/// The most device memory (`ibv_alloc_dm`) one device hands out, in all: a NIC's on-chip
+/// memory is a few hundred KiB, and here, where it is the engine's own memory, the bound
+/// keeps an application that allocates in a loop from taking the host's.
+pub const MAX_DEVICE_MEMORY_BYTES: usize = 256 << 10;
+
 /// A software RDMA device.
 pub struct Device {
     cfg: DeviceConfig,
@@ -139,6 +144,8 @@ pub struct Device {
     cqs: FxHashMap<u32, Cq>,
     qps: QpMap,
     next_pd: u32,
+    /// Device memory handed out ([`Device::reserve_device_memory`]), bytes.
+    device_memory_bytes: usize,
     next_cq: u32,
     out: VecDeque<Transmit>,
     /// Buffers of packets sent, for the next packets to be built in ([`Device::recycle`]).
@@ -196,6 +203,7 @@ impl Device {
             cqs: FxHashMap::default(),
             qps: QpMap::default(),
             next_pd: 1,
+            device_memory_bytes: 0,
             next_cq: 1,
             out: VecDeque::new(),
             spare: Vec::new(),
@@ -317,6 +325,33 @@ impl Device {
     /// Deregisters a region.
     pub fn dereg_mr(&mut self, mr: &Mr) -> Result<(), VerbsError> {
         self.mrs.deregister(mr.lkey).then_some(()).ok_or(VerbsError::NotFound)
+    }
+
+    /// Takes `len` bytes of the device's memory (`ibv_alloc_dm`) from its
+    /// [`MAX_DEVICE_MEMORY_BYTES`]; false when they are not left.
+    pub fn reserve_device_memory(&mut self, len: usize) -> bool {
+        let total = self.device_memory_bytes.saturating_add(len);
+        (total <= MAX_DEVICE_MEMORY_BYTES).then(|| self.device_memory_bytes = total).is_some()
+    }
+
+    /// Gives back `len` bytes of device memory (`ibv_free_dm`).
+    pub fn release_device_memory(&mut self, len: usize) {
+        self.device_memory_bytes = self.device_memory_bytes.saturating_sub(len);
+    }
+
+    /// Registers `len` bytes of `mem` from `start` (part of device memory, `ibv_reg_dm_mr`)
+    /// in `pd`, named from `addr`.
+    pub fn reg_span_at(
+        &mut self,
+        pd: Pd,
+        span: (Arc<SharedMem>, usize, usize),
+        access: Access,
+        addr: u64,
+    ) -> Result<Mr, VerbsError> {
+        if addr.checked_add(span.2 as u64).is_none() {
+            return Err(VerbsError::InvalidAttribute("the region wraps the address space"));
+        }
+        self.mrs.register_span(pd, span, access, Some(addr), &mut self.rng).ok_or(VerbsError::OutOfResources)
     }
 
     /// A memory window in `pd`, bound to nothing (`ibv_alloc_mw`); its key.

@@ -495,6 +495,37 @@ impl Context {
         }
     }
 
+    /// `ibv_alloc_dm`: `len` bytes of the device's own memory, zeroed. The application
+    /// reaches them only through [`DeviceMemory::write`] and [`DeviceMemory::read`] and
+    /// through regions over them ([`Context::reg_dm_mr`]), as it reaches a NIC's on-chip
+    /// memory. At most [`crate::engine::MAX_DEVICE_MEMORY_BYTES`] in all.
+    pub fn alloc_dm(&self, len: usize) -> Result<DeviceMemory, VerbsError> {
+        if len == 0 {
+            return Err(VerbsError::InvalidAttribute("device memory of no bytes"));
+        }
+        if !self.backend.with_dev(|d| d.reserve_device_memory(len)) {
+            return Err(VerbsError::OutOfResources);
+        }
+        Ok(DeviceMemory { mem: Arc::new(SharedMem::new(len)), backend: self.backend.clone() })
+    }
+
+    /// `ibv_reg_dm_mr`: a region over the `len` bytes of `dm` from `offset`, in `pd`,
+    /// addressed from 0 (`IBV_ACCESS_ZERO_BASED`, which device memory requires).
+    pub fn reg_dm_mr(
+        &self,
+        pd: &ProtectionDomain,
+        dm: &DeviceMemory,
+        (offset, len): (usize, usize),
+        access: Access,
+    ) -> Result<MemoryRegion, VerbsError> {
+        if offset.checked_add(len).is_none_or(|end| end > dm.len()) {
+            return Err(VerbsError::InvalidAttribute("the region is not within the device memory"));
+        }
+        let span = (dm.mem.clone(), offset, len);
+        let mr = self.backend.with_dev(|d| d.reg_span_at(pd.pd, span, access, 0))?;
+        Ok(MemoryRegion { mr, backend: self.backend.clone() })
+    }
+
     /// `ibv_create_cq` with room for `cqe` completions (1 to [`MAX_CQE`]). Completions
     /// beyond that while unpolled overrun the CQ ([`CompletionQueue::overrun`]).
     pub fn create_cq(&self, cqe: usize) -> CompletionQueue {
@@ -746,6 +777,39 @@ impl Drop for Context {
     }
 }
 
+/// Device memory ([`Context::alloc_dm`]); given back to the device when dropped. Regions
+/// over it keep its bytes alive.
+pub struct DeviceMemory {
+    mem: Arc<SharedMem>,
+    backend: Backend,
+}
+
+impl DeviceMemory {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+    /// True for none (never: [`Context::alloc_dm`] refuses zero bytes).
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+    /// `ibv_memcpy_from_dm`: copies out from `offset`; false if out of bounds.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        self.mem.read(offset, out)
+    }
+    /// `ibv_memcpy_to_dm`: copies in at `offset`; false if out of bounds.
+    pub fn write(&self, offset: usize, data: &[u8]) -> bool {
+        self.mem.write(offset, data)
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        let len = self.mem.len();
+        self.backend.with_dev(|d| d.release_device_memory(len));
+    }
+}
+
 /// Why [`Context::prefetch`] failed; the caller's fault either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefetchError {
@@ -894,11 +958,11 @@ impl MemoryRegion {
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mr.mem.len()
+        self.mr.len
     }
     /// True for an empty region.
     pub fn is_empty(&self) -> bool {
-        self.mr.mem.is_empty()
+        self.mr.len == 0
     }
     /// An SGE of `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
@@ -906,13 +970,16 @@ impl MemoryRegion {
     }
     /// Copies out of the region; false if out of bounds.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
-        self.mr.mem.read(offset, out)
+        self.in_bounds(offset, out.len()) && self.mr.mem.read(self.mr.start + offset, out)
     }
     /// Copies into the region; false if out of bounds.
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
-        self.mr.mem.write(offset, data)
+        self.in_bounds(offset, data.len()) && self.mr.mem.write(self.mr.start + offset, data)
     }
-    /// The shared bytes.
+    fn in_bounds(&self, offset: usize, n: usize) -> bool {
+        offset.checked_add(n).is_some_and(|end| end <= self.mr.len)
+    }
+    /// The shared bytes (for a region over part of device memory, all of that memory).
     pub fn mem(&self) -> &Arc<SharedMem> {
         &self.mr.mem
     }

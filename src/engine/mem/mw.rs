@@ -105,7 +105,7 @@ impl MrTable {
             return Err(MemError::Access);
         }
         let end = b.addr.checked_add(b.len).ok_or(MemError::Bounds)?;
-        if b.addr < r.addr || end > r.addr + r.mem.len() as u64 {
+        if b.addr < r.addr || end > r.addr + r.len as u64 {
             return Err(MemError::Bounds);
         }
         Ok(Binding {
@@ -173,13 +173,13 @@ impl MrTable {
         let r =
             self.regions.get(&b.region_index).filter(|r| r.key == b.region_key && r.valid).ok_or(MemError::BadKey)?;
         let off = va.checked_sub(r.addr).ok_or(MemError::Bounds)?;
-        if off + len as u64 > r.mem.len() as u64 {
+        if off + len as u64 > r.len as u64 {
             return Err(MemError::Bounds);
         }
         if need == Need::RemoteAtomic && !va.is_multiple_of(8) {
             return Err(MemError::Alignment);
         }
-        Ok((r.mem.clone(), off as usize))
+        Ok((r.mem.clone(), r.start + off as usize))
     }
 }
 
