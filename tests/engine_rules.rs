@@ -134,6 +134,30 @@ fn duplicate_atomic_is_answered_from_its_saved_result() {
     assert_eq!(u64::from_le_bytes(b), 105, "applied exactly once");
 }
 
+// IBTA vol.1 1.5 (Memory Placement Extensions): ATOMIC WRITE stores its 8 bytes at an
+// 8-aligned address under remote write access and is acknowledged as a WRITE; a duplicate
+// is acknowledged again and not stored again; an unaligned one is an invalid request.
+#[test]
+fn atomic_write_stores_eight_bytes_once() {
+    let mut p = pair(Attrs::default());
+    let at = Remote { addr: p.mb.addr + 16, rkey: p.mb.rkey };
+    p.sim.devices[0].post_send(p.qa, wr(1, SendOp::AtomicWrite(at, *b"8 bytes!"), vec![])).unwrap();
+    let wc = p.wait(0);
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (1, WcStatus::Success, WcOpcode::AtomicWrite));
+    assert_eq!(&p.mb.mem.to_vec()[16..24], b"8 bytes!");
+    let e = p.b_epsn();
+    let mut aw = request(&p, 0x1d, e, b"newbytes");
+    aw.reth = Some(RethRepr { va: p.mb.addr + 16, rkey: p.mb.rkey, dma_len: 8 });
+    assert_eq!(syndrome_of(&p.inject_to_b(&aw)), vec![(0x11, e.value(), Syndrome::Ack { credits: 31 })]);
+    p.mb.mem.write(16, b"app wrote");
+    assert_eq!(syndrome_of(&p.inject_to_b(&aw)).len(), 1, "the duplicate is acknowledged");
+    assert_eq!(&p.mb.mem.to_vec()[16..24], b"app wrot", "and not stored again");
+    let mut unaligned = request(&p, 0x1d, e.add(1), b"12345678");
+    unaligned.reth = Some(RethRepr { va: p.mb.addr + 20, rkey: p.mb.rkey, dma_len: 8 });
+    let nak = Syndrome::Nak(NakCode::InvalidRequest);
+    assert_eq!(syndrome_of(&p.inject_to_b(&unaligned)), vec![(0x11, e.add(1).value(), nak)]);
+}
+
 // IBTA 9.7.5.1.1 (C9-98): a duplicate READ is executed again, from the PSN and RETH of the
 // duplicate, so the requester can resume mid-way.
 #[test]

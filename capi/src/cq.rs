@@ -391,6 +391,7 @@ fn opcode_of(o: WcOpcode) -> ffi::ibv_wc_opcode {
         WcOpcode::RdmaRead => ffi::IBV_WC_RDMA_READ,
         WcOpcode::CompSwap => ffi::IBV_WC_COMP_SWAP,
         WcOpcode::FetchAdd => ffi::IBV_WC_FETCH_ADD,
+        WcOpcode::AtomicWrite => ffi::IBV_WC_ATOMIC_WRITE,
         WcOpcode::Recv => ffi::IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => ffi::IBV_WC_RECV_RDMA_WITH_IMM,
         WcOpcode::BindMw => ffi::IBV_WC_BIND_MW,

@@ -22,7 +22,8 @@ pub const SEND_OPS_SUPPORTED: u64 = (ffi::IBV_QP_EX_WITH_RDMA_WRITE
     | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | ffi::IBV_QP_EX_WITH_SEND_WITH_INV
     | ffi::IBV_QP_EX_WITH_BIND_MW
-    | ffi::IBV_QP_EX_WITH_LOCAL_INV) as u64;
+    | ffi::IBV_QP_EX_WITH_LOCAL_INV
+    | ffi::IBV_QP_EX_WITH_ATOMIC_WRITE) as u64;
 
 /// One request of a batch, and its inline bytes, copied when the application gave them
 /// (it may reuse its buffer before `wr_complete`).
@@ -304,7 +305,16 @@ unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ffi::ibv_qp_ex, _: u32) {
     unsafe { refuse(qp, libc::EOPNOTSUPP) };
 }
 
-unsafe extern "C" fn wr_atomic_write(qp: *mut ffi::ibv_qp_ex, _: u32, _: u64, _: *const c_void) {
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr`, copied now, stored at once at the
+/// remote address (IBTA vol.1 1.5, Memory Placement Extensions).
+unsafe extern "C" fn wr_atomic_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
+    if atomic_wr.is_null() {
+        // SAFETY: as above.
+        return unsafe { refuse(qp, libc::EINVAL) };
+    }
+    let mut bytes = [0u8; 8];
+    // SAFETY: the caller's contract: 8 readable bytes at `atomic_wr`.
+    unsafe { std::ptr::copy_nonoverlapping(atomic_wr.cast::<u8>(), bytes.as_mut_ptr(), 8) };
     // SAFETY: as above.
-    unsafe { refuse(qp, libc::EOPNOTSUPP) };
+    unsafe { add(qp, SendOp::AtomicWrite(Remote { addr: remote_addr, rkey }, bytes)) };
 }

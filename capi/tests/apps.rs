@@ -392,7 +392,8 @@ fn several_processes_share_one_address() {
 /// A C program using the extended post-send API (`ibv_create_qp_ex`, `ibv_wr_*`) and the
 /// extended CQ (`ibv_create_cq_ex`, `ibv_start_poll`), built against rdma-core's headers and
 /// run on the library: a batched WRITE, inline SEND and FETCH_AND_ADD, a READ, an aborted
-/// batch and a refused operation, every byte and length checked (capi/tests/c/wr_api.c).
+/// batch, an ATOMIC WRITE and a refused operation, every byte and length checked
+/// (capi/tests/c/wr_api.c).
 #[test]
 fn the_ibv_wr_post_send_api_runs() {
     c_program("wr_api", "127.0.29.1", "wr api ok");

@@ -226,6 +226,17 @@ impl SharedMem {
             Ok(v) | Err(v) => v,
         })
     }
+    /// ATOMIC WRITE: the 8 `bytes` stored at `offset` (8-aligned) at once, never torn;
+    /// false when out of bounds, unaligned, or the memory refuses.
+    pub fn atomic_store(&self, offset: usize, bytes: [u8; 8]) -> bool {
+        if let Some(f) = self.foreign.as_ref().filter(|f| f.on_demand) {
+            return f.update_word(offset, self.in_bounds(offset, WORD), |_| u64::from_ne_bytes(bytes)).is_some();
+        }
+        // An owned word holds its bytes as its little-endian value; a foreign one is the
+        // application's memory, in the CPU's order.
+        let value = if self.foreign.is_some() { u64::from_ne_bytes(bytes) } else { u64::from_le_bytes(bytes) };
+        self.word(offset).map(|w| w.store(value, Ordering::SeqCst)).is_some()
+    }
     fn word(&self, offset: usize) -> Option<&AtomicU64> {
         if !self.in_bounds(offset, WORD) {
             return None;

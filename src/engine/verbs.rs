@@ -53,6 +53,9 @@ pub enum SendOp {
     CompareSwap(Remote, u64, u64),
     /// Atomic fetch and add.
     FetchAdd(Remote, u64),
+    /// ATOMIC WRITE (IBTA vol.1 1.5, Memory Placement Extensions): the 8 bytes stored at
+    /// the 8-aligned remote address at once, never torn; acknowledged as a WRITE is.
+    AtomicWrite(Remote, [u8; 8]),
     /// Bind a memory window (IBTA 10.6.7.2.2); done locally, in send queue order.
     BindMw(crate::engine::mem::mw::MwBind),
     /// Invalidate a key locally (IBTA 10.6.7.2.4); in send queue order.
@@ -147,6 +150,8 @@ pub enum WcOpcode {
     CompSwap,
     /// A fetch-and-add completed.
     FetchAdd,
+    /// An ATOMIC WRITE completed.
+    AtomicWrite,
     /// A message arrived in a receive buffer.
     Recv,
     /// An RDMA WRITE with immediate consumed a receive buffer.

@@ -337,8 +337,11 @@ impl IwarpQp {
         if self.state != QpState::Rts {
             return Err(VerbsError::InvalidRequest);
         }
-        if matches!(wr.op, SendOp::SendImm(_) | SendOp::WriteImm(..) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..)) {
-            // Immediate data and atomics are RFC 7306, not yet spoken.
+        let rfc7306 =
+            matches!(wr.op, SendOp::SendImm(_) | SendOp::WriteImm(..) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..));
+        if rfc7306 || matches!(wr.op, SendOp::AtomicWrite(..)) {
+            // Immediate data and atomics are RFC 7306, not yet spoken; iWARP has no
+            // ATOMIC WRITE (an InfiniBand memory placement extension).
             return Err(VerbsError::InvalidRequest);
         }
         if wr.op.is_local() {

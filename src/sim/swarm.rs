@@ -66,6 +66,7 @@ enum Kind {
     Read { remote: usize },
     FetchAdd { add: u64, expect: u64 },
     CompareSwap { compare: u64, swap: u64, expect: u64 },
+    AtomicWrite { remote: usize, bytes: [u8; 8] },
 }
 
 #[derive(Debug, Clone)]
@@ -395,14 +396,16 @@ fn plan(flow: &mut Flow, rng: &mut Rng, n: usize, base_id: u64) {
     for i in 0..n {
         let len = pick_len(rng, big);
         let imm = rng.chance(0.3).then(|| rng.next_u64() as u32);
-        let kind = match rng.below(6) {
+        let kind = match rng.below(7) {
             0 | 1 => Kind::Send { imm },
             2 => Kind::Write { remote: 0, imm },
             3 => Kind::Read { remote: 0 },
             4 => Kind::FetchAdd { add: rng.next_u64() >> rng.below(64), expect: 0 },
-            _ => Kind::CompareSwap { compare: 0, swap: rng.next_u64(), expect: 0 },
+            5 => Kind::CompareSwap { compare: 0, swap: rng.next_u64(), expect: 0 },
+            _ => Kind::AtomicWrite { remote: 0, bytes: rng.next_u64().to_le_bytes() },
         };
-        let len = if matches!(kind, Kind::FetchAdd { .. } | Kind::CompareSwap { .. }) { 8 } else { len };
+        let fixed = matches!(kind, Kind::FetchAdd { .. } | Kind::CompareSwap { .. } | Kind::AtomicWrite { .. });
+        let len = if fixed { 8 } else { len };
         let data =
             if matches!(kind, Kind::Send { .. } | Kind::Write { .. }) { fill_random(rng, len) } else { Vec::new() };
         flow.todo.push_back(Op { wr_id: base_id + i as u64, kind, len, local: 0, data, signaled: rng.chance(0.7) });
@@ -489,6 +492,10 @@ fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
             }
             SendOp::CompareSwap(atomic_at, *compare, *swap)
         }
+        Kind::AtomicWrite { remote: r, bytes } => {
+            *r = ring_alloc(&mut flow.remote_next, 8, 8, ring);
+            SendOp::AtomicWrite(at(*r), *bytes)
+        }
     };
     let wr = SendWr {
         wr_id: op.wr_id,
@@ -552,6 +559,13 @@ fn check_effect(flow: &Flow, op: &Op) -> Result<(), String> {
             let got = u64::from_le_bytes(b);
             if got != *expect {
                 return Err(format!("atomic wr {}: original {got:#x}, model says {expect:#x}", op.wr_id));
+            }
+        }
+        Kind::AtomicWrite { remote, bytes } => {
+            let mut got = [0u8; 8];
+            flow.dst.mem.read(*remote, &mut got);
+            if got != *bytes {
+                return Err(format!("ATOMIC WRITE wr {} at {remote}: {got:02x?}, sent {bytes:02x?}", op.wr_id));
             }
         }
         Kind::Send { .. } => {}

@@ -66,6 +66,7 @@ impl SendWqe {
             SendOp::Read(_) => WcOpcode::RdmaRead,
             SendOp::CompareSwap(..) => WcOpcode::CompSwap,
             SendOp::FetchAdd(..) => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite(..) => WcOpcode::AtomicWrite,
             SendOp::BindMw(_) => WcOpcode::BindMw,
             SendOp::LocalInv(_) => WcOpcode::LocalInv,
         }
@@ -171,7 +172,7 @@ impl Requester {
         // IBTA 9.8.1 / 9.8.4: UC has no READ or atomics; UD sends single-packet SENDs only.
         let allowed = match path.qp_type {
             QpType::Rc => true,
-            QpType::Uc => !wr.op.is_read_or_atomic(),
+            QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::AtomicWrite(..)),
             QpType::Ud => wr.ud.is_some() && matches!(wr.op, SendOp::Send | SendOp::SendImm(_)),
         };
         if !allowed {
@@ -185,7 +186,10 @@ impl Requester {
         };
         let mut done = None;
         let mut data = Vec::new();
-        if wr.op.is_read_or_atomic() {
+        if let SendOp::AtomicWrite(_, bytes) = wr.op {
+            // The 8 bytes come with the request (ibv_wr_atomic_write), not from an SGE.
+            data = bytes.to_vec();
+        } else if wr.op.is_read_or_atomic() {
             if check_sgl(&wr.sgl, pd, mrs, need).is_err() || (len == 8 && sgl_len < 8) {
                 done = Some(WcStatus::LocProtErr);
             }
@@ -206,7 +210,7 @@ impl Requester {
         }
         let npkts = match wr.op {
             SendOp::BindMw(_) | SendOp::LocalInv(_) => 0,
-            SendOp::CompareSwap(..) | SendOp::FetchAdd(..) => 1,
+            SendOp::CompareSwap(..) | SendOp::FetchAdd(..) | SendOp::AtomicWrite(..) => 1,
             _ => len.div_ceil(mtu).max(1) as u32,
         };
         self.wqes.push_back(SendWqe {
@@ -509,6 +513,14 @@ fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) ->
         }
         SendOp::CompareSwap(remote, compare, swap) => send_atomic(path, ctx, w, 0x13, remote, swap, compare),
         SendOp::FetchAdd(remote, add) => send_atomic(path, ctx, w, 0x14, remote, add, 0),
+        SendOp::AtomicWrite(remote, bytes) => {
+            // IBTA vol.1 1.5 (Memory Placement Extensions): RETH and the 8 bytes.
+            let mut bth = path.bth(0x1d, w.first_psn, 8);
+            bth.ack_req = true;
+            let mut repr = bare(bth, Some(RethRepr { va: remote.addr, rkey: remote.rkey, dma_len: 8 }), None);
+            repr.payload = &bytes;
+            path.send(ctx, &repr);
+        }
         op => return send_data(w, op, path, ctx, ack_req),
     }
     true

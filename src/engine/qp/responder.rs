@@ -303,7 +303,7 @@ impl Responder {
         match op {
             Operation::ReadRequest => self.access.remote_read,
             Operation::CompareSwap | Operation::FetchAdd => self.access.remote_atomic,
-            Operation::Write => self.access.remote_write,
+            Operation::Write | Operation::AtomicWrite => self.access.remote_write,
             _ => true,
         }
     }
@@ -330,6 +330,7 @@ impl Responder {
             Operation::Write => self.exec_write(r, pos, q, ctx)?,
             Operation::ReadRequest => self.exec_read(r, q, ctx)?,
             Operation::CompareSwap | Operation::FetchAdd => self.exec_atomic(r, op, q, ctx)?,
+            Operation::AtomicWrite => self.exec_atomic_write(r, q, ctx)?,
             _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
         }
         Ok(())
@@ -458,6 +459,27 @@ impl Responder {
         Ok(())
     }
 
+    /// ATOMIC WRITE (IBTA vol.1 1.5, Memory Placement Extensions): 8 bytes to an 8-aligned
+    /// address under remote write access, stored at once; acknowledged as a WRITE. A
+    /// duplicate is only acknowledged again, never stored a second time.
+    fn exec_atomic_write(&mut self, r: &RoceRepr<'_>, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
+        let Some(reth) = r.reth.filter(|t| t.dma_len == 8 && r.payload.len() == 8 && t.va.is_multiple_of(8)) else {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        };
+        if !self.access.remote_write {
+            return Err(Refusal::Nak(NakCode::RemoteAccessError));
+        }
+        let (mem, offset) =
+            ctx.mrs.resolve_remote(reth.rkey, (q.pd, q.qpn), reth.va, 8, Need::RemoteWrite).map_err(access_nak)?;
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(r.payload);
+        if !mem.atomic_store(offset, bytes) {
+            return Err(Refusal::Nak(NakCode::RemoteAccessError));
+        }
+        self.advance(1, true);
+        Ok(())
+    }
+
     fn exec_atomic(&mut self, r: &RoceRepr<'_>, op: Operation, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
         let Some(a) = r.atomic_eth else {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
@@ -518,7 +540,7 @@ impl Responder {
                 Operation::CompareSwap | Operation::FetchAdd,
                 Some(Resource { kind: ResourceKind::Atomic { original }, first_psn, .. }),
             ) if first_psn == psn => self.replies.push_back(Reply::AtomicAck { psn, original }),
-            (Operation::Send | Operation::Write, _) => self.push_ack(),
+            (Operation::Send | Operation::Write | Operation::AtomicWrite, _) => self.push_ack(),
             _ => {}
         }
     }
