@@ -228,6 +228,7 @@ fn every_opcode() -> Vec<(u8, u32, u32, Vec<u8>)> {
                 psn: Psn::new(psn),
             },
             deth: h.contains(Headers::DETH).then_some(DethRepr { qkey: 0x1111_1111, src_qp: 0x22 }),
+            xrceth: h.contains(Headers::XRCETH).then_some(XrcEthRepr { srqn: 0x33 }),
             feth: h.contains(Headers::FETH).then_some(FethRepr { selectivity: 1, placement_type: 1 }),
             reth: h.contains(Headers::RETH).then_some(RethRepr { va: 0x7f00_1234_5678, rkey: 0xabcd, dma_len: 61 }),
             atomic_eth: h.contains(Headers::ATOMIC_ETH).then_some(AtomicEthRepr {

@@ -124,6 +124,7 @@ fn write_only(qpn: u32, psn: u32, reth: RethRepr, payload: &[u8]) -> RoceRepr<'_
     RoceRepr {
         bth,
         deth: None,
+        xrceth: None,
         feth: None,
         reth: Some(reth),
         atomic_eth: None,

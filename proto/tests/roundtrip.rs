@@ -71,6 +71,7 @@ fn roce(payload: &'static [u8]) -> impl Strategy<Value = RoceRepr<'static>> {
             RoceRepr {
                 bth: b,
                 deth: h.contains(Headers::DETH).then_some(DethRepr { qkey, src_qp: src_qp & 0xff_ffff }),
+                xrceth: h.contains(Headers::XRCETH).then_some(XrcEthRepr { srqn: qkey & 0xff_ffff }),
                 feth: h
                     .contains(Headers::FETH)
                     .then_some(FethRepr { selectivity: (imm & 3) as u8, placement_type: (imm >> 4 & 0xf) as u8 }),

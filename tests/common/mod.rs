@@ -229,6 +229,7 @@ pub fn request(p: &Pair, opcode: u8, psn: Psn, payload: &'static [u8]) -> RoceRe
     RoceRepr {
         bth,
         deth: None,
+        xrceth: None,
         feth: None,
         reth: None,
         atomic_eth: None,

@@ -322,6 +322,46 @@ scalar_header!(
 );
 
 view!(
+    /// XRC Extended Transport Header (IBTA vol.1 9.3.6 / 14.2, XRC): the XRC SRQ a request
+    /// is for, 24 bits after a reserved byte.
+    XrcEthPacket,
+    4
+);
+impl<T: AsRef<[u8]>> XrcEthPacket<T> {
+    /// The XRC SRQ number.
+    pub fn srqn(&self) -> u32 {
+        be24(self.b(), 1)
+    }
+}
+
+/// XRCETH fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct XrcEthRepr {
+    /// The XRC SRQ number (24 bits).
+    pub srqn: u32,
+}
+
+impl XrcEthRepr {
+    /// Reads a checked XRCETH.
+    pub fn parse<T: AsRef<[u8]>>(p: &XrcEthPacket<T>) -> Result<Self> {
+        Ok(XrcEthRepr { srqn: p.srqn() })
+    }
+    /// Writes the XRCETH into the first 4 bytes of `buf`.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        Error::check_len(4, buf.len())?;
+        buf[0] = 0;
+        put24(buf, 1, self.srqn);
+        Ok(())
+    }
+}
+
+impl fmt::Display for XrcEthRepr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "XRCETH srq=0x{:x}", self.srqn)
+    }
+}
+
+view!(
     /// Datagram Extended Transport Header (IBTA 9.3.2): Q_Key and source QP.
     DethPacket,
     8

@@ -14,6 +14,8 @@ pub enum Transport {
     Uc,
     /// Unreliable Datagram (0x60).
     Ud,
+    /// Extended Reliable Connected (0xA0).
+    Xrc,
     /// RoCEv2 Congestion Notification Packet (0x80).
     Cnp,
 }
@@ -25,6 +27,7 @@ impl Transport {
             Transport::Rc => "RC",
             Transport::Uc => "UC",
             Transport::Ud => "UD",
+            Transport::Xrc => "XRC",
             Transport::Cnp => "CNP",
         }
     }
@@ -93,6 +96,8 @@ impl Headers {
     pub const IMMDT: Headers = Headers(1 << 6);
     /// Invalidate ETH (4 bytes).
     pub const IETH: Headers = Headers(1 << 7);
+    /// XRC ETH (4 bytes, XRC requests).
+    pub const XRCETH: Headers = Headers(1 << 8);
 
     /// Union of two sets.
     pub const fn with(self, other: Headers) -> Headers {
@@ -122,8 +127,9 @@ impl Headers {
 
 /// The order in which extended headers follow the BTH, with their lengths
 /// (IBTA 9.2, Figure 36 "packet header layouts").
-pub const ORDER: [(Headers, usize); 8] = [
+pub const ORDER: [(Headers, usize); 9] = [
     (Headers::DETH, 8),
+    (Headers::XRCETH, 4),
     (Headers::FETH, 4),
     (Headers::RETH, 16),
     (Headers::ATOMIC_ETH, 28),
@@ -175,6 +181,7 @@ const fn row(
         0 => Transport::Rc,
         1 => Transport::Uc,
         3 => Transport::Ud,
+        5 => Transport::Xrc,
         _ => Transport::Cnp,
     };
     OpcodeInfo { code, name, transport, operation, position, headers, payload }
@@ -231,6 +238,14 @@ const UD_ROWS: [OpcodeInfo; 2] = [
 const RC_CONNECTED: [OpcodeInfo; 12] = connected_rows!(0x00);
 const UC_CONNECTED: [OpcodeInfo; 12] = connected_rows!(0x20);
 
+/// XRC's opcodes (IBTA Table 38, transport 101): RC's, with an XRCETH on every request
+/// (responses carry none); no FLUSH or ATOMIC WRITE.
+const fn xrc_row(rc: OpcodeInfo) -> OpcodeInfo {
+    let request = !matches!(rc.operation, Op::ReadResponse | Op::Acknowledge | Op::AtomicAcknowledge);
+    let headers = if request { H::XRCETH.with(rc.headers) } else { rc.headers };
+    OpcodeInfo { code: rc.code | 0xa0, transport: Transport::Xrc, headers, ..rc }
+}
+
 /// Every opcode softrdma knows, indexed by opcode value.
 pub const TABLE: [Option<OpcodeInfo>; 256] = build_table();
 
@@ -245,6 +260,19 @@ const fn build_table() -> [Option<OpcodeInfo>; 256] {
     let mut i = 0;
     while i < RC_ONLY.len() {
         t[RC_ONLY[i].code as usize] = Some(RC_ONLY[i]);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 12 {
+        t[(RC_CONNECTED[i].code | 0xa0) as usize] = Some(xrc_row(RC_CONNECTED[i]));
+        i += 1;
+    }
+    let mut i = 0;
+    while i < RC_ONLY.len() {
+        if matches!(RC_ONLY[i].transport, Transport::Rc) && !matches!(RC_ONLY[i].operation, Op::Flush | Op::AtomicWrite)
+        {
+            t[(RC_ONLY[i].code | 0xa0) as usize] = Some(xrc_row(RC_ONLY[i]));
+        }
         i += 1;
     }
     let mut i = 0;
@@ -306,10 +334,23 @@ mod tests {
     #[test]
     fn unknown_opcodes_are_absent() {
         // RD (0x40..) is not spoken; UC has no READ or atomics; 0x15 RESYNC is RD-only.
-        for code in [0x15u8, 0x2c, 0x33, 0x40, 0x60, 0x66, 0x80, 0xa0, 0xff] {
+        for code in [0x15u8, 0x2c, 0x33, 0x40, 0x60, 0x66, 0x80, 0xb5, 0xbc, 0xbd, 0xc0, 0xff] {
             assert!(OpcodeInfo::lookup(code).is_none(), "0x{code:02x}");
         }
-        assert_eq!(TABLE.iter().flatten().count(), 12 + 12 + 14 + 2);
+        // RC 12 + 13 and the CNP, UC 12, UD 2, XRC 12 + 11 (no FLUSH, ATOMIC WRITE).
+        assert_eq!(TABLE.iter().flatten().count(), 12 + 14 + 12 + 2 + 12 + 11);
+    }
+
+    #[test]
+    fn xrc_is_rc_with_an_xrceth_on_requests() {
+        let send = OpcodeInfo::lookup(0xa4).unwrap();
+        assert_eq!((send.name, send.transport, send.headers), ("SEND_ONLY", Transport::Xrc, H::XRCETH));
+        let write = OpcodeInfo::lookup(0xaa).unwrap();
+        assert_eq!(write.headers_len(), 4 + 16);
+        assert_eq!(OpcodeInfo::lookup(0xac).unwrap().headers, H::XRCETH.with(H::RETH), "READ request");
+        assert_eq!(OpcodeInfo::lookup(0xb1).unwrap().headers, H::AETH, "an ACK carries no XRCETH");
+        assert_eq!(OpcodeInfo::lookup(0xb3).unwrap().headers_len(), 4 + 28);
+        assert_eq!(OpcodeInfo::lookup(0xb7).unwrap().headers, H::XRCETH.with(H::IETH));
     }
 
     #[test]

@@ -100,6 +100,8 @@ pub struct RoceRepr<'a> {
     pub bth: BthRepr,
     /// DETH (UD).
     pub deth: Option<DethRepr>,
+    /// XRCETH (XRC requests).
+    pub xrceth: Option<XrcEthRepr>,
     /// FETH (FLUSH).
     pub feth: Option<FethRepr>,
     /// RETH (WRITE first/only, READ request, FLUSH, ATOMIC WRITE).
@@ -130,6 +132,7 @@ impl<'a> RoceRepr<'a> {
         Ok(RoceRepr {
             bth: BthRepr::parse(&p.bth())?,
             deth: parse_opt(hdr(Headers::DETH), |b| DethRepr::parse(&DethPacket::new_checked(b)?))?,
+            xrceth: parse_opt(hdr(Headers::XRCETH), |b| XrcEthRepr::parse(&XrcEthPacket::new_checked(b)?))?,
             feth: parse_opt(hdr(Headers::FETH), |b| FethRepr::parse(&FethPacket::new_checked(b)?))?,
             reth: parse_opt(hdr(Headers::RETH), |b| RethRepr::parse(&RethPacket::new_checked(b)?))?,
             atomic_eth: parse_opt(hdr(Headers::ATOMIC_ETH), |b| {
@@ -157,6 +160,7 @@ impl<'a> RoceRepr<'a> {
         let mut h = Headers::NONE;
         for (set, bit) in [
             (self.deth.is_some(), Headers::DETH),
+            (self.xrceth.is_some(), Headers::XRCETH),
             (self.feth.is_some(), Headers::FETH),
             (self.reth.is_some(), Headers::RETH),
             (self.atomic_eth.is_some(), Headers::ATOMIC_ETH),
@@ -208,6 +212,7 @@ impl<'a> RoceRepr<'a> {
             };
         }
         put!(self.deth, 8);
+        put!(self.xrceth, 4);
         put!(self.feth, 4);
         put!(self.reth, 16);
         put!(self.atomic_eth, 28);
@@ -229,6 +234,9 @@ impl fmt::Display for RoceRepr<'_> {
         }
         write!(f, " qp=0x{:x} psn={}", self.bth.dest_qp, self.bth.psn)?;
         if let Some(h) = &self.deth {
+            write!(f, " {h}")?;
+        }
+        if let Some(h) = &self.xrceth {
             write!(f, " {h}")?;
         }
         if let Some(h) = &self.feth {

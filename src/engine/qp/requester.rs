@@ -612,6 +612,7 @@ pub fn bare(
     RoceRepr {
         bth,
         deth: None,
+        xrceth: None,
         feth: None,
         reth,
         atomic_eth: None,
