@@ -35,6 +35,7 @@ fn pair() -> Pair {
             recv_cq: cq[i],
             caps: QpCaps::default(),
             srq: None,
+            xrc: None,
         };
         q[i] = d[i].create_qp(init).unwrap();
     }
@@ -95,7 +96,7 @@ impl Pair {
             self.d[1].post_recv(self.q[1], RecvWr { wr_id: 1, sgl: vec![sge] }).unwrap();
         }
         let sge = Sge { addr: self.m[0].addr, length: len as u32, lkey: self.m[0].lkey };
-        let wr = SendWr { wr_id: 1, op, sgl: vec![sge], signaled: true, solicited: false, ud: None };
+        let wr = SendWr { wr_id: 1, op, sgl: vec![sge], signaled: true, solicited: false, ud: None, xrc_srqn: 0 };
         self.d[0].post_send(self.q[0], wr).unwrap();
         let moved = self.pump();
         let done = self.d[0].poll_cq(self.cq[0], 16);

@@ -46,6 +46,7 @@ fn run(cc_on: bool) -> (LinkStats, [softrdma::engine::Stats; 2], u64) {
             signaled: true,
             solicited: false,
             ud: None,
+            xrc_srqn: 0,
         };
         sim.devices[0].post_send(qa, wr).unwrap();
     }

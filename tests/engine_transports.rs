@@ -25,7 +25,7 @@ fn two(ty: QpType) -> Two {
 }
 
 fn send(wr_id: u64, op: SendOp, sgl: Vec<Sge>, ud: Option<UdDest>) -> SendWr {
-    SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud }
+    SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud, xrc_srqn: 0 }
 }
 
 impl Two {

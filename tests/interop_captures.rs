@@ -236,7 +236,15 @@ fn mckey_captures_hold_multicast_datagrams_an_attached_qp_receives() {
         cc: Default::default(),
     });
     let cq = dev.create_cq(64);
-    let init = QpInit { qp_type: QpType::Ud, pd: Pd(1), send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
+    let init = QpInit {
+        qp_type: QpType::Ud,
+        pd: Pd(1),
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        srq: None,
+        xrc: None,
+    };
     let qp = dev.create_qp(init).unwrap();
     let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
     dev.modify_qp(qp, &QpAttr { qkey: Some(0x0123_4567), ..st(QpState::Init) }).unwrap();

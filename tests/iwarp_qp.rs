@@ -70,7 +70,7 @@ fn sge(m: &Mr, off: usize, len: usize) -> Sge {
 }
 
 fn wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
-    SendWr { wr_id: id, op, sgl, signaled: true, solicited: false, ud: None }
+    SendWr { wr_id: id, op, sgl, signaled: true, solicited: false, ud: None, xrc_srqn: 0 }
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {

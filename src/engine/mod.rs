@@ -158,6 +158,8 @@ pub struct Device {
     /// SRQs that QPs outside the engine (iWARP) take receives from: how many QPs each.
     srq_holders: HashMap<u32, usize>,
     next_srq: u32,
+    /// XRC domains open ([`Device::alloc_xrcd`]).
+    xrcds: std::collections::BTreeSet<u32>,
     gids: Vec<Gid>,
     events: event::AsyncEvents,
     /// The QPs to visit: ready to send, or with a deadline.
@@ -212,6 +214,7 @@ impl Device {
             srqs: HashMap::new(),
             srq_holders: HashMap::new(),
             next_srq: 1,
+            xrcds: std::collections::BTreeSet::new(),
             events: event::AsyncEvents::default(),
             schedule: schedule::Schedule::default(),
             visit: Vec::new(),
@@ -412,6 +415,38 @@ impl Device {
         id
     }
 
+    /// Opens an XRC domain (`ibv_open_xrcd`); its number.
+    pub fn alloc_xrcd(&mut self) -> u32 {
+        let id = self.xrcds.last().map_or(1, |l| l + 1);
+        self.xrcds.insert(id);
+        id
+    }
+
+    /// Closes an XRC domain; refused (`InvalidRequest`) while an SRQ or a QP is in it, as
+    /// `ibv_close_xrcd` refuses with EBUSY.
+    pub fn dealloc_xrcd(&mut self, xrcd: u32) -> Result<(), VerbsError> {
+        let srq_in = self.srqs.values().any(|s| s.xrc.is_some_and(|x| x.xrcd == xrcd));
+        let qp_in = self.qps.values().any(|q| q.init.xrc == Some(Xrc::Target { xrcd }));
+        if srq_in || qp_in {
+            return Err(VerbsError::InvalidRequest);
+        }
+        self.xrcds.remove(&xrcd).then_some(()).ok_or(VerbsError::NotFound)
+    }
+
+    /// Creates an XRC SRQ in domain `xrcd` (`ibv_create_srq_ex`, `IBV_SRQT_XRC`): requests
+    /// naming it are checked in `pd` and complete on `cq`. Its number is what initiators
+    /// put in their XRCETH (`ibv_get_srq_num`).
+    pub fn create_xrc_srq(&mut self, x: srq::XrcSrq, max_wr: usize, max_sge: usize) -> Result<u32, VerbsError> {
+        if !self.xrcds.contains(&x.xrcd) || !self.cqs.contains_key(&x.cq) {
+            return Err(VerbsError::NotFound);
+        }
+        let id = self.create_srq(max_wr, max_sge);
+        if let Some(s) = self.srqs.get_mut(&id) {
+            s.xrc = Some(x);
+        }
+        Ok(id)
+    }
+
     /// Destroys a shared receive queue; refused (`InvalidRequest`) while a QP uses it,
     /// as `ibv_destroy_srq` refuses with EBUSY.
     pub fn destroy_srq(&mut self, srq: u32) -> Result<(), VerbsError> {
@@ -487,7 +522,19 @@ impl Device {
         if self.qps.len() >= self.cfg.max_qps {
             return Err(VerbsError::OutOfResources);
         }
-        if !self.cqs.contains_key(&init.send_cq) || !self.cqs.contains_key(&init.recv_cq) {
+        // An XRC initiator only sends, a target has no CQ of its own (its SRQs have).
+        let (needs_send_cq, needs_recv_cq) = match init.xrc {
+            Some(Xrc::Initiator) => (true, false),
+            Some(Xrc::Target { xrcd }) if self.xrcds.contains(&xrcd) => (false, false),
+            Some(Xrc::Target { .. }) => return Err(VerbsError::NotFound),
+            None => (true, true),
+        };
+        if init.xrc.is_some() && (init.qp_type != QpType::Rc || init.srq.is_some()) {
+            return Err(VerbsError::InvalidAttribute("XRC is RC-like and takes no SRQ of its own"));
+        }
+        if (needs_send_cq && !self.cqs.contains_key(&init.send_cq))
+            || (needs_recv_cq && !self.cqs.contains_key(&init.recv_cq))
+        {
             return Err(VerbsError::NotFound);
         }
         if init.srq.is_some_and(|s| !self.srqs.contains_key(&s)) {
@@ -662,7 +709,8 @@ impl Device {
     /// Posts a send work request (IBTA 11.4.1.1).
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
-        if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+        let xrc_target = matches!(qp.init.xrc, Some(Xrc::Target { .. }));
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd) || xrc_target {
             return Err(VerbsError::InvalidRequest);
         }
         qp.req.post(wr, qp.init.pd, &self.mrs, &qp.path)?;
@@ -678,7 +726,7 @@ impl Device {
     /// Posts a receive work request.
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
-        if qp.state == QpState::Reset || qp.init.srq.is_some() {
+        if qp.state == QpState::Reset || qp.init.srq.is_some() || qp.init.xrc.is_some() {
             return Err(VerbsError::InvalidRequest);
         }
         if qp.state == QpState::Err {
@@ -963,14 +1011,18 @@ fn send_cnp(qp: &mut Qp, cc: &cc::CcConfig, ctx: &mut Ctx<'_>) {
 fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
     let Some(info) = r.info() else { return };
     let pd = qp.init.pd;
-    let view = QpView { qpn: qp.path.qpn, pd, recv_cq: qp.init.recv_cq, mtu: qp.path.mtu, qkey: qp.path.qkey, src };
+    let mut view = QpView { qpn: qp.path.qpn, pd, recv_cq: qp.init.recv_cq, mtu: qp.path.mtu, qkey: qp.path.qkey, src };
     let wanted = match qp.init.qp_type {
+        _ if qp.path.xrc => Transport::Xrc,
         QpType::Rc => Transport::Rc,
         QpType::Uc => Transport::Uc,
         QpType::Ud => Transport::Ud,
     };
     if info.transport != wanted {
         ctx.stats.rx_wrong_transport += 1;
+        return;
+    }
+    if r.xrceth.is_some() && !xrc_target_takes(qp, r, &mut view, ctx) {
         return;
     }
     match qp.init.qp_type {
@@ -1008,6 +1060,33 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
         }
     }
     settle(qp, ctx);
+}
+
+/// An XRC request (it carries an XRCETH) at `qp`: an initiator takes none; a target takes
+/// it into the SRQ it names, which must be an XRC SRQ of the target's domain, checking
+/// memory in that SRQ's PD and completing on its CQ (IBTA vol.1 14.2). Anything else is
+/// an invalid request: NAKed, and the target enters the error state.
+fn xrc_target_takes(qp: &mut Qp, r: &RoceRepr<'_>, view: &mut QpView, ctx: &mut Ctx<'_>) -> bool {
+    let Some(Xrc::Target { xrcd }) = qp.init.xrc else {
+        ctx.stats.rx_wrong_transport += 1;
+        return false;
+    };
+    let srqn = r.xrceth.map_or(0, |x| x.srqn);
+    match ctx.srqs.get(&srqn).and_then(|s| s.xrc).filter(|x| x.xrcd == xrcd) {
+        Some(x) => {
+            (view.pd, view.recv_cq) = (x.pd, x.cq);
+            qp.resp.srq = Some(srqn);
+            true
+        }
+        None => {
+            if let Some(nak) = qp.resp.refuse(r.bth.psn, crate::proto::roce::ext::NakCode::InvalidRequest, ctx) {
+                qp.resp.pump(&qp.path, ctx, usize::MAX);
+                ctx.events.raise(responder_error_event(nak, qp.path.qpn));
+                qp.enter_error(ctx);
+            }
+            false
+        }
+    }
 }
 
 /// The event of a responder that NAKed a request and went to ERR (IBTA 11.6.3.1).

@@ -14,12 +14,26 @@ pub struct Srq {
     max_wr: usize,
     max_sge: usize,
     limit: Option<usize>,
+    /// An XRC SRQ's domain, PD and CQ ([`XrcSrq`]); `None` for a basic SRQ.
+    pub xrc: Option<XrcSrq>,
+}
+
+/// What an XRC SRQ is bound to (IBTA vol.1 14.2): requests that name it come through any
+/// XRC target QP of its domain, are checked in its PD, and complete on its CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XrcSrq {
+    /// The XRC domain.
+    pub xrcd: u32,
+    /// Memory of the requests it receives is checked in this PD.
+    pub pd: crate::engine::mem::Pd,
+    /// Receive completions go to this CQ.
+    pub cq: u32,
 }
 
 impl Srq {
     /// An SRQ holding at most `max_wr` requests of at most `max_sge` SGEs.
     pub fn new(max_wr: usize, max_sge: usize) -> Self {
-        Srq { wqes: VecDeque::new(), max_wr, max_sge, limit: None }
+        Srq { wqes: VecDeque::new(), max_wr, max_sge, limit: None, xrc: None }
     }
     /// Adds a receive request.
     pub fn post(&mut self, wr: RecvWr) -> Result<(), VerbsError> {

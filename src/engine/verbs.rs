@@ -100,6 +100,8 @@ pub struct SendWr {
     pub solicited: bool,
     /// UD only: the destination.
     pub ud: Option<UdDest>,
+    /// XRC initiators only: the XRC SRQ at the target the request is for (its XRCETH).
+    pub xrc_srqn: u32,
 }
 
 /// A receive work request.
@@ -342,6 +344,23 @@ pub struct QpInit {
     pub caps: QpCaps,
     /// Take receives from this shared receive queue instead of the QP's own.
     pub srq: Option<u32>,
+    /// An XRC QP's half ([`Xrc`]); `None` for every other QP.
+    pub xrc: Option<Xrc>,
+}
+
+/// The two halves of an XRC connection (IBTA vol.1 9.x and 14.2, eXtended Reliable
+/// Connected): an RC connection whose requests each name, in an XRCETH, the XRC SRQ at
+/// the target that receives them; one initiator reaches every SRQ of the target's domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Xrc {
+    /// XRC_SEND: sends only; each request names the target's SRQ (`SendWr::xrc_srqn`).
+    Initiator,
+    /// XRC_RECV: receives only, into the SRQs of XRC domain `xrcd`; memory is checked in
+    /// the PD of the SRQ a request names, completions go to that SRQ's CQ.
+    Target {
+        /// The XRC domain.
+        xrcd: u32,
+    },
 }
 
 /// Errors of verbs calls.

@@ -55,7 +55,7 @@ impl Harness {
         let cq = dev.create_cq(4096);
         let mut qps = [0; 3];
         for (i, qp_type) in [QpType::Rc, QpType::Uc, QpType::Ud].into_iter().enumerate() {
-            let init = QpInit { qp_type, pd, send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
+            let init = QpInit { xrc: None, qp_type, pd, send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
             qps[i] = dev.create_qp(init).expect("room for the QPs");
         }
         let peer = ip_to_gid(Ipv4Addr::new(10, 0, 0, 2).into());

@@ -214,6 +214,7 @@ fn make_qp(d: &mut Device, with_srq: bool) -> Result<(u32, u32), VerbsError> {
     let cq = d.create_cq(4096);
     let srq = with_srq.then(|| d.create_srq(MAX_WQE, 4));
     let qpn = d.create_qp(QpInit {
+        xrc: None,
         qp_type: QpType::Rc,
         pd,
         send_cq: cq,
@@ -504,6 +505,7 @@ fn post_next(sim: &mut Sim, flow: &mut Flow, rng: &mut Rng) -> Result<bool, Stri
         signaled: op.signaled,
         solicited: rng.chance(0.1),
         ud: None,
+        xrc_srqn: 0,
     };
     sim.devices[flow.req].post_send(flow.qpn, wr).map_err(|e| format!("post_send: {e:?}"))?;
     flow.pending.push_back(op);

@@ -20,7 +20,15 @@ struct Side {
 fn side(sim: &mut Sim, d: usize, ty: QpType) -> Result<Side, VerbsError> {
     let cq = sim.devices[d].create_cq(4096);
     let caps = QpCaps { max_send_wr: 64, max_recv_wr: 256, max_sge: 1 };
-    let qpn = sim.devices[d].create_qp(QpInit { qp_type: ty, pd: Pd(1), send_cq: cq, recv_cq: cq, caps, srq: None })?;
+    let qpn = sim.devices[d].create_qp(QpInit {
+        qp_type: ty,
+        pd: Pd(1),
+        send_cq: cq,
+        recv_cq: cq,
+        caps,
+        srq: None,
+        xrc: None,
+    })?;
     let mr = sim.devices[d].reg_mr(Pd(1), 1 << 20, Access::ALL)?;
     Ok(Side { qpn, cq, mr })
 }
@@ -85,8 +93,15 @@ pub fn run(seed: u64, ty: QpType, faults: Faults) -> Result<u64, String> {
             s[0].mr.mem.write(at, m);
             let sge = Sge { addr: s[0].mr.addr + at as u64, length: m.len() as u32, lkey: s[0].mr.lkey };
             let ud = (ty == QpType::Ud).then(|| UdDest { gid: sim.devices[1].gid(), qpn: s[1].qpn, qkey: 0x7777 });
-            let wr =
-                SendWr { wr_id: posted as u64, op: SendOp::Send, sgl: vec![sge], signaled: true, solicited: false, ud };
+            let wr = SendWr {
+                wr_id: posted as u64,
+                op: SendOp::Send,
+                sgl: vec![sge],
+                signaled: true,
+                solicited: false,
+                ud,
+                xrc_srqn: 0,
+            };
             sim.devices[0].post_send(s[0].qpn, wr).map_err(e)?;
             posted += 1;
         }

@@ -609,6 +609,7 @@ impl Context {
             recv_cq: recv_cq.id,
             caps,
             srq: srq.map(|s| s.id),
+            xrc: None,
         };
         let qpn = match &self.backend {
             Backend::Roce(s) => s.lock().dev.create_qp(init)?,
@@ -1429,6 +1430,6 @@ impl Drop for ConnRequest {
 impl SendWr {
     /// A signaled, unsolicited request on a connected QP.
     pub fn new(wr_id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
-        SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud: None }
+        SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud: None, xrc_srqn: 0 }
     }
 }

@@ -72,7 +72,15 @@ pub fn connect_qps(
     let mut q = [0u32; 2];
     for d in 0..2 {
         let srq = if d == 1 { srq_b } else { None };
-        let init = QpInit { qp_type: ty, pd: Pd(1), send_cq: cqs[d], recv_cq: cqs[d], caps: QpCaps::default(), srq };
+        let init = QpInit {
+            qp_type: ty,
+            pd: Pd(1),
+            send_cq: cqs[d],
+            recv_cq: cqs[d],
+            caps: QpCaps::default(),
+            srq,
+            xrc: None,
+        };
         q[d] = sim.devices[d].create_qp(init).unwrap();
     }
     let psns = [at.psn_a, at.psn_b];
@@ -148,7 +156,7 @@ pub fn remote(m: &Mr, off: usize) -> Remote {
 }
 
 pub fn wr(wr_id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
-    SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud: None }
+    SendWr { wr_id, op, sgl, signaled: true, solicited: false, ud: None, xrc_srqn: 0 }
 }
 
 impl Pair {

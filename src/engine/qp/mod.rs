@@ -111,6 +111,8 @@ pub struct Path {
     pub qp_type: QpType,
     /// Q_Key (UD).
     pub qkey: u32,
+    /// An XRC QP: its packets carry XRC opcodes (RC's with the transport bits 101).
+    pub xrc: bool,
 }
 
 impl Path {
@@ -158,6 +160,15 @@ impl Path {
         repr: &RoceRepr<'_>,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> bool,
     ) -> bool {
+        // XRC opcodes are RC's with the transport bits 101 (IBTA 9.2.1, Table 38); the
+        // requester has put the XRCETH on its requests.
+        let xrc;
+        let repr = if self.xrc && repr.bth.opcode < 0x20 {
+            xrc = RoceRepr { bth: BthRepr { opcode: repr.bth.opcode | 0xa0, ..repr.bth }, ..*repr };
+            &xrc
+        } else {
+            repr
+        };
         let mut buf = ctx.spare.pop().unwrap_or_default();
         buf.clear();
         buf.resize(repr.buffer_len(), 0);
@@ -206,6 +217,7 @@ impl Qp {
             pkey: 0xffff,
             qp_type: init.qp_type,
             qkey: 0,
+            xrc: init.xrc.is_some(),
         };
         let mut resp = Responder::new(init.caps);
         resp.srq = init.srq;

@@ -4,7 +4,7 @@
 use super::{Ctx, Path};
 use crate::engine::mem::{MrTable, Need, Pd};
 use crate::engine::verbs::{QpAttr, QpCaps, QpType, SendOp, SendWr, Sge, VerbsError, Wc, WcOpcode, WcStatus};
-use crate::proto::roce::ext::{AtomicEthRepr, DethRepr, IethRepr, ImmDtRepr, RethRepr};
+use crate::proto::roce::ext::{AtomicEthRepr, DethRepr, IethRepr, ImmDtRepr, RethRepr, XrcEthRepr};
 use crate::proto::roce::{Psn, RoceRepr};
 use std::collections::VecDeque;
 
@@ -171,7 +171,8 @@ impl Requester {
         }
         // IBTA 9.8.1 / 9.8.4: UC has no READ or atomics; UD sends single-packet SENDs only.
         let allowed = match path.qp_type {
-            QpType::Rc => true,
+            // XRC has no ATOMIC WRITE opcode.
+            QpType::Rc => !(path.xrc && matches!(wr.op, SendOp::AtomicWrite(..))),
             QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::AtomicWrite(..)),
             QpType::Ud => wr.ud.is_some() && matches!(wr.op, SendOp::Send | SendOp::SendImm(_)),
         };
@@ -509,7 +510,7 @@ fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) ->
             let reth = RethRepr { va: remote.addr + skip as u64, rkey: remote.rkey, dma_len: (w.len - skip) as u32 };
             let mut bth = path.bth(0x0c, w.first_psn.add(w.done_pkts), 0);
             bth.ack_req = true;
-            path.send(ctx, &bare(bth, Some(reth), None));
+            path.send(ctx, &xrc_request(bare(bth, Some(reth), None), path, w));
         }
         SendOp::CompareSwap(remote, compare, swap) => send_atomic(path, ctx, w, 0x13, remote, swap, compare),
         SendOp::FetchAdd(remote, add) => send_atomic(path, ctx, w, 0x14, remote, add, 0),
@@ -519,7 +520,7 @@ fn build_and_send(w: &SendWqe, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) ->
             bth.ack_req = true;
             let mut repr = bare(bth, Some(RethRepr { va: remote.addr, rkey: remote.rkey, dma_len: 8 }), None);
             repr.payload = &bytes;
-            path.send(ctx, &repr);
+            path.send(ctx, &xrc_request(repr, path, w));
         }
         op => return send_data(w, op, path, ctx, ack_req),
     }
@@ -539,7 +540,16 @@ fn send_atomic(
     bth.ack_req = true;
     let mut repr = bare(bth, None, None);
     repr.atomic_eth = Some(AtomicEthRepr { va: r.addr, rkey: r.rkey, swap_add, compare });
-    path.send(ctx, &repr);
+    path.send(ctx, &xrc_request(repr, path, w));
+}
+
+/// On an XRC initiator, `repr` with the XRCETH naming the target's SRQ the request is for
+/// (IBTA 9.3.6); otherwise `repr` as it is.
+fn xrc_request<'a>(mut repr: RoceRepr<'a>, path: &Path, w: &SendWqe) -> RoceRepr<'a> {
+    if path.xrc {
+        repr.xrceth = Some(XrcEthRepr { srqn: w.wr.xrc_srqn });
+    }
+    repr
 }
 
 fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>, ack_req: bool) -> bool {
@@ -571,6 +581,7 @@ fn send_data(w: &SendWqe, op: SendOp, path: &Path, ctx: &mut Ctx<'_>, ack_req: b
             _ => {}
         }
     }
+    let repr = xrc_request(repr, path, w);
     if gathered {
         path.send(ctx, &repr);
         return true;

@@ -245,6 +245,17 @@ impl Responder {
         }
     }
 
+    /// Refuses the request at `psn` with NAK `code` if it is the expected one (a duplicate
+    /// or a PSN ahead is left to [`Responder::handle`]'s rules); the code when it was.
+    pub(crate) fn refuse(&mut self, psn: Psn, code: NakCode, ctx: &mut Ctx<'_>) -> Option<NakCode> {
+        if !matches!(self.check_psn(psn), Psn3::Expected) {
+            return None;
+        }
+        ctx.stats.naks_sent += 1;
+        self.replies.push_back(Reply::Nak(psn, Syndrome::Nak(code)));
+        Some(code)
+    }
+
     fn check_psn(&self, psn: Psn) -> Psn3 {
         match self.epsn.distance_to(psn) {
             0 => Psn3::Expected,
