@@ -106,6 +106,11 @@ impl SoftContext {
     pub fn engine(&self) -> Result<&Context, c_int> {
         self.device.engine()
     }
+
+    /// The `ibv_context` applications hold for this context.
+    pub fn ibv_context(&self) -> *mut ffi::ibv_context {
+        (&raw const self.vctx.context).cast_mut()
+    }
 }
 
 /// The devices of this process, read from the configuration once (rdma-core rescans
@@ -285,6 +290,10 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.alloc_parent_domain = Some(crate::parent::alloc_parent_domain);
     vctx.alloc_td = Some(crate::parent::alloc_td);
     vctx.alloc_dm = Some(crate::dm::alloc_dm);
+    vctx.open_xrcd = Some(crate::xrc::open_xrcd);
+    vctx.close_xrcd = Some(crate::xrc::close_xrcd);
+    vctx.create_srq_ex = Some(crate::xrc::create_srq_ex);
+    vctx.get_srq_num = Some(crate::xrc::get_srq_num);
     vctx.free_dm = Some(crate::dm::free_dm);
     vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
     vctx.dealloc_td = Some(crate::parent::dealloc_td);

@@ -33,6 +33,7 @@ pub mod srq;
 mod symver;
 pub mod unsupported;
 pub mod wr;
+pub mod xrc;
 
 /// rdma-core's structures and constants, generated from `<infiniband/verbs.h>`.
 #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, missing_docs)]

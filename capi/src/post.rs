@@ -84,6 +84,10 @@ unsafe fn post_one(sq: &SoftQp, wr: &ffi::ibv_send_wr) -> Result<(), c_int> {
     req.signaled = sq.sig_all || flags & ffi::IBV_SEND_SIGNALED != 0;
     req.solicited = flags & ffi::IBV_SEND_SOLICITED != 0;
     req.ud = ud;
+    if sq.ibv().qp_type == ffi::IBV_QPT_XRC_SEND {
+        // SAFETY: an XRC initiator's requests name the target SRQ in this member.
+        req.xrc_srqn = unsafe { wr.qp_type.xrc.remote_srqn };
+    }
     if flags & ffi::IBV_SEND_INLINE == 0 {
         return sq.qp.post_send(req).map_err(errno_of);
     }

@@ -64,7 +64,7 @@ fn qp_type_of(t: ffi::ibv_qp_type) -> Option<QpType> {
 }
 
 /// Checks the requested capacities against the device's and returns what the QP gets.
-fn caps_of(cap: &ffi::ibv_qp_cap) -> Result<QpCaps, c_int> {
+pub(crate) fn caps_of(cap: &ffi::ibv_qp_cap) -> Result<QpCaps, c_int> {
     let sge = cap.max_send_sge.max(cap.max_recv_sge).max(1) as usize;
     if cap.max_send_wr > 16384 || cap.max_recv_wr > 16384 || sge > 16 || cap.max_inline_data > INLINE_MAX_BYTES {
         return Err(libc::EINVAL);
@@ -83,6 +83,21 @@ fn caps_of(cap: &ffi::ibv_qp_cap) -> Result<QpCaps, c_int> {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp {
     // SAFETY: the caller's contract.
+    let xrc = unsafe { attr.as_ref() }.filter(|a| a.qp_type == ffi::IBV_QPT_XRC_SEND);
+    // SAFETY: the caller's contract: a PD of this library.
+    if let (Some(a), Some(spd)) = (xrc, unsafe { soft_pd(pd) }) {
+        // The inline ibv_create_qp_ex comes here for an XRC initiator with a PD alone.
+        // SAFETY: plain C data; all-zero is valid.
+        let mut ex: ffi::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        (ex.qp_context, ex.send_cq, ex.cap, ex.qp_type) = (a.qp_context, a.send_cq, a.cap, a.qp_type);
+        (ex.sq_sig_all, ex.comp_mask, ex.pd) = (a.sq_sig_all, ffi::IBV_QP_INIT_ATTR_PD, pd);
+        // SAFETY: the caller's contract.
+        let qp = unsafe { crate::xrc::create_qp(spd.ibv.context, &mut ex) };
+        // SAFETY: the caller's contract: `attr` is writable.
+        unsafe { (*attr).cap = ex.cap };
+        return qp;
+    }
+    // SAFETY: the caller's contract.
     unsafe { create_qp(pd, attr, false, false) }
 }
 
@@ -92,11 +107,15 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
 /// # Safety
 /// `attr` points to a `struct ibv_qp_init_attr_ex` naming a live PD and CQs.
 pub unsafe extern "C" fn create_qp_ex(
-    _ctx: *mut ffi::ibv_context,
+    ctx: *mut ffi::ibv_context,
     attr: *mut ffi::ibv_qp_init_attr_ex,
 ) -> *mut ffi::ibv_qp {
     // SAFETY: the caller's contract.
     let Some(a) = (unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
+    if matches!(a.qp_type, ffi::IBV_QPT_XRC_SEND | ffi::IBV_QPT_XRC_RECV) {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::xrc::create_qp(ctx, a) };
+    }
     let (mut basic, extended) = match basic_attr(a) {
         Ok(b) => b,
         Err(e) => return fail(e),
@@ -177,7 +196,21 @@ pub unsafe fn create_qp(
         Ok(q) => q,
         Err(_) => return fail(libc::ENOMEM),
     };
-    let Ok(inline) = engine.reg_mr(&spd.pd, INLINE_MAX_BYTES as usize, Access::default()) else {
+    wrap_qp(soft, qp, (pd, &spd.pd), a, extended, caps)
+}
+
+/// The `ibv_qp` of the engine's `qp`, made with `a` in PD `pd` (NULL for an XRC target,
+/// whose inline buffer, never used, goes in `inline_pd`), known to the device's events.
+pub(crate) fn wrap_qp(
+    soft: &crate::device::SoftContext,
+    qp: QueuePair,
+    (pd, inline_pd): (*mut ffi::ibv_pd, &softrdma::verbs::ProtectionDomain),
+    a: &mut ffi::ibv_qp_init_attr,
+    extended: bool,
+    caps: QpCaps,
+) -> *mut ffi::ibv_qp {
+    let Ok(engine) = soft.engine() else { return fail(libc::EIO) };
+    let Ok(inline) = engine.reg_mr(inline_pd, INLINE_MAX_BYTES as usize, Access::default()) else {
         return fail(libc::ENOMEM);
     };
     a.cap.max_inline_data = INLINE_MAX_BYTES;
@@ -185,7 +218,7 @@ pub unsafe fn create_qp(
     a.cap.max_recv_sge = caps.max_sge as u32;
     // SAFETY: ibv_qp is plain C data (mutex and condvar valid all-zero on glibc).
     let mut ibv: ffi::ibv_qp = unsafe { std::mem::zeroed() };
-    ibv.context = spd.ibv.context;
+    ibv.context = soft.ibv_context();
     ibv.qp_context = a.qp_context;
     ibv.pd = pd;
     ibv.send_cq = a.send_cq;
@@ -213,7 +246,7 @@ pub unsafe fn create_qp(
     };
     let qpn = soft_qp.qp.qp_num();
     let made: *mut ffi::ibv_qp = Box::into_raw(Box::new(soft_qp)).cast();
-    crate::event::add_object(soft.device, crate::event::Kind::Qp, qpn, made as usize, spd.ibv.context);
+    crate::event::add_object(soft.device, crate::event::Kind::Qp, qpn, made as usize, soft.ibv_context());
     made
 }
 

@@ -36,6 +36,8 @@ fn device_attr(soft: &SoftContext) -> ffi::ibv_device_attr {
     if cfg.transport == Transport::RoceV2 {
         // Memory windows, type 1 and 2B (IBTA 10.6.7); not on iWARP, as siw.
         a.device_cap_flags |= ffi::IBV_DEVICE_MEM_WINDOW | ffi::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+        // XRC (IBTA vol.1 14.2): domains, XRC SRQs, initiator and target QPs ([`crate::xrc`]).
+        a.device_cap_flags |= ffi::IBV_DEVICE_XRC;
         a.max_mw = OBJECTS_MAX;
         // Multicast (IBTA 10.5), on IPv4 devices over kernel UDP sockets.
         if cfg.addr.is_ipv4() {
@@ -123,6 +125,7 @@ pub unsafe extern "C" fn query_device_ex_op(
     full.completion_timestamp_mask = u64::MAX;
     full.hca_core_clock = DEVICE_CLOCK_KHZ;
     full.odp_caps = odp_caps();
+    full.xrc_odp_caps = full.odp_caps.per_transport_caps.rc_odp_caps;
     full.max_dm_size = softrdma::engine::MAX_DEVICE_MEMORY_BYTES as u64;
     let n = attr_size.min(size_of::<ffi::ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds attr_size bytes; the tail beyond ours is zeroed.

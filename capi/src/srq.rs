@@ -44,7 +44,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ffi::ibv_pd, attr: *mut ffi::ib
     // SAFETY: the caller's contract.
     let (Some(spd), Some(a)) = (unsafe { soft_pd(pd) }, unsafe { attr.as_mut() }) else { return fail(libc::EINVAL) };
     let want = a.attr;
-    if want.max_wr == 0 || want.max_wr > SRQ_MAX_WR || want.max_sge > SRQ_MAX_SGE {
+    if !srq_size_ok(want.max_wr, want.max_sge) {
         return fail(libc::EINVAL);
     }
     // SAFETY: the PD's context is open.
@@ -53,16 +53,31 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ffi::ibv_pd, attr: *mut ffi::ib
     let sge = want.max_sge.max(1);
     let srq = engine.create_srq(want.max_wr as usize, sge as usize);
     a.attr.max_sge = sge;
+    wrap_srq(soft, srq, pd, a.srq_context, ffi::ibv_srq_attr { max_wr: want.max_wr, max_sge: sge, srq_limit: 0 })
+}
+
+/// The `ibv_srq` of the engine's `srq` in PD `pd`, known to the device's events.
+pub(crate) fn wrap_srq(
+    soft: &crate::device::SoftContext,
+    srq: softrdma::verbs::SharedReceiveQueue,
+    pd: *mut ffi::ibv_pd,
+    srq_context: *mut std::ffi::c_void,
+    attr: ffi::ibv_srq_attr,
+) -> *mut ffi::ibv_srq {
     // SAFETY: ibv_srq is plain C data (mutex and condvar valid all-zero on glibc).
     let mut ibv: ffi::ibv_srq = unsafe { std::mem::zeroed() };
-    ibv.context = spd.ibv.context;
-    ibv.srq_context = a.srq_context;
+    ibv.context = soft.ibv_context();
+    ibv.srq_context = srq_context;
     ibv.pd = pd;
-    let attr = ffi::ibv_srq_attr { max_wr: want.max_wr, max_sge: sge, srq_limit: 0 };
     let id = srq.srq_num();
     let made: *mut ffi::ibv_srq = Box::into_raw(Box::new(SoftSrq { ibv, srq, attr: Mutex::new(attr) })).cast();
-    crate::event::add_object(soft.device, crate::event::Kind::Srq, id, made as usize, spd.ibv.context);
+    crate::event::add_object(soft.device, crate::event::Kind::Srq, id, made as usize, soft.ibv_context());
     made
+}
+
+/// Whether `max_wr` and `max_sge` are within what an SRQ takes.
+pub(crate) fn srq_size_ok(max_wr: u32, max_sge: u32) -> bool {
+    max_wr != 0 && max_wr <= SRQ_MAX_WR && max_sge <= SRQ_MAX_SGE
 }
 
 /// The SRQ's limit fired: it reads as disarmed (0) until armed again.

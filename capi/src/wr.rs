@@ -300,9 +300,15 @@ unsafe extern "C" fn wr_send_tso(qp: *mut ffi::ibv_qp_ex, _: *mut c_void, _: u16
     unsafe { refuse(qp, libc::EOPNOTSUPP) };
 }
 
-unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ffi::ibv_qp_ex, _: u32) {
+/// `ibv_wr_set_xrc_srqn`: the target SRQ of an XRC initiator's request.
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ffi::ibv_qp_ex, remote_srqn: u32) {
     // SAFETY: as above.
-    unsafe { refuse(qp, libc::EOPNOTSUPP) };
+    unsafe {
+        set_last(qp, |p| {
+            p.wr.xrc_srqn = remote_srqn;
+            Ok(())
+        })
+    };
 }
 
 /// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr`, copied now, stored at once at the

@@ -474,3 +474,18 @@ fn perftest_runs_on_a_shared_receive_queue() {
     perftest("ib_send_lat", "127.0.33", "18912", &["-n", "200", "--use-srq"]);
     perftest("ib_send_bw", "127.0.34", "18913", &["-n", "500", "--use-srq", "-c", "UD", "-s", "1024"]);
 }
+
+/// perftest over XRC (`-c XRC`: ibv_open_xrcd on a file, XRC SRQs, ibv_get_srq_num, XRC
+/// initiator and target QPs, the SRQ number in each request): SEND and WRITE bandwidth
+/// and SEND latency.
+#[test]
+fn perftest_runs_over_xrc() {
+    // perftest opens its domain's file readable by owner and group only: one left by a
+    // run as another user (root's, by hand) would refuse the unprivileged tools.
+    for side in ["client", "server"] {
+        let _ = std::fs::remove_file(format!("/tmp/xrc_domain_{side}"));
+    }
+    perftest("ib_send_bw", "127.0.35", "18914", &["-n", "500", "-c", "XRC"]);
+    perftest("ib_write_bw", "127.0.36", "18915", &["-n", "500", "-c", "XRC"]);
+    perftest("ib_send_lat", "127.0.37", "18916", &["-n", "200", "-c", "XRC"]);
+}

@@ -624,6 +624,55 @@ impl Context {
         Ok(QueuePair { qpn, backend: self.backend.clone() })
     }
 
+    /// `ibv_open_xrcd`: an XRC domain (RoCEv2 only; iWARP has no XRC).
+    pub fn open_xrcd(&self) -> Result<XrcDomain, VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => Ok(XrcDomain { id: s.lock().dev.alloc_xrcd(), backend: self.backend.clone() }),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of `xrcd` whose receives are
+    /// checked in `pd` and complete on `cq`; initiators name it by
+    /// [`SharedReceiveQueue::srq_num`].
+    pub fn create_xrc_srq(
+        &self,
+        xrcd: &XrcDomain,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        (max_wr, max_sge): (usize, usize),
+    ) -> Result<SharedReceiveQueue, VerbsError> {
+        let x = crate::engine::srq::XrcSrq { xrcd: xrcd.id, pd: pd.pd, cq: cq.id };
+        let id = self.backend.with_dev(|d| d.create_xrc_srq(x, max_wr, max_sge))?;
+        Ok(SharedReceiveQueue { id, backend: self.backend.clone() })
+    }
+
+    /// An XRC initiator (`IBV_QPT_XRC_SEND`): sends only, each request to the target SRQ
+    /// its `SendWr::xrc_srqn` names. Brought up as an RC QP is.
+    pub fn create_xrc_initiator(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair, VerbsError> {
+        let xrc = Some(crate::engine::verbs::Xrc::Initiator);
+        self.create_xrc_qp(crate::engine::verbs::QpInit { pd: pd.pd, send_cq: send_cq.id, ..xrc_init(xrc, caps) })
+    }
+
+    /// An XRC target (`IBV_QPT_XRC_RECV`) of `xrcd`: receives only, into the SRQ of the
+    /// domain each request names. Brought up to RTR as an RC QP is.
+    pub fn create_xrc_target(&self, xrcd: &XrcDomain) -> Result<QueuePair, VerbsError> {
+        let xrc = Some(crate::engine::verbs::Xrc::Target { xrcd: xrcd.id });
+        self.create_xrc_qp(xrc_init(xrc, QpCaps::default()))
+    }
+
+    fn create_xrc_qp(&self, init: crate::engine::verbs::QpInit) -> Result<QueuePair, VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => Ok(QueuePair { qpn: s.lock().dev.create_qp(init)?, backend: self.backend.clone() }),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
     /// `rdma_create_qp`: an RC QP for [`QueuePair::connect`] or [`ConnRequest::accept`]
     /// that takes receives before it connects (from `srq` if given), on either
     /// transport: on RoCEv2 it is in INIT with remote READ, WRITE and atomic access, as
@@ -808,6 +857,31 @@ impl Drop for DeviceMemory {
     fn drop(&mut self) {
         let len = self.mem.len();
         self.backend.with_dev(|d| d.release_device_memory(len));
+    }
+}
+
+/// An XRC QP's creation attributes, the CQs and PD left for the caller.
+fn xrc_init(xrc: Option<crate::engine::verbs::Xrc>, caps: QpCaps) -> crate::engine::verbs::QpInit {
+    crate::engine::verbs::QpInit { qp_type: QpType::Rc, pd: Pd(0), send_cq: 0, recv_cq: 0, caps, srq: None, xrc }
+}
+
+/// `ibv_xrcd`: an XRC domain ([`Context::open_xrcd`]); closed when dropped, unless an SRQ
+/// or a target QP is still in it.
+pub struct XrcDomain {
+    id: u32,
+    backend: Backend,
+}
+
+impl XrcDomain {
+    /// `ibv_close_xrcd`: refused (`InvalidRequest`) while an SRQ or target QP is in it.
+    pub fn close(&self) -> Result<(), VerbsError> {
+        self.backend.with_dev(|d| d.dealloc_xrcd(self.id))
+    }
+}
+
+impl Drop for XrcDomain {
+    fn drop(&mut self) {
+        let _ = self.close();
     }
 }
 

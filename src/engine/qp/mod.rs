@@ -239,7 +239,8 @@ impl Qp {
 
     /// modify-QP (IBTA 11.2.5.2): checks the transition table, applies the attributes.
     pub fn modify(&mut self, a: &QpAttr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
-        let to = state::check(self.init.qp_type, self.state, a)?;
+        let a = &state::without_other_half(self.init.xrc, a);
+        let to = state::check(self.init.qp_type, self.init.xrc, self.state, a)?;
         if let Some(q) = a.qkey {
             self.path.qkey = q;
         }

@@ -2,7 +2,7 @@
 //! modify-QP may make, which attributes each requires and which it allows
 //! (IBTA 11.2.5.2, Table 93; libibverbs `ibv_modify_qp` masks).
 
-use crate::engine::verbs::{QpAttr, QpState, QpType, VerbsError};
+use crate::engine::verbs::{QpAttr, QpState, QpType, VerbsError, Xrc};
 
 /// Bits naming the attributes of [`QpAttr`] (besides the state).
 pub mod attr {
@@ -94,6 +94,31 @@ const UC: [Transition; 8] = [
     t(S::Sqe, S::Rts, 0, ACCESS),
 ];
 
+/// An XRC initiator's transitions (Linux's `ib_modify_qp_is_ok` for XRC_INI): RC's
+/// without the receive side's depths and timer.
+const XRC_INI: [Transition; 8] = [
+    t(S::Reset, S::Init, 0, ACCESS | PKEY),
+    t(S::Init, S::Init, 0, ACCESS | PKEY),
+    t(S::Init, S::Rtr, AV | PATH_MTU | DEST_QPN | RQ_PSN, ACCESS | PKEY),
+    t(S::Rtr, S::Rts, SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC, ACCESS),
+    t(S::Rts, S::Rts, 0, ACCESS | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC),
+    t(S::Rts, S::Sqd, 0, 0),
+    t(S::Sqd, S::Rts, 0, ACCESS | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_RD_ATOMIC),
+    t(S::Sqe, S::Rts, 0, ACCESS),
+];
+
+/// An XRC target's transitions (XRC_TGT): RC's without the send side's retries and depth.
+const XRC_TGT: [Transition; 8] = [
+    t(S::Reset, S::Init, ACCESS, PKEY),
+    t(S::Init, S::Init, 0, ACCESS | PKEY),
+    t(S::Init, S::Rtr, AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER, ACCESS | PKEY),
+    t(S::Rtr, S::Rts, SQ_PSN | TIMEOUT, MIN_RNR_TIMER | ACCESS),
+    t(S::Rts, S::Rts, 0, MIN_RNR_TIMER | ACCESS | TIMEOUT),
+    t(S::Rts, S::Sqd, 0, 0),
+    t(S::Sqd, S::Rts, 0, MIN_RNR_TIMER | ACCESS | TIMEOUT),
+    t(S::Sqe, S::Rts, 0, MIN_RNR_TIMER | ACCESS),
+];
+
 /// The UD transitions: a Q_Key instead of a path.
 const UD: [Transition; 8] = [
     t(S::Reset, S::Init, QKEY, PKEY),
@@ -105,6 +130,19 @@ const UD: [Transition; 8] = [
     t(S::Sqd, S::Rts, 0, QKEY),
     t(S::Sqe, S::Rts, 0, QKEY),
 ];
+
+/// `a` without the attributes of the half an XRC QP is not (an initiator's receive depth
+/// and RNR timer, a target's send depth and retries): applications set them as for RC
+/// (perftest does) and Linux's uverbs drops them for XRC QPs (`modify_qp_mask`).
+pub fn without_other_half(xrc: Option<Xrc>, a: &QpAttr) -> QpAttr {
+    let mut a = a.clone();
+    match xrc {
+        Some(Xrc::Initiator) => (a.max_dest_rd_atomic, a.min_rnr_timer) = (None, None),
+        Some(Xrc::Target { .. }) => (a.max_rd_atomic, a.retry_cnt, a.rnr_retry) = (None, None, None),
+        None => {}
+    }
+    a
+}
 
 /// The attribute bits present in `a`.
 pub fn mask_of(a: &QpAttr) -> u32 {
@@ -133,16 +171,18 @@ fn first_name(bits: u32) -> &'static str {
 
 /// Checks a modify-QP of a QP of type `ty` from `from` against its table; returns the
 /// target state.
-pub fn check(ty: QpType, from: QpState, a: &QpAttr) -> Result<QpState, VerbsError> {
+pub fn check(ty: QpType, xrc: Option<Xrc>, from: QpState, a: &QpAttr) -> Result<QpState, VerbsError> {
     let to = a.state.unwrap_or(from);
     let mask = mask_of(a);
     if matches!(to, S::Reset | S::Err) {
         return if mask == 0 { Ok(to) } else { Err(VerbsError::InvalidAttribute(first_name(mask))) };
     }
-    let table: &[Transition] = match ty {
-        QpType::Rc => &RC,
-        QpType::Uc => &UC,
-        QpType::Ud => &UD,
+    let table: &[Transition] = match (ty, xrc) {
+        (_, Some(Xrc::Initiator)) => &XRC_INI,
+        (_, Some(Xrc::Target { .. })) => &XRC_TGT,
+        (QpType::Rc, None) => &RC,
+        (QpType::Uc, None) => &UC,
+        (QpType::Ud, None) => &UD,
     };
     let row = table.iter().find(|r| r.from == from && r.to == to).ok_or(VerbsError::IllegalTransition { from, to })?;
     let missing = row.required & !mask;
@@ -196,8 +236,11 @@ mod tests {
     // IBTA 10.3.1: the legal paths, and what each needs.
     #[test]
     fn reset_init_rtr_rts() {
-        assert_eq!(check(QpType::Rc, S::Reset, &QpAttr { access: Some(Access::ALL), ..to(S::Init) }), Ok(S::Init));
-        assert_eq!(check(QpType::Rc, S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("access")));
+        assert_eq!(
+            check(QpType::Rc, None, S::Reset, &QpAttr { access: Some(Access::ALL), ..to(S::Init) }),
+            Ok(S::Init)
+        );
+        assert_eq!(check(QpType::Rc, None, S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("access")));
         let rtr = QpAttr {
             dest_gid: Some([0; 16]),
             path_mtu: Some(Mtu::M1024),
@@ -207,13 +250,13 @@ mod tests {
             min_rnr_timer: Some(12),
             ..to(S::Rtr)
         };
-        assert_eq!(check(QpType::Rc, S::Init, &rtr), Ok(S::Rtr));
+        assert_eq!(check(QpType::Rc, None, S::Init, &rtr), Ok(S::Rtr));
         assert_eq!(
-            check(QpType::Rc, S::Init, &QpAttr { rq_psn: None, ..rtr.clone() }),
+            check(QpType::Rc, None, S::Init, &QpAttr { rq_psn: None, ..rtr.clone() }),
             Err(VerbsError::MissingAttribute("rq_psn"))
         );
         assert_eq!(
-            check(QpType::Rc, S::Init, &QpAttr { sq_psn: Some(1), ..rtr }),
+            check(QpType::Rc, None, S::Init, &QpAttr { sq_psn: Some(1), ..rtr }),
             Err(VerbsError::InvalidAttribute("sq_psn"))
         );
         let rts = QpAttr {
@@ -224,9 +267,9 @@ mod tests {
             max_rd_atomic: Some(4),
             ..to(S::Rts)
         };
-        assert_eq!(check(QpType::Rc, S::Rtr, &rts), Ok(S::Rts));
+        assert_eq!(check(QpType::Rc, None, S::Rtr, &rts), Ok(S::Rts));
         assert_eq!(
-            check(QpType::Rc, S::Rtr, &QpAttr { retry_cnt: Some(8), ..rts }),
+            check(QpType::Rc, None, S::Rtr, &QpAttr { retry_cnt: Some(8), ..rts }),
             Err(VerbsError::InvalidAttribute("retry_cnt"))
         );
     }
@@ -243,7 +286,7 @@ mod tests {
             (S::Sqd, S::Init),
         ] {
             assert_eq!(
-                check(QpType::Rc, from, &to(dest)),
+                check(QpType::Rc, None, from, &to(dest)),
                 Err(VerbsError::IllegalTransition { from, to: dest }),
                 "{from:?}->{dest:?}"
             );
@@ -253,11 +296,11 @@ mod tests {
     #[test]
     fn anything_may_reset_or_fail() {
         for from in [S::Reset, S::Init, S::Rtr, S::Rts, S::Sqd, S::Sqe, S::Err] {
-            assert_eq!(check(QpType::Rc, from, &to(S::Err)), Ok(S::Err));
-            assert_eq!(check(QpType::Rc, from, &to(S::Reset)), Ok(S::Reset));
+            assert_eq!(check(QpType::Rc, None, from, &to(S::Err)), Ok(S::Err));
+            assert_eq!(check(QpType::Rc, None, from, &to(S::Reset)), Ok(S::Reset));
         }
         assert_eq!(
-            check(QpType::Rc, S::Rts, &QpAttr { timeout: Some(3), ..to(S::Err) }),
+            check(QpType::Rc, None, S::Rts, &QpAttr { timeout: Some(3), ..to(S::Err) }),
             Err(VerbsError::InvalidAttribute("timeout"))
         );
     }
@@ -271,21 +314,27 @@ mod tests {
             rq_psn: Some(1),
             ..to(S::Rtr)
         };
-        assert_eq!(check(QpType::Uc, S::Init, &uc_rtr), Ok(S::Rtr));
+        assert_eq!(check(QpType::Uc, None, S::Init, &uc_rtr), Ok(S::Rtr));
         let with_ird = QpAttr { max_dest_rd_atomic: Some(1), ..uc_rtr.clone() };
-        assert_eq!(check(QpType::Uc, S::Init, &with_ird), Err(VerbsError::InvalidAttribute("max_dest_rd_atomic")));
-        assert_eq!(check(QpType::Ud, S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("qkey")));
-        assert_eq!(check(QpType::Ud, S::Reset, &QpAttr { qkey: Some(0x1111), ..to(S::Init) }), Ok(S::Init));
-        assert_eq!(check(QpType::Ud, S::Init, &to(S::Rtr)), Ok(S::Rtr));
-        assert_eq!(check(QpType::Ud, S::Init, &uc_rtr), Err(VerbsError::InvalidAttribute("dest_gid")));
-        assert_eq!(check(QpType::Ud, S::Rtr, &QpAttr { sq_psn: Some(0), ..to(S::Rts) }), Ok(S::Rts));
+        assert_eq!(
+            check(QpType::Uc, None, S::Init, &with_ird),
+            Err(VerbsError::InvalidAttribute("max_dest_rd_atomic"))
+        );
+        assert_eq!(check(QpType::Ud, None, S::Reset, &to(S::Init)), Err(VerbsError::MissingAttribute("qkey")));
+        assert_eq!(check(QpType::Ud, None, S::Reset, &QpAttr { qkey: Some(0x1111), ..to(S::Init) }), Ok(S::Init));
+        assert_eq!(check(QpType::Ud, None, S::Init, &to(S::Rtr)), Ok(S::Rtr));
+        assert_eq!(check(QpType::Ud, None, S::Init, &uc_rtr), Err(VerbsError::InvalidAttribute("dest_gid")));
+        assert_eq!(check(QpType::Ud, None, S::Rtr, &QpAttr { sq_psn: Some(0), ..to(S::Rts) }), Ok(S::Rts));
     }
 
     #[test]
     fn sq_drain_and_recovery() {
-        assert_eq!(check(QpType::Rc, S::Rts, &to(S::Sqd)), Ok(S::Sqd));
-        assert_eq!(check(QpType::Rc, S::Sqd, &QpAttr { timeout: Some(10), ..to(S::Rts) }), Ok(S::Rts));
-        assert_eq!(check(QpType::Rc, S::Sqe, &to(S::Rts)), Ok(S::Rts));
-        assert_eq!(check(QpType::Rc, S::Rts, &QpAttr { min_rnr_timer: Some(1), ..QpAttr::default() }), Ok(S::Rts));
+        assert_eq!(check(QpType::Rc, None, S::Rts, &to(S::Sqd)), Ok(S::Sqd));
+        assert_eq!(check(QpType::Rc, None, S::Sqd, &QpAttr { timeout: Some(10), ..to(S::Rts) }), Ok(S::Rts));
+        assert_eq!(check(QpType::Rc, None, S::Sqe, &to(S::Rts)), Ok(S::Rts));
+        assert_eq!(
+            check(QpType::Rc, None, S::Rts, &QpAttr { min_rnr_timer: Some(1), ..QpAttr::default() }),
+            Ok(S::Rts)
+        );
     }
 }
