@@ -560,7 +560,9 @@ fn a_multicast_datagram_reaches_each_attached_qp_once() {
     assert_eq!(b.qp.attach_mcast(mgid), Err(VerbsError::InvalidRequest));
 }
 
-/// An anonymous mapping of `pages` pages, or of none at all once unmapped.
+/// An anonymous mapping of `pages` pages. Taking pages away makes them inaccessible
+/// (PROT_NONE) rather than unmapping them: tests run on several threads, and an address
+/// given back could be mapped again by another at once.
 struct Pages {
     addr: usize,
     len: usize,
@@ -584,26 +586,28 @@ impl Pages {
         assert_ne!(p, libc::MAP_FAILED);
         Pages { addr: p as usize, len }
     }
+    /// Takes away `n` pages from byte `at`: nothing readable or writable is there after.
     #[allow(unsafe_code)]
-    fn unmap(&mut self) {
-        // SAFETY: this mapping, unmapped once; nothing here keeps a reference into it.
-        assert_eq!(unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) }, 0);
-        self.len = 0;
+    fn take_away(&self, at: usize, n: usize) {
+        // SAFETY: pages of this mapping; nothing here keeps a reference into them.
+        let r = unsafe { libc::mprotect((self.addr + at) as *mut libc::c_void, n * 4096, libc::PROT_NONE) };
+        assert_eq!(r, 0);
     }
 }
 
 impl Drop for Pages {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
-        if self.len > 0 {
-            self.unmap();
-        }
+        // SAFETY: this mapping, unmapped once; nothing here keeps a reference into it.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
 }
 
 // On-demand paging (rdma-core's IBV_ACCESS_ON_DEMAND): an implicit region names the whole
 // address space; a peer's WRITE or atomic where nothing is mapped is refused with a remote
 // access NAK, never a fault in the engine; one where memory is mapped lands. An explicit
-// region whose pages the application unmaps fails its local reads with a protection error.
+// region whose pages the application takes away fails its local reads with a protection
+// error.
 #[test]
 fn on_demand_regions_place_where_memory_is_and_refuse_where_it_is_not() {
     let (a, b) = pair([127, 10, 11], 1 << 16);
@@ -631,11 +635,11 @@ fn on_demand_regions_place_where_memory_is_and_refuse_where_it_is_not() {
     assert!(b.ctx.stats().rx_datagrams > 0);
 
     let (a, b) = pair([127, 10, 12], 1 << 16);
-    let mut pages = Pages::map(1);
+    let pages = Pages::map(1);
     let mr = b.ctx.reg_on_demand_mr(&b._pd, pages.addr, pages.len, pages.addr as u64, Access::ALL).unwrap();
     let sge = Sge { addr: pages.addr as u64, length: 4096, lkey: mr.lkey() };
     b.ctx.prefetch(&b._pd, sge, true).expect("mapped pages prefetch");
-    pages.unmap();
+    pages.take_away(0, 1);
     assert_eq!(b.ctx.prefetch(&b._pd, sge, false), Err(PrefetchError::NotMapped));
     b.qp.post_send(SendWr::new(5, SendOp::Write(Remote { addr: a.mr.addr(), rkey: a.mr.rkey() }), vec![sge])).unwrap();
     let wc = b.cq.wait(WAIT).expect("a completion");
@@ -645,13 +649,9 @@ fn on_demand_regions_place_where_memory_is_and_refuse_where_it_is_not() {
     // Remote Access Error NAK at the second's PSN ends the READ.
     let (a, b) = pair([127, 10, 13], 1 << 16);
     let all = b.ctx.reg_on_demand_mr(&b._pd, 0, usize::MAX, 0, Access::ALL).unwrap();
-    let mut pages = Pages::map(2);
+    let pages = Pages::map(2);
     assert!(all.write(pages.addr, &msg[..4096]));
-    #[allow(unsafe_code)]
-    // SAFETY: the second page of this mapping, which nothing here refers to.
-    let unmapped = unsafe { libc::munmap((pages.addr + 4096) as *mut libc::c_void, 4096) };
-    assert_eq!(unmapped, 0);
-    pages.len = 4096;
+    pages.take_away(4096, 1);
     let at = Remote { addr: pages.addr as u64, rkey: all.rkey() };
     a.qp.post_send(SendWr::new(6, SendOp::Read(at), vec![a.mr.sge(0, 8192)])).unwrap();
     let wc = a.cq.wait(WAIT).expect("a READ completion");

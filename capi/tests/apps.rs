@@ -417,7 +417,7 @@ fn memory_windows_open_and_close_remote_access() {
 
 /// On-demand paging: ODP caps in `ibv_query_device_ex`, an explicit ODP region prefetched
 /// with `ibv_advise_mr`, an implicit one (NULL, SIZE_MAX) reaching memory mapped after it,
-/// and a WRITE to a page unmapped meanwhile refused with a remote access error
+/// and a WRITE to a page made inaccessible meanwhile refused with a remote access error
 /// (capi/tests/c/odp.c).
 #[test]
 fn on_demand_paging_regions_follow_the_address_space() {

@@ -1,9 +1,10 @@
 /* On-demand paging as an application uses it: the device reports ODP (implicit included)
  * in ibv_query_device_ex; an explicit ODP region over an mmap'd buffer is prefetched with
  * ibv_advise_mr and takes a WRITE; an implicit region (NULL, SIZE_MAX) takes a WRITE into
- * memory mapped after it was registered; a WRITE through it to a page unmapped meanwhile
- * fails with a remote access error rather than faulting the process; prefetching a range
- * with nothing mapped fails with EFAULT when synchronous. Two RC QPs of one device.
+ * memory mapped after it was registered; a WRITE through it to a page made inaccessible
+ * meanwhile (PROT_NONE: unmapping it, the engine's own threads could map the address again
+ * at once) fails with a remote access error rather than faulting the process; prefetching
+ * it fails with EFAULT when synchronous. Two RC QPs of one device.
  * Built against rdma-core's headers and run on softrdma's library by capi/tests/apps.rs.
  * Prints "odp ok" and exits 0. */
 #include <errno.h>
@@ -83,13 +84,13 @@ int main(void)
 	char *later = map_pages(1);
 	CHECK(write_to(a, cq, src, smr->lkey, 64, later, all->rkey, 2) == IBV_WC_SUCCESS, "WRITE via implicit ODP");
 	CHECK(!memcmp(later, src, 64), "placed in memory mapped after the registration");
-	CHECK(!munmap(later, PAGE), "munmap");
+	CHECK(!mprotect(later, PAGE, PROT_NONE), "mprotect");
 	struct ibv_sge gone = { .addr = (uintptr_t)later, .length = 64, .lkey = all->lkey };
 	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &gone, 1) == EFAULT,
 	      "a synchronous prefetch of nothing mapped fails");
 	CHECK(!ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, 0, &gone, 1), "NO_FAULT faults nothing in");
 	CHECK(write_to(a, cq, src, smr->lkey, 64, later, all->rkey, 3) == IBV_WC_REM_ACCESS_ERR,
-	      "a WRITE to an unmapped page is refused");
+	      "a WRITE to an inaccessible page is refused");
 
 	CHECK(!ibv_dereg_mr(all) && !ibv_dereg_mr(dmr) && !ibv_dereg_mr(smr), "dereg");
 	CHECK(!ibv_destroy_qp(a) && !ibv_destroy_qp(b), "destroy QPs");
