@@ -1,5 +1,6 @@
 //! Stateful fuzzing of a RoCEv2 device: an RC, a UC and a UD QP (a member of a multicast
-//! group) fed a fuzzer-chosen sequence of packets, as if from their peer (or a stranger),
+//! group), and an XRC target with an SRQ of its domain and one of another, fed a
+//! fuzzer-chosen sequence of packets, as if from their peer (or a stranger),
 //! with time passing and timers firing. Oracles: no panic; replies, packets out and completions bounded; no
 //! completion lost twice or made up; no byte changed outside what a peer may write.
 
@@ -27,6 +28,9 @@ struct Harness {
     cq: u32,
     qps: [u32; 3],
     up: [bool; 3],
+    /// The XRC target, and the SRQ of its domain whose receives it completes.
+    xrc: (u32, u32),
+    xrc_up: bool,
     peer: Gid,
     stranger: Gid,
     rw: Mr,
@@ -58,6 +62,7 @@ impl Harness {
             let init = QpInit { xrc: None, qp_type, pd, send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
             qps[i] = dev.create_qp(init).expect("room for the QPs");
         }
+        let xrc = xrc_target(&mut dev, pd, cq);
         let peer = ip_to_gid(Ipv4Addr::new(10, 0, 0, 2).into());
         let stranger = ip_to_gid(Ipv4Addr::new(10, 0, 0, 3).into());
         let (posted_recvs, recv_done, sends) = (0, 0, HashSet::new());
@@ -66,6 +71,8 @@ impl Harness {
             cq,
             qps,
             up: [false; 3],
+            xrc,
+            xrc_up: false,
             peer,
             stranger,
             rw,
@@ -124,8 +131,32 @@ impl Harness {
     fn post_recv(&mut self, qpn: u32) {
         let slot = self.posted_recvs % 64;
         let sge = Sge { addr: self.recv.addr + slot * 1024, length: 1024, lkey: self.recv.lkey };
-        if self.dev.post_recv(qpn, RecvWr { wr_id: 1_000 + self.posted_recvs, sgl: vec![sge] }).is_ok() {
+        let wr = RecvWr { wr_id: 1_000 + self.posted_recvs, sgl: vec![sge] };
+        let posted =
+            if qpn == self.xrc.0 { self.dev.post_srq_recv(self.xrc.1, wr) } else { self.dev.post_recv(qpn, wr) };
+        if posted.is_ok() {
             self.posted_recvs += 1;
+        }
+    }
+
+    /// Brings the XRC target to RTR expecting PSN `psn` first, its SRQ stocked.
+    fn bring_up_xrc(&mut self, psn: u32) {
+        let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+        let rtr = QpAttr {
+            dest_gid: Some(self.peer),
+            dest_qpn: Some(PEER_QPN),
+            rq_psn: Some(psn),
+            path_mtu: Some(Mtu::M1024),
+            max_dest_rd_atomic: Some(4),
+            min_rnr_timer: Some(12),
+            ..st(QpState::Rtr)
+        };
+        for attr in [QpAttr { access: Some(Access::ALL), ..st(QpState::Init) }, rtr] {
+            self.dev.modify_qp(self.xrc.0, &attr).expect("a valid transition");
+        }
+        self.xrc_up = true;
+        for _ in 0..RECVS {
+            self.post_recv(self.xrc.0);
         }
     }
 
@@ -150,9 +181,17 @@ impl Harness {
     /// time passes and timers fire.
     /// For the UD QP, a packet whose DestQP is 0xFFFFFF arrives as a multicast datagram
     /// to the group that QP joined.
+    /// An XRC opcode (0xA0 and up) aimed at the UC QP goes to the XRC target instead.
     fn step(&mut self, sel: u8, bytes: &[u8]) {
         let i = usize::from(sel & 3);
         let mut pkt = bytes.to_vec();
+        if i == 1 && pkt.len() >= 12 && pkt[0] >= 0xa0 {
+            pkt[5..8].copy_from_slice(&self.xrc.0.to_be_bytes()[1..]);
+            if !self.xrc_up {
+                self.bring_up_xrc(u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]]));
+            }
+            return self.deliver(sel, &pkt, false);
+        }
         let multicast = i == 2 && pkt.get(5..8) == Some(&[0xff; 3][..]);
         if i < 3 && pkt.len() >= 12 {
             if !multicast {
@@ -162,12 +201,16 @@ impl Harness {
                 self.bring_up(i, u32::from_be_bytes([0, pkt[9], pkt[10], pkt[11]]));
             }
         }
-        let src = if i == 3 { self.stranger } else { self.peer };
+        self.deliver(sel, &pkt, multicast);
+    }
+
+    fn deliver(&mut self, sel: u8, pkt: &[u8], multicast: bool) {
+        let src = if sel & 3 == 3 { self.stranger } else { self.peer };
         self.now += u64::from(sel >> 4) * 1_000_000;
         if multicast {
-            self.dev.handle_multicast(self.now, src, group(), sel & 4 != 0, &pkt);
+            self.dev.handle_multicast(self.now, src, group(), sel & 4 != 0, pkt);
         } else {
-            self.dev.handle_packet_ecn(self.now, src, sel & 4 != 0, &pkt);
+            self.dev.handle_packet_ecn(self.now, src, sel & 4 != 0, pkt);
         }
         if sel & 8 != 0 {
             self.dev.handle_timeout(self.now);
@@ -181,7 +224,7 @@ impl Harness {
             out += 1;
             assert!(out <= MAX_OUT_PER_STEP, "one packet made the device send more than {MAX_OUT_PER_STEP}");
         }
-        for q in self.qps {
+        for q in self.qps.into_iter().chain([self.xrc.0]) {
             assert!(self.dev.qp_pending_replies(q) <= MAX_REPLIES, "reply queue beyond its limit");
         }
         for wc in self.dev.poll_cq(self.cq, usize::MAX) {
@@ -200,6 +243,19 @@ impl Harness {
     }
 }
 
+/// An XRC target in a domain of its own, with an SRQ of that domain in `pd` completing on
+/// `cq` (numbered 1: the fuzzer may name it) and one of another domain (2), which
+/// requests through the target must not reach.
+fn xrc_target(dev: &mut Device, pd: crate::engine::mem::Pd, cq: u32) -> (u32, u32) {
+    use crate::engine::srq::XrcSrq;
+    let (domain, other) = (dev.alloc_xrcd(), dev.alloc_xrcd());
+    let srq = dev.create_xrc_srq(XrcSrq { xrcd: domain, pd, cq }, RECVS as usize * 2, 1).expect("an XRC SRQ");
+    dev.create_xrc_srq(XrcSrq { xrcd: other, pd, cq }, 4, 1).expect("another domain's SRQ");
+    let xrc = Some(crate::engine::verbs::Xrc::Target { xrcd: domain });
+    let init = QpInit { xrc, qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps: QpCaps::default(), srq: None };
+    (dev.create_qp(init).expect("room for the XRC target"), srq)
+}
+
 /// The multicast group the UD QP joins.
 fn group() -> Gid {
     ip_to_gid(Ipv4Addr::new(239, 0, 0, 7).into())
@@ -207,11 +263,33 @@ fn group() -> Gid {
 
 /// Input: records of [selector][length: u16 BE][packet: BTH .. ICRC].
 pub fn roce_device(data: &[u8]) {
+    run(data);
+}
+
+/// Runs the records of `data` through a fresh harness; the harness after them.
+fn run(data: &[u8]) -> Harness {
     let mut h = Harness::new();
     let mut rest = data;
     while rest.len() >= 3 {
         let len = usize::from(u16::from_be_bytes([rest[1], rest[2]])).min(rest.len() - 3);
         h.step(rest[0], &rest[3..3 + len]);
         rest = &rest[3 + len..];
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The corpus's XRC seed reaches the target: a SEND to the domain's SRQ completes
+    /// there; a WRITE under an unknown key is refused and ends the target, so a SEND to
+    /// another domain's SRQ after it is not taken either.
+    #[test]
+    fn the_xrc_seed_reaches_the_target_and_its_srq() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/roce_device/xrc-target-send-write-other-domain");
+        let h = run(&std::fs::read(path).expect("the corpus seed"));
+        assert_eq!(h.recv_done, 1, "the SEND completed from the XRC SRQ");
+        assert_eq!(h.dev.qp_state(h.xrc.0), Some(QpState::Err), "the bad key ended the target");
     }
 }
