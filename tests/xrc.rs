@@ -10,6 +10,8 @@ use softrdma::engine::mem::{Access, Pd};
 use softrdma::engine::srq::XrcSrq;
 use softrdma::engine::verbs::*;
 use softrdma::engine::Device;
+use softrdma::proto::roce::ext::{NakCode, Syndrome, XrcEthRepr};
+use softrdma::proto::roce::Psn;
 use softrdma::sim::{Faults, Sim};
 
 struct Xrc2 {
@@ -140,6 +142,51 @@ fn an_srq_of_another_domain_or_none_is_an_invalid_request() {
         x.sim.devices[0].post_send(x.ini, xrc_wr(1, SendOp::Send, vec![sge(&src, 0, 8)], other)).unwrap();
         assert_eq!(wait(&mut x.sim, 0, x.send_cq).status, WcStatus::RemInvReqErr, "SRQ {other:#x}");
         assert_eq!(x.sim.devices[1].qp_state(x.tgt), Some(QpState::Err));
+    }
+}
+
+// A hostile initiator that starts a SEND into one SRQ and continues it naming another
+// gets an invalid request NAK: the first SRQ's receive never completes on the second's CQ.
+#[test]
+fn a_message_keeps_the_srq_its_first_packet_named() {
+    let mut x = setup(Faults::none());
+    let buf = x.sim.devices[1].reg_mr(Pd(1), 4096, Access::ALL).unwrap();
+    x.sim.devices[1].post_srq_recv(x.srqs[0], RecvWr { wr_id: 1, sgl: vec![sge(&buf, 0, 4096)] }).unwrap();
+    let packet = |opcode: u8, psn: u32, srqn: u32| {
+        let mut bth = softrdma::engine::qp::Path { xrc: false, ..path_to(x.tgt) }.bth(opcode, Psn::new(psn), 1024);
+        bth.ack_req = true;
+        let mut r = softrdma::engine::qp::requester::bare(bth, None, None);
+        r.xrceth = Some(XrcEthRepr { srqn });
+        r.payload = &[7u8; 1024];
+        r
+    };
+    let (src, now) = (x.sim.devices[0].gid(), x.sim.now);
+    for r in [packet(0xa0, 0x100, x.srqs[0]), packet(0xa2, 0x101, x.srqs[1])] {
+        let mut bytes = vec![0u8; r.buffer_len()];
+        r.emit(&mut bytes).unwrap();
+        x.sim.devices[1].handle_packet(now, src, &bytes);
+    }
+    let out = drain(&mut x.sim.devices[1], now);
+    let replies: Vec<_> =
+        out.iter().filter_map(|r| r.aeth.map(|a| (r.bth.opcode, r.bth.psn.value(), a.syndrome))).collect();
+    let ack = Syndrome::Ack { credits: 31 };
+    assert_eq!(replies, vec![(0xb1, 0x100, ack), (0xb1, 0x101, Syndrome::Nak(NakCode::InvalidRequest))]);
+    assert!(x.sim.devices[1].poll_cq(x.srq_cqs[1], 8).is_empty(), "nothing on the second SRQ's CQ");
+    assert_eq!(x.sim.devices[1].qp_state(x.tgt), Some(QpState::Err));
+}
+
+/// A path whose BTHs name `qpn` (for hand-made requests to the target).
+fn path_to(qpn: u32) -> softrdma::engine::qp::Path {
+    softrdma::engine::qp::Path {
+        qpn: 0,
+        src_gid: [0; 16],
+        dest_gid: [0; 16],
+        dest_qpn: qpn,
+        mtu: 1024,
+        pkey: 0xffff,
+        qp_type: QpType::Rc,
+        qkey: 0,
+        xrc: false,
     }
 }
 

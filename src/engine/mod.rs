@@ -1064,15 +1064,18 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
 
 /// An XRC request (it carries an XRCETH) at `qp`: an initiator takes none; a target takes
 /// it into the SRQ it names, which must be an XRC SRQ of the target's domain, checking
-/// memory in that SRQ's PD and completing on its CQ (IBTA vol.1 14.2). Anything else is
-/// an invalid request: NAKed, and the target enters the error state.
+/// memory in that SRQ's PD and completing on its CQ (IBTA vol.1 14.2), and, within a
+/// message, the SRQ its first packet named (else one SRQ's receive would complete on
+/// another's CQ). Anything else is an invalid request: NAKed, and the target enters the
+/// error state.
 fn xrc_target_takes(qp: &mut Qp, r: &RoceRepr<'_>, view: &mut QpView, ctx: &mut Ctx<'_>) -> bool {
     let Some(Xrc::Target { xrcd }) = qp.init.xrc else {
         ctx.stats.rx_wrong_transport += 1;
         return false;
     };
     let srqn = r.xrceth.map_or(0, |x| x.srqn);
-    match ctx.srqs.get(&srqn).and_then(|s| s.xrc).filter(|x| x.xrcd == xrcd) {
+    let switched = qp.resp.cur.is_some() && qp.resp.srq != Some(srqn);
+    match ctx.srqs.get(&srqn).and_then(|s| s.xrc).filter(|x| x.xrcd == xrcd && !switched) {
         Some(x) => {
             (view.pd, view.recv_cq) = (x.pd, x.cq);
             qp.resp.srq = Some(srqn);
