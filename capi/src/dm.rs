@@ -84,20 +84,11 @@ fn words(dm: &SoftDm, offset: u64, length: usize) -> Result<usize, c_int> {
 /// `dm` came from [`alloc_dm`]; `host` holds `length` readable bytes.
 unsafe extern "C" fn memcpy_to_dm(dm: *mut ffi::ibv_dm, offset: u64, host: *const c_void, length: usize) -> c_int {
     // SAFETY: the caller's contract.
-    let Some(d) = (unsafe { dm.cast::<SoftDm>().as_ref() }) else { return libc::EINVAL };
-    let at = match words(d, offset, length) {
-        Ok(at) => at,
-        Err(e) => return e,
-    };
-    if length == 0 {
-        return 0;
-    }
-    // SAFETY: the caller's contract: `length` readable bytes at `host`.
-    let data = unsafe { std::slice::from_raw_parts(host.cast::<u8>(), length) };
-    if d.dm.write(at, data) {
-        0
-    } else {
-        libc::EINVAL
+    unsafe {
+        copy(dm, offset, length, |d, at| {
+            // SAFETY: the caller's contract: `length` readable bytes at `host`.
+            d.write(at, std::slice::from_raw_parts(host.cast::<u8>(), length))
+        })
     }
 }
 
@@ -107,20 +98,32 @@ unsafe extern "C" fn memcpy_to_dm(dm: *mut ffi::ibv_dm, offset: u64, host: *cons
 /// `dm` came from [`alloc_dm`]; `host` holds `length` writable bytes.
 unsafe extern "C" fn memcpy_from_dm(host: *mut c_void, dm: *mut ffi::ibv_dm, offset: u64, length: usize) -> c_int {
     // SAFETY: the caller's contract.
-    let Some(d) = (unsafe { dm.cast::<SoftDm>().as_ref() }) else { return libc::EINVAL };
-    let at = match words(d, offset, length) {
-        Ok(at) => at,
-        Err(e) => return e,
-    };
-    if length == 0 {
-        return 0;
+    unsafe {
+        copy(dm, offset, length, |d, at| {
+            // SAFETY: the caller's contract: `length` writable bytes at `host`.
+            d.read(at, std::slice::from_raw_parts_mut(host.cast::<u8>(), length))
+        })
     }
-    // SAFETY: the caller's contract: `length` writable bytes at `host`.
-    let out = unsafe { std::slice::from_raw_parts_mut(host.cast::<u8>(), length) };
-    if d.dm.read(at, out) {
-        0
-    } else {
-        libc::EINVAL
+}
+
+/// One copy in or out of `dm`'s bytes `offset..offset + length` by `f(memory, offset)`,
+/// once they are known to be whole words inside it; 0 or the errno.
+///
+/// # Safety
+/// `dm` came from [`alloc_dm`]; `f` is the caller's copy, sound for `length` bytes.
+unsafe fn copy(
+    dm: *mut ffi::ibv_dm,
+    offset: u64,
+    length: usize,
+    f: impl FnOnce(&DeviceMemory, usize) -> bool,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(d) = (unsafe { dm.cast::<SoftDm>().as_ref() }) else { return libc::EINVAL };
+    match words(d, offset, length) {
+        Ok(_) if length == 0 => 0,
+        Ok(at) if f(&d.dm, at) => 0,
+        Ok(_) => libc::EINVAL,
+        Err(e) => e,
     }
 }
 

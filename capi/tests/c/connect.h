@@ -36,6 +36,18 @@ static inline void connect_to(struct ibv_qp *qp, uint32_t peer_qpn, union ibv_gi
 			     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
 }
 
+/* The first device, opened, and its extended attributes in `dev`; `*list` for
+ * ibv_free_device_list. */
+static inline struct ibv_context *open_first(struct ibv_device ***list, struct ibv_device_attr_ex *dev)
+{
+	int n;
+	*list = ibv_get_device_list(&n);
+	CHECK(*list && n > 0, "a device");
+	struct ibv_context *ctx = ibv_open_device((*list)[0]);
+	CHECK(ctx && !ibv_query_device_ex(ctx, NULL, dev), "ibv_query_device_ex");
+	return ctx;
+}
+
 /* The next completion of `cq`, polled for (a few seconds at most). */
 static inline struct ibv_wc wait_wc(struct ibv_cq *cq)
 {

@@ -30,12 +30,9 @@ static void rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, st
 
 int main(void)
 {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0, "a device");
-	struct ibv_context *ctx = ibv_open_device(list[0]);
+	struct ibv_device **list;
 	struct ibv_device_attr_ex dev;
-	CHECK(ctx && !ibv_query_device_ex(ctx, NULL, &dev), "ibv_query_device_ex");
+	struct ibv_context *ctx = open_first(&list, &dev);
 	CHECK(dev.max_dm_size >= DM_LEN, "device memory offered");
 	struct ibv_alloc_dm_attr too_big = { .length = dev.max_dm_size + 1 };
 	CHECK(!ibv_alloc_dm(ctx, &too_big) && errno == ENOMEM, "no more than max_dm_size");

@@ -43,12 +43,9 @@ static enum ibv_wc_status write_to(struct ibv_qp *qp, struct ibv_cq *cq, void *s
 
 int main(void)
 {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0, "a device");
-	struct ibv_context *ctx = ibv_open_device(list[0]);
+	struct ibv_device **list;
 	struct ibv_device_attr_ex dev;
-	CHECK(ctx && !ibv_query_device_ex(ctx, NULL, &dev), "ibv_query_device_ex");
+	struct ibv_context *ctx = open_first(&list, &dev);
 	CHECK(dev.odp_caps.general_caps & IBV_ODP_SUPPORT, "ODP offered");
 	CHECK(dev.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT, "implicit ODP offered");
 	uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;

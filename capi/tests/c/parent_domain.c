@@ -26,11 +26,9 @@ static void free_cb(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t typ
 
 int main(void)
 {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0, "a device");
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	CHECK(ctx, "open");
+	struct ibv_device **list;
+	struct ibv_device_attr_ex dev;
+	struct ibv_context *ctx = open_first(&list, &dev);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_td_init_attr tdi = { 0 };
 	struct ibv_td *td = ibv_alloc_td(ctx, &tdi);
