@@ -209,33 +209,28 @@ impl SharedMem {
     }
     /// Atomic fetch-and-add on the 8-byte word at `offset` (8-aligned); returns the old value.
     pub fn fetch_add(&self, offset: usize, add: u64) -> Option<u64> {
-        if let Some(f) = self.foreign.as_ref().filter(|f| f.on_demand) {
-            return f.update_word(offset, self.in_bounds(offset, WORD), |v| v.wrapping_add(add));
-        }
-        let w = self.word(offset)?;
-        Some(w.fetch_add(add, Ordering::SeqCst))
+        self.update(offset, |v| v.wrapping_add(add))
     }
     /// Atomic compare-and-swap on the word at `offset` (8-aligned); returns the old value.
     pub fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Option<u64> {
-        if let Some(f) = self.foreign.as_ref().filter(|f| f.on_demand) {
-            let swapped = |v| if v == compare { swap } else { v };
-            return f.update_word(offset, self.in_bounds(offset, WORD), swapped);
-        }
-        let w = self.word(offset)?;
-        Some(match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(v) | Err(v) => v,
-        })
+        self.update(offset, |v| if v == compare { swap } else { v })
     }
     /// ATOMIC WRITE: the 8 `bytes` stored at `offset` (8-aligned) at once, never torn;
     /// false when out of bounds, unaligned, or the memory refuses.
     pub fn atomic_store(&self, offset: usize, bytes: [u8; 8]) -> bool {
-        if let Some(f) = self.foreign.as_ref().filter(|f| f.on_demand) {
-            return f.update_word(offset, self.in_bounds(offset, WORD), |_| u64::from_ne_bytes(bytes)).is_some();
-        }
         // An owned word holds its bytes as its little-endian value; a foreign one is the
         // application's memory, in the CPU's order.
         let value = if self.foreign.is_some() { u64::from_ne_bytes(bytes) } else { u64::from_le_bytes(bytes) };
-        self.word(offset).map(|w| w.store(value, Ordering::SeqCst)).is_some()
+        self.update(offset, |_| value).is_some()
+    }
+    /// Replaces the 8-byte word at `offset` (8-aligned) by `f` of it, atomically with
+    /// respect to the device's other atomics; the old value. An on-demand region's word
+    /// goes through checked copies ([`Foreign::update_word`]).
+    fn update(&self, offset: usize, f: impl Fn(u64) -> u64) -> Option<u64> {
+        match self.foreign.as_ref().filter(|fo| fo.on_demand) {
+            Some(fo) => fo.update_word(offset, self.in_bounds(offset, WORD), f),
+            None => self.word(offset)?.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(f(v))).ok(),
+        }
     }
     fn word(&self, offset: usize) -> Option<&AtomicU64> {
         if !self.in_bounds(offset, WORD) {

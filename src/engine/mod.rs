@@ -1051,10 +1051,7 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
         }
         _ => {
             if let Some(nak) = qp.resp.handle(r, &view, ctx) {
-                // The NAK must still go out before the QP stops sending.
-                qp.resp.pump(&qp.path, ctx, usize::MAX);
-                ctx.events.raise(responder_error_event(nak, qp.path.qpn));
-                qp.enter_error(ctx);
+                responder_failed(qp, nak, ctx);
             }
             return;
         }
@@ -1083,13 +1080,19 @@ fn xrc_target_takes(qp: &mut Qp, r: &RoceRepr<'_>, view: &mut QpView, ctx: &mut 
         }
         None => {
             if let Some(nak) = qp.resp.refuse(r.bth.psn, crate::proto::roce::ext::NakCode::InvalidRequest, ctx) {
-                qp.resp.pump(&qp.path, ctx, usize::MAX);
-                ctx.events.raise(responder_error_event(nak, qp.path.qpn));
-                qp.enter_error(ctx);
+                responder_failed(qp, nak, ctx);
             }
             false
         }
     }
+}
+
+/// The responder NAKed a request with `nak`: the NAK goes out before the QP stops
+/// sending, the application hears why (IBTA 11.6.3.1), and the QP enters ERR.
+fn responder_failed(qp: &mut Qp, nak: crate::proto::roce::ext::NakCode, ctx: &mut Ctx<'_>) {
+    qp.resp.pump(&qp.path, ctx, usize::MAX);
+    ctx.events.raise(responder_error_event(nak, qp.path.qpn));
+    qp.enter_error(ctx);
 }
 
 /// The event of a responder that NAKed a request and went to ERR (IBTA 11.6.3.1).
