@@ -80,8 +80,8 @@ pub(crate) fn access_of(flags: c_uint) -> Result<Access, c_int> {
     // Optional flags (relaxed ordering and its kin, bit 20 up) may be ignored.
     let flags = flags & ((1 << 20) - 1);
     let has = |f: c_uint| flags & f != 0;
-    // On-demand paging is how every region here behaves anyway (nothing is pinned);
-    // huge pages are a hint about the memory, which needs none.
+    // On-demand regions take their own path ([`register`]); huge pages are a hint about
+    // the memory, which needs none.
     let known = ffi::IBV_ACCESS_LOCAL_WRITE
         | ffi::IBV_ACCESS_REMOTE_WRITE
         | ffi::IBV_ACCESS_REMOTE_READ
