@@ -182,20 +182,23 @@ pub unsafe fn create_qp(context: *mut ffi::ibv_context, a: &mut ffi::ibv_qp_init
         qp_type: a.qp_type,
         sq_sig_all: a.sq_sig_all,
     };
+    // A target never sends: its unused inline buffer goes in a PD of its own.
+    let target_pd;
     let made = if a.qp_type == ffi::IBV_QPT_XRC_SEND {
         // SAFETY: the caller's contract: a PD and CQ of this library.
         let (Some(pd), Some(cq)) = (unsafe { soft_pd(a.pd) }, unsafe { crate::cq::soft_cq(a.send_cq) }) else {
             return fail(libc::EINVAL);
         };
-        engine.create_xrc_initiator(&pd.pd, &cq.cq, caps).map(|q| (q, a.pd, pd.pd.parent_domain()))
+        engine.create_xrc_initiator(&pd.pd, &cq.cq, caps).map(|q| (q, a.pd, &pd.pd))
     } else {
         // SAFETY: the caller's contract: a domain of this library.
         let Some(x) = (unsafe { a.xrcd.cast::<SoftXrcd>().as_ref() }) else { return fail(libc::EINVAL) };
         basic.send_cq = std::ptr::null_mut();
-        engine.create_xrc_target(&x.domain).map(|q| (q, std::ptr::null_mut(), engine.alloc_pd()))
+        target_pd = engine.alloc_pd();
+        engine.create_xrc_target(&x.domain).map(|q| (q, std::ptr::null_mut(), &target_pd))
     };
     let Ok((qp, pd, inline_pd)) = made else { return fail(libc::ENOMEM) };
-    let out = crate::qp::wrap_qp(soft, qp, (pd, &inline_pd), &mut basic, extended, caps);
+    let out = crate::qp::wrap_qp(soft, qp, (pd, inline_pd), &mut basic, extended, caps);
     a.cap = basic.cap;
     out
 }
