@@ -8,7 +8,7 @@ use crate::engine::verbs::{Gid, VerbsError};
 use crate::engine::Device;
 use crate::transport::pcap::FrameLog;
 use crate::transport::{wait_readable, LinkStats, PacketRx, PacketTx, Waker};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -29,7 +29,7 @@ pub struct Core {
 /// A running RoCEv2 device, shared by the application's handles and the poll thread.
 pub struct RoceDriver {
     core: Mutex<Core>,
-    cqs: RwLock<HashMap<u32, Arc<CqQueue>>>,
+    cqs: RwLock<FxHashMap<u32, Arc<CqQueue>>>,
     /// Asynchronous events for the application.
     pub events: super::event::EventQueue,
     waker: Waker,
@@ -93,7 +93,7 @@ impl RoceDriver {
             port: link.tx.port(),
             path_mtu,
             core: Mutex::new(Core { dev, tx: link.tx, completions_seen: 0 }),
-            cqs: RwLock::new(HashMap::new()),
+            cqs: RwLock::new(FxHashMap::default()),
             events: super::event::EventQueue::default(),
             waker: Waker::new()?,
             armed_ns: AtomicU64::new(u64::MAX),

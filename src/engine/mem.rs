@@ -7,7 +7,7 @@
 //! same words give RDMA atomics their atomicity with respect to each other on one device.
 
 use super::rng::Rng;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -392,9 +392,9 @@ pub struct Rereg {
 /// The device's memory regions, indexed by the 24 index bits of their keys.
 #[derive(Debug, Default)]
 pub struct MrTable {
-    regions: HashMap<u32, Region>,
+    regions: FxHashMap<u32, Region>,
     /// Memory windows, in the same index space as the regions ([`mw`]).
-    windows: HashMap<u32, mw::Window>,
+    windows: FxHashMap<u32, mw::Window>,
     max_regions: usize,
 }
 
@@ -416,7 +416,7 @@ pub enum Need {
 impl MrTable {
     /// A table holding at most `max_regions`.
     pub fn new(max_regions: usize) -> Self {
-        MrTable { regions: HashMap::new(), windows: HashMap::new(), max_regions }
+        MrTable { regions: FxHashMap::default(), windows: FxHashMap::default(), max_regions }
     }
 
     /// Registers `len` bytes. All 32 key bits are drawn from `rng` (the OS CSPRNG on a real

@@ -154,7 +154,7 @@ pub struct Device {
     mcast: mcast::McastTable,
     /// Groups a destroyed QP left with no member, for the transport to leave.
     mcast_emptied: Vec<Gid>,
-    srqs: HashMap<u32, srq::Srq>,
+    srqs: FxHashMap<u32, srq::Srq>,
     /// SRQs that QPs outside the engine (iWARP) take receives from: how many QPs each.
     srq_holders: HashMap<u32, usize>,
     next_srq: u32,
@@ -211,7 +211,7 @@ impl Device {
             spare: Vec::new(),
             mcast: mcast::McastTable::default(),
             mcast_emptied: Vec::new(),
-            srqs: HashMap::new(),
+            srqs: FxHashMap::default(),
             srq_holders: HashMap::new(),
             next_srq: 1,
             xrcds: std::collections::BTreeSet::new(),

@@ -24,7 +24,6 @@ use crate::engine::rng::Rng;
 use crate::engine::verbs::Gid;
 use crate::engine::{Device, Transmit};
 use crate::proto::roce::icrc::{self, IpHeader};
-use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
@@ -149,7 +148,7 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
         sockets: sockets.clone(),
         stats: stats.clone(),
         log: log.clone(),
-        peer_ports: HashMap::new(),
+        peer_ports: rustc_hash::FxHashMap::default(),
         batch: Vec::new(),
         offload,
     };
@@ -180,7 +179,7 @@ pub struct UdpTx {
     sockets: Arc<Sockets>,
     stats: Arc<LinkStats>,
     log: Option<Arc<FrameLog>>,
-    peer_ports: HashMap<IpAddr, u16>,
+    peer_ports: rustc_hash::FxHashMap<IpAddr, u16>,
     batch: Vec<Pending>,
     offload: bool,
 }

@@ -50,7 +50,9 @@ impl fmt::Display for IcrcCheck {
 
 const UDP_HEADER_LEN: usize = 8;
 
-fn masked_ip<'b>(ip: IpHeader<'_>, scratch: &'b mut [u8; 60]) -> Result<&'b [u8]> {
+/// Copies `ip` into `scratch` (room for the longest IPv4 header, 60 bytes) with the
+/// variant fields masked; returns the header's length.
+fn masked_ip(ip: IpHeader<'_>, scratch: &mut [u8; 60]) -> Result<usize> {
     match ip {
         IpHeader::V4(h) => {
             Error::check_len(20, h.len())?;
@@ -65,7 +67,7 @@ fn masked_ip<'b>(ip: IpHeader<'_>, scratch: &'b mut [u8; 60]) -> Result<&'b [u8]
             m[8] = 0xff; // TTL
             m[10] = 0xff; // header checksum
             m[11] = 0xff;
-            Ok(m)
+            Ok(ihl)
         }
         IpHeader::V6(h) => {
             Error::check_len(40, h.len())?;
@@ -79,7 +81,7 @@ fn masked_ip<'b>(ip: IpHeader<'_>, scratch: &'b mut [u8; 60]) -> Result<&'b [u8]
             m[2] = 0xff;
             m[3] = 0xff;
             m[7] = 0xff; // hop limit
-            Ok(m)
+            Ok(40)
         }
     }
 }
@@ -88,21 +90,22 @@ fn masked_ip<'b>(ip: IpHeader<'_>, scratch: &'b mut [u8; 60]) -> Result<&'b [u8]
 pub fn compute(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<u32> {
     Error::check_len(UDP_HEADER_LEN, udp_header.len())?;
     Error::check_len(bth::LEN + ICRC_LEN, packet.len())?;
-    let mut scratch = [0u8; 60];
-    let ip = masked_ip(ip, &mut scratch)?;
-    let mut udp = [0u8; UDP_HEADER_LEN];
-    udp.copy_from_slice(&udp_header[..UDP_HEADER_LEN]);
-    udp[6] = 0xff;
-    udp[7] = 0xff;
-    let mut bth_masked = [0u8; bth::LEN];
-    bth_masked.copy_from_slice(&packet[..bth::LEN]);
-    bth_masked[bth::RESV8A_OFFSET] = 0xff;
+    // The masked headers go to the CRC as one run: on small packets (ACKs, READ
+    // requests) per-call overhead is most of the CRC's cost.
+    let mut ip_masked = [0u8; 60];
+    let ip_len = masked_ip(ip, &mut ip_masked)?;
+    let mut prefix = [0xffu8; 8 + 60 + UDP_HEADER_LEN + bth::LEN];
+    prefix[8..8 + ip_len].copy_from_slice(&ip_masked[..ip_len]);
+    let udp_at = 8 + ip_len;
+    prefix[udp_at..udp_at + 6].copy_from_slice(&udp_header[..6]);
+    // The UDP checksum (bytes 6 and 7) stays masked.
+    let bth_at = udp_at + UDP_HEADER_LEN;
+    prefix[bth_at..bth_at + bth::LEN].copy_from_slice(&packet[..bth::LEN]);
+    prefix[bth_at + bth::RESV8A_OFFSET] = 0xff;
+    let end = bth_at + bth::LEN;
 
     let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
-    h.update(ip);
-    h.update(&udp);
-    h.update(&bth_masked);
+    h.update(&prefix[..end]);
     h.update(&packet[bth::LEN..packet.len() - ICRC_LEN]);
     Ok(h.finalize())
 }

@@ -2,6 +2,7 @@
 //! and the responder (receive side).
 
 pub mod completer;
+mod replies;
 pub mod requester;
 pub mod responder;
 pub mod rtt;
@@ -16,7 +17,7 @@ use crate::proto::roce::bth::BthRepr;
 use crate::proto::roce::{Psn, RoceRepr, ICRC_LEN};
 use requester::Requester;
 use responder::Responder;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Minimum RNR NAK timer values in ns, by 5-bit code (IBTA 9.7.5.2.8, Table 45).
 pub const RNR_TIMER_NS: [u64; 32] = [
@@ -74,7 +75,7 @@ pub struct Ctx<'a> {
     /// Counters.
     pub stats: &'a mut Stats,
     /// Shared receive queues.
-    pub srqs: &'a mut HashMap<u32, crate::engine::srq::Srq>,
+    pub srqs: &'a mut rustc_hash::FxHashMap<u32, crate::engine::srq::Srq>,
     /// Asynchronous events for the application.
     pub events: &'a mut crate::engine::event::AsyncEvents,
     /// Packets each QP may have in flight as its share of the device's loss-window budget

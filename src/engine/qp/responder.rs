@@ -2,6 +2,7 @@
 //! and reply. Duplicates follow IBTA 9.7.5.1.1; READ and atomic results are kept in a
 //! bounded set of responder resources (IRD).
 
+use super::replies::{ReadJob, Reply, ReplyQueue};
 use super::requester::bare;
 use super::{Ctx, Path};
 use crate::engine::mem::{Access, MemError, Need, Pd, SharedMem};
@@ -68,24 +69,6 @@ struct Resource {
     kind: ResourceKind,
 }
 
-/// Something to send, in PSN order.
-#[derive(Debug)]
-enum Reply {
-    Ack,
-    Nak(Psn, Syndrome),
-    AtomicAck { psn: Psn, original: u64 },
-    Read(ReadJob),
-}
-
-#[derive(Debug)]
-struct ReadJob {
-    psn: Psn,
-    mem: Arc<SharedMem>,
-    offset: usize,
-    remaining: usize,
-    first: bool,
-}
-
 /// Receive-side state of a QP.
 #[derive(Debug)]
 pub struct Responder {
@@ -100,7 +83,7 @@ pub struct Responder {
     /// UC: a message was lost; drop until the next FIRST/ONLY.
     pub(crate) uc_resync: bool,
     resources: VecDeque<Resource>,
-    replies: VecDeque<Reply>,
+    replies: ReplyQueue,
     /// IRD.
     pub max_dest_rd_atomic: u8,
     min_rnr_timer: u8,
@@ -120,7 +103,7 @@ impl Responder {
             cur: None,
             rq: VecDeque::new(),
             resources: VecDeque::new(),
-            replies: VecDeque::new(),
+            replies: ReplyQueue::default(),
             max_dest_rd_atomic: 1,
             min_rnr_timer: 12,
             access: Access::default(),
@@ -307,7 +290,7 @@ impl Responder {
 
     /// READ responses and atomic ACKs queued: the responder resources in use.
     fn pending_reads(&self) -> usize {
-        self.replies.iter().filter(|x| matches!(x, Reply::Read(_) | Reply::AtomicAck { .. })).count()
+        self.replies.resources_in_use()
     }
 
     fn access_allows(&self, op: Operation) -> bool {
