@@ -59,6 +59,24 @@ enum Command {
         #[arg(long)]
         veth: bool,
     },
+    /// Plain UDP ping-pong between two hosts, both sides spinning: the floor RoCEv2 over
+    /// kernel sockets stands on, measured on the same path as the RDMA latency tools.
+    UdpLat {
+        /// The server to ping; without it, wait for pings and echo them.
+        server: Option<String>,
+        /// UDP port of the server.
+        #[arg(short = 'p', long, default_value_t = 18600)]
+        port: u16,
+        /// Payload bytes.
+        #[arg(short = 's', long, default_value_t = 64)]
+        size: usize,
+        /// Measured round trips (the same on both sides).
+        #[arg(short = 'n', long, default_value_t = 1000)]
+        iters: usize,
+        /// Print one JSON document instead of a line.
+        #[arg(long)]
+        json: bool,
+    },
     /// ibv_rc_pingpong's test, compatible with it on the wire and out of band.
     RcPingpong {
         #[command(flatten)]
@@ -573,6 +591,10 @@ fn main() -> ExitCode {
         Command::AtomicBw(a) => perf(Test::AtomicBw, a),
         Command::WriteLat(a) => perf(Test::WriteLat, a),
         Command::ReadLat(a) => perf(Test::ReadLat, a),
+        Command::UdpLat { server, port, size, iters, json } => exit_status(
+            "udp-lat",
+            softrdma::tools::udp_lat::run(&softrdma::tools::udp_lat::UdpLatArgs { server, port, size, iters, json }),
+        ),
         Command::SendLat(a) => perf(Test::SendLat, a),
     }
 }

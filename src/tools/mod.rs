@@ -9,3 +9,4 @@ pub mod oob;
 pub mod perf;
 pub mod pingpong;
 pub mod rping;
+pub mod udp_lat;
