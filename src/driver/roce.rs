@@ -200,7 +200,8 @@ impl RoceDriver {
         if core.dev.stats.completions != core.completions_seen {
             core.completions_seen = core.dev.stats.completions;
             let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
-            for (&id, q) in cqs.iter() {
+            for id in core.dev.take_touched_cqs() {
+                let Some(q) = cqs.get(&id) else { continue };
                 let wcs = core.dev.poll_cq(id, usize::MAX);
                 if core.dev.cq_overflowed(id) {
                     q.set_overrun();

@@ -1,6 +1,7 @@
 //! Completion queues (IBTA 11.4.2) with solicited/unsolicited notification (11.4.2.2).
 
 use super::verbs::{Wc, WcOpcode};
+use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
 /// What a requested notification waits for.
@@ -20,12 +21,14 @@ pub struct Cq {
     overflowed: bool,
     armed: Option<Notify>,
     event: bool,
+    /// Listed in its table's touched CQs.
+    touched: bool,
 }
 
 impl Cq {
     /// A queue of `capacity` entries.
     pub fn new(capacity: usize) -> Self {
-        Cq { entries: VecDeque::new(), capacity, overflowed: false, armed: None, event: false }
+        Cq { entries: VecDeque::new(), capacity, overflowed: false, armed: None, event: false, touched: false }
     }
     /// Adds a completion; on overflow the completion is lost and the CQ is in error
     /// (IBTA 11.4.2.1 "CQ overrun").
@@ -83,6 +86,58 @@ impl Cq {
     }
 }
 
+/// The device's CQs, and the ones that gained a completion since the driver last asked:
+/// handing completions out visits those, not every CQ (a thousand QPs, each with its CQ,
+/// would otherwise cost a thousand looks per received batch).
+#[derive(Debug, Default)]
+pub struct CqTable {
+    cqs: FxHashMap<u32, Cq>,
+    touched: Vec<u32>,
+}
+
+impl CqTable {
+    /// Adds CQ `id`.
+    pub fn insert(&mut self, id: u32, cq: Cq) {
+        self.cqs.insert(id, cq);
+    }
+    /// Removes CQ `id`.
+    pub fn remove(&mut self, id: u32) -> Option<Cq> {
+        self.cqs.remove(&id)
+    }
+    /// CQ `id`.
+    pub fn get(&self, id: u32) -> Option<&Cq> {
+        self.cqs.get(&id)
+    }
+    /// CQ `id`, to change.
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut Cq> {
+        self.cqs.get_mut(&id)
+    }
+    /// True if CQ `id` exists.
+    pub fn contains(&self, id: u32) -> bool {
+        self.cqs.contains_key(&id)
+    }
+    /// Adds a completion to CQ `id` and notes the CQ as touched; false if there is no
+    /// such CQ.
+    pub fn push(&mut self, id: u32, wc: Wc) -> bool {
+        let Some(cq) = self.cqs.get_mut(&id) else { return false };
+        cq.push(wc);
+        if !std::mem::replace(&mut cq.touched, true) {
+            self.touched.push(id);
+        }
+        true
+    }
+    /// The CQs that gained completions since the last call, each once.
+    pub fn take_touched(&mut self) -> Vec<u32> {
+        let ids = std::mem::take(&mut self.touched);
+        for id in &ids {
+            if let Some(cq) = self.cqs.get_mut(id) {
+                cq.touched = false;
+            }
+        }
+        ids
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,5 +171,23 @@ mod tests {
         cq.push(wc(WcOpcode::Send, false, WcStatus::Success));
         assert!(cq.overflowed());
         assert_eq!(cq.poll(10).len(), 1);
+    }
+
+    #[test]
+    fn only_cqs_that_gained_completions_are_listed_each_once() {
+        let mut t = CqTable::default();
+        for id in 1..=1000 {
+            t.insert(id, Cq::new(4));
+        }
+        assert!(t.push(7, wc(WcOpcode::Send, false, WcStatus::Success)));
+        assert!(t.push(900, wc(WcOpcode::Recv, false, WcStatus::Success)));
+        assert!(t.push(7, wc(WcOpcode::Send, false, WcStatus::Success)));
+        assert!(!t.push(5000, wc(WcOpcode::Send, false, WcStatus::Success)), "no such CQ");
+        assert_eq!(t.take_touched(), vec![7, 900]);
+        assert!(t.take_touched().is_empty(), "listed once, until it gains another");
+        t.push(7, wc(WcOpcode::Send, false, WcStatus::Success));
+        t.remove(7);
+        assert_eq!(t.take_touched(), vec![7], "a CQ destroyed meanwhile is the caller's to skip");
+        assert_eq!(t.get(900).map(Cq::len), Some(1));
     }
 }

@@ -141,7 +141,7 @@ pub struct Device {
     cfg: DeviceConfig,
     rng: Rng,
     mrs: MrTable,
-    cqs: FxHashMap<u32, Cq>,
+    cqs: cq::CqTable,
     qps: QpMap,
     next_pd: u32,
     /// Device memory handed out ([`Device::reserve_device_memory`]), bytes.
@@ -202,7 +202,7 @@ impl Device {
             id_tag: None,
             cfg,
             mrs,
-            cqs: FxHashMap::default(),
+            cqs: cq::CqTable::default(),
             qps: QpMap::default(),
             next_pd: 1,
             device_memory_bytes: 0,
@@ -382,29 +382,34 @@ impl Device {
 
     /// Resize CQ (IBTA 11.2.7.3): refused below the completions it holds.
     pub fn resize_cq(&mut self, cq: u32, capacity: usize) -> Result<(), VerbsError> {
-        self.cqs.get_mut(&cq).ok_or(VerbsError::NotFound)?.resize(capacity)
+        self.cqs.get_mut(cq).ok_or(VerbsError::NotFound)?.resize(capacity)
     }
 
     /// Takes up to `max` completions.
     pub fn poll_cq(&mut self, cq: u32, max: usize) -> Vec<Wc> {
-        self.cqs.get_mut(&cq).map(|c| c.poll(max)).unwrap_or_default()
+        self.cqs.get_mut(cq).map(|c| c.poll(max)).unwrap_or_default()
     }
 
     /// True once a completion found the CQ full and was lost (IBTA 11.4.2.1 CQ overrun).
     pub fn cq_overflowed(&self, cq: u32) -> bool {
-        self.cqs.get(&cq).is_some_and(|c| c.overflowed())
+        self.cqs.get(cq).is_some_and(|c| c.overflowed())
     }
 
     /// Arms a CQ notification; [`Device::take_cq_event`] reports it.
     pub fn req_notify_cq(&mut self, cq: u32, what: Notify) {
-        if let Some(c) = self.cqs.get_mut(&cq) {
+        if let Some(c) = self.cqs.get_mut(cq) {
             c.req_notify(what);
         }
     }
 
+    /// The CQs that gained completions since the last call, each once: the ones to poll.
+    pub fn take_touched_cqs(&mut self) -> Vec<u32> {
+        self.cqs.take_touched()
+    }
+
     /// Takes a CQ's pending notification.
     pub fn take_cq_event(&mut self, cq: u32) -> bool {
-        self.cqs.get_mut(&cq).is_some_and(|c| c.take_event())
+        self.cqs.get_mut(cq).is_some_and(|c| c.take_event())
     }
 
     /// Creates a shared receive queue.
@@ -437,7 +442,7 @@ impl Device {
     /// naming it are checked in `pd` and complete on `cq`. Its number is what initiators
     /// put in their XRCETH (`ibv_get_srq_num`).
     pub fn create_xrc_srq(&mut self, x: srq::XrcSrq, max_wr: usize, max_sge: usize) -> Result<u32, VerbsError> {
-        if !self.xrcds.contains(&x.xrcd) || !self.cqs.contains_key(&x.cq) {
+        if !self.xrcds.contains(&x.xrcd) || !self.cqs.contains(x.cq) {
             return Err(VerbsError::NotFound);
         }
         let id = self.create_srq(max_wr, max_sge);
@@ -532,9 +537,7 @@ impl Device {
         if init.xrc.is_some() && (init.qp_type != QpType::Rc || init.srq.is_some()) {
             return Err(VerbsError::InvalidAttribute("XRC is RC-like and takes no SRQ of its own"));
         }
-        if (needs_send_cq && !self.cqs.contains_key(&init.send_cq))
-            || (needs_recv_cq && !self.cqs.contains_key(&init.recv_cq))
-        {
+        if (needs_send_cq && !self.cqs.contains(init.send_cq)) || (needs_recv_cq && !self.cqs.contains(init.recv_cq)) {
             return Err(VerbsError::NotFound);
         }
         if init.srq.is_some_and(|s| !self.srqs.contains_key(&s)) {
@@ -732,8 +735,7 @@ impl Device {
         if qp.state == QpState::Err {
             let wc = Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, 0);
             let cq = qp.init.recv_cq;
-            if let Some(c) = self.cqs.get_mut(&cq) {
-                c.push(wc);
+            if self.cqs.push(cq, wc) {
                 self.stats.completions += 1;
             }
             return Ok(());

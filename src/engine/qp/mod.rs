@@ -9,7 +9,6 @@ pub mod rtt;
 pub mod state;
 pub mod unreliable;
 
-use super::cq::Cq;
 use super::mem::{MrTable, Pd};
 use super::verbs::{Gid, Mtu, QpAttr, QpInit, QpState, QpType, VerbsError, Wc};
 use super::{Stats, Transmit};
@@ -67,7 +66,7 @@ pub struct Ctx<'a> {
     /// Memory regions.
     pub mrs: &'a mut MrTable,
     /// Completion queues.
-    pub cqs: &'a mut rustc_hash::FxHashMap<u32, Cq>,
+    pub cqs: &'a mut crate::engine::cq::CqTable,
     /// Packets to send.
     pub out: &'a mut VecDeque<Transmit>,
     /// Buffers to build packets in (`Device::recycle`).
@@ -86,8 +85,7 @@ pub struct Ctx<'a> {
 impl Ctx<'_> {
     /// Adds a completion to a CQ.
     pub fn complete(&mut self, cq: u32, wc: Wc) {
-        if let Some(cq) = self.cqs.get_mut(&cq) {
-            cq.push(wc);
+        if self.cqs.push(cq, wc) {
             self.stats.completions += 1;
         }
     }
