@@ -17,6 +17,8 @@ pub mod gsi;
 pub mod mcast;
 pub mod mem;
 pub mod qp;
+pub mod raw;
+mod raw_qp;
 pub mod rng;
 pub mod schedule;
 pub mod srq;
@@ -91,6 +93,8 @@ pub struct Stats {
     pub qkey_violations: u64,
     /// UD datagrams dropped for want of a receive.
     pub ud_no_receive: u64,
+    /// Frames for a raw packet QP dropped for want of a receive.
+    pub raw_no_receive: u64,
     /// Packets whose opcode belongs to another transport than the QP's.
     pub rx_wrong_transport: u64,
     /// Packets whose P_Key does not match their QP's (IBTA 10.9.3), dropped.
@@ -152,6 +156,8 @@ pub struct Device {
     spare: Vec<Vec<u8>>,
     /// Multicast groups and their QPs.
     mcast: mcast::McastTable,
+    /// Raw packet QPs' flow rules.
+    flows: raw::FlowTable,
     /// Groups a destroyed QP left with no member, for the transport to leave.
     mcast_emptied: Vec<Gid>,
     srqs: FxHashMap<u32, srq::Srq>,
@@ -210,6 +216,7 @@ impl Device {
             out: VecDeque::new(),
             spare: Vec::new(),
             mcast: mcast::McastTable::default(),
+            flows: raw::FlowTable::default(),
             mcast_emptied: Vec::new(),
             srqs: FxHashMap::default(),
             srq_holders: HashMap::new(),
@@ -569,6 +576,7 @@ impl Device {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::NotFound)?;
         let emptied = self.mcast.forget(qpn);
         self.mcast_emptied.extend(emptied);
+        self.flows.forget_qp(qpn);
         if qp.window_busy {
             self.window_busy_qps -= 1;
         }
@@ -715,6 +723,9 @@ impl Device {
         let xrc_target = matches!(qp.init.xrc, Some(Xrc::Target { .. }));
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || xrc_target {
             return Err(VerbsError::InvalidRequest);
+        }
+        if qp.init.qp_type == QpType::RawPacket {
+            return self.send_raw(qpn, wr);
         }
         qp.req.post(wr, qp.init.pd, &self.mrs, &qp.path)?;
         // A request that failed its local checks completes now, if nothing is ahead of it.
@@ -1019,6 +1030,10 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
         QpType::Rc => Transport::Rc,
         QpType::Uc => Transport::Uc,
         QpType::Ud => Transport::Ud,
+        QpType::RawPacket => {
+            ctx.stats.rx_wrong_transport += 1;
+            return;
+        }
     };
     if info.transport != wanted {
         ctx.stats.rx_wrong_transport += 1;
@@ -1030,7 +1045,7 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
     match qp.init.qp_type {
         QpType::Uc => return qp.resp.handle_uc(r, &view, ctx),
         QpType::Ud => return qp.resp.handle_ud(r, &view, ctx),
-        QpType::Rc => {}
+        QpType::Rc | QpType::RawPacket => {}
     }
     match info.operation {
         Operation::Acknowledge => {

@@ -216,6 +216,9 @@ pub enum QpType {
     Uc,
     /// Unreliable datagram.
     Ud,
+    /// Raw Ethernet frames (Linux verbs' `IBV_QPT_RAW_PACKET`): sent whole, received
+    /// through flow rules ([`crate::engine::raw`]).
+    RawPacket,
 }
 
 /// QP states (IBTA 10.3.1).

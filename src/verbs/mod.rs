@@ -1235,6 +1235,23 @@ impl QueuePair {
         }
     }
 
+    /// `ibv_create_flow`: frames the device's raw packet QPs send that `rule` takes come
+    /// to this raw packet QP; returns the rule's id. RoCEv2 devices only.
+    pub fn create_flow(&self, rule: crate::engine::raw::FlowRule) -> Result<u32, VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => s.with_core(|d| d.create_flow(self.qpn, rule)),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
+    /// `ibv_destroy_flow`: removes rule `id`, made by [`QueuePair::create_flow`].
+    pub fn destroy_flow(&self, id: u32) -> Result<(), VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => s.with_core(|d| d.destroy_flow(id)),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
     /// `ibv_modify_qp`. On iWARP, where connections move the state, only ERR is taken.
     /// A reset drops the QP's completions nobody polled yet, as mlx5 does (an
     /// application restarting a failed QP does not meet the old one's flushes).

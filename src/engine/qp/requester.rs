@@ -175,6 +175,8 @@ impl Requester {
             QpType::Rc => !(path.xrc && matches!(wr.op, SendOp::AtomicWrite(..))),
             QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::AtomicWrite(..)),
             QpType::Ud => wr.ud.is_some() && matches!(wr.op, SendOp::Send | SendOp::SendImm(_)),
+            // The device sends a raw QP's frames when they are posted (Device::post_send).
+            QpType::RawPacket => false,
         };
         if !allowed {
             return Err(VerbsError::InvalidRequest);
@@ -466,7 +468,7 @@ fn check_sgl(sgl: &[Sge], pd: Pd, mrs: &MrTable, need: Need) -> Result<(), ()> {
     Ok(())
 }
 
-fn gather(sgl: &[Sge], pd: Pd, mrs: &MrTable) -> Result<Vec<u8>, ()> {
+pub(crate) fn gather(sgl: &[Sge], pd: Pd, mrs: &MrTable) -> Result<Vec<u8>, ()> {
     let mut data = Vec::with_capacity(sgl.iter().map(|s| s.length as usize).sum());
     for s in sgl {
         let (mem, off) = mrs.resolve(s.lkey, pd, s.addr, s.length as usize, Need::LocalRead).map_err(|_| ())?;

@@ -131,6 +131,18 @@ const UD: [Transition; 8] = [
     t(S::Sqe, S::Rts, 0, QKEY),
 ];
 
+/// A raw packet QP's transitions: no path, no keys (Linux's uverbs takes only the port).
+const RAW: [Transition; 8] = [
+    t(S::Reset, S::Init, 0, 0),
+    t(S::Init, S::Init, 0, 0),
+    t(S::Init, S::Rtr, 0, 0),
+    t(S::Rtr, S::Rts, 0, 0),
+    t(S::Rts, S::Rts, 0, 0),
+    t(S::Rts, S::Sqd, 0, 0),
+    t(S::Sqd, S::Rts, 0, 0),
+    t(S::Sqe, S::Rts, 0, 0),
+];
+
 /// `a` without the attributes of the half an XRC QP is not (an initiator's receive depth
 /// and RNR timer, a target's send depth and retries): applications set them as for RC
 /// (perftest does) and Linux's uverbs drops them for XRC QPs (`modify_qp_mask`).
@@ -183,6 +195,7 @@ pub fn check(ty: QpType, xrc: Option<Xrc>, from: QpState, a: &QpAttr) -> Result<
         (QpType::Rc, None) => &RC,
         (QpType::Uc, None) => &UC,
         (QpType::Ud, None) => &UD,
+        (QpType::RawPacket, None) => &RAW,
     };
     let row = table.iter().find(|r| r.from == from && r.to == to).ok_or(VerbsError::IllegalTransition { from, to })?;
     let missing = row.required & !mask;
