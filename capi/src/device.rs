@@ -300,6 +300,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.query_rt_values = Some(crate::query::query_rt_values_op);
     vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
+    vctx.ibv_create_flow = Some(crate::flow::create_flow);
+    vctx.ibv_destroy_flow = Some(crate::flow::destroy_flow);
     crate::ops::install(&mut vctx.context.ops);
     vctx.context.device = dev;
     vctx.context.cmd_fd = cmd_fd;

@@ -20,6 +20,7 @@ pub mod cq_ex;
 pub mod device;
 pub mod dm;
 pub mod event;
+pub mod flow;
 pub mod mcast;
 pub mod mw;
 pub mod objects;

@@ -59,6 +59,7 @@ fn qp_type_of(t: ffi::ibv_qp_type) -> Option<QpType> {
         ffi::IBV_QPT_RC => Some(QpType::Rc),
         ffi::IBV_QPT_UC => Some(QpType::Uc),
         ffi::IBV_QPT_UD => Some(QpType::Ud),
+        ffi::IBV_QPT_RAW_PACKET => Some(QpType::RawPacket),
         _ => None,
     }
 }

@@ -439,6 +439,14 @@ fn device_memory_is_reached_by_copies_and_zero_based_regions() {
     c_program("device_memory", "127.0.29.7", "device memory ok");
 }
 
+/// Raw packet QPs and flow steering: a rule on Ethernet, IPv4 and UDP fields takes the
+/// frames another raw QP of the device sends that match it, whole; none once destroyed;
+/// tunnel specs refused (capi/tests/c/raw_flow.c).
+#[test]
+fn raw_packet_qps_receive_the_frames_their_flow_rules_take() {
+    c_program("raw_flow", "127.0.29.8", "raw flow ok");
+}
+
 /// librdmacm's details: id->pd before any QP, private data on REJECTED, the ACK timeout
 /// option on both sides, and a forked child connecting on its own
 /// (capi/tests/c/rdma_cm_details.c; each found by rdma-core's Python suite).

@@ -707,6 +707,15 @@ impl Context {
         }
     }
 
+    /// `ibv_destroy_flow`: removes flow rule `id` of this device, made by
+    /// [`QueuePair::create_flow`] (gone already if its QP was destroyed: `NotFound`).
+    pub fn destroy_flow(&self, id: u32) -> Result<(), VerbsError> {
+        match &self.backend {
+            Backend::Roce(s) => s.with_core(|d| d.destroy_flow(id)),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
     /// Blocks until something may have arrived for [`Context::progress`] to receive, or
     /// `timeout` passes; returns whether input is waiting. A busy-polling caller whose
     /// looks find nothing waits here instead of spinning, which on a machine with one
@@ -1240,14 +1249,6 @@ impl QueuePair {
     pub fn create_flow(&self, rule: crate::engine::raw::FlowRule) -> Result<u32, VerbsError> {
         match &self.backend {
             Backend::Roce(s) => s.with_core(|d| d.create_flow(self.qpn, rule)),
-            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
-        }
-    }
-
-    /// `ibv_destroy_flow`: removes rule `id`, made by [`QueuePair::create_flow`].
-    pub fn destroy_flow(&self, id: u32) -> Result<(), VerbsError> {
-        match &self.backend {
-            Backend::Roce(s) => s.with_core(|d| d.destroy_flow(id)),
             Backend::Iwarp(_) => Err(VerbsError::Unsupported),
         }
     }
