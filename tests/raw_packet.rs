@@ -159,3 +159,34 @@ fn a_qp_not_yet_ready_to_receive_gets_nothing() {
     r.send(&frame(6000, 10));
     assert_eq!(r.d.poll_cq(r.cq, 8).len(), 2, "RTR does");
 }
+
+#[test]
+fn an_rss_qp_spreads_frames_over_its_work_queues_and_holds_them() {
+    use softrdma::engine::raw::{RxHash, WorkQueue, HASH_DST_IPV4, HASH_SRC_IPV4};
+    let mut r = setup();
+    let wqs: Vec<WorkQueue> =
+        (0..4).map(|_| WorkQueue { srq: r.d.create_srq(64, 1), cq: r.d.create_cq(64), pd: Pd(1) }).collect();
+    let rss = r.qps[2];
+    let h = RxHash { key: vec![0x6d; 40], fields: HASH_SRC_IPV4 | HASH_DST_IPV4, table: wqs.clone() };
+    r.d.set_rx_hash(rss, h).unwrap();
+    r.d.create_flow(rss, udp_port_rule(6000)).unwrap();
+    for (i, w) in wqs.iter().enumerate() {
+        for k in 0..8 {
+            let off = 4096 + (i * 8 + k) * 128;
+            r.d.post_srq_recv(w.srq, RecvWr { wr_id: off as u64, sgl: vec![sge(&r.mr, off, 128)] }).unwrap();
+        }
+    }
+    for src in 0..16u8 {
+        let mut f = frame(6000, 10);
+        f[26] = src;
+        r.send(&f);
+    }
+    let per_queue: Vec<usize> = wqs.iter().map(|w| r.d.poll_cq(w.cq, 64).len()).collect();
+    assert_eq!(per_queue.iter().sum::<usize>(), 16, "{per_queue:?}");
+    assert!(per_queue.iter().filter(|&&n| n > 0).count() > 1, "spread: {per_queue:?}");
+    let write = wr(9, SendOp::Send, vec![sge(&r.mr, 0, 64)]);
+    assert_eq!(r.d.post_send(rss, write), Err(VerbsError::InvalidRequest), "an RSS QP only receives");
+    assert_eq!(r.d.destroy_srq(wqs[0].srq), Err(VerbsError::InvalidRequest), "held by the RSS QP");
+    r.d.destroy_qp(rss).unwrap();
+    r.d.destroy_srq(wqs[0].srq).unwrap();
+}

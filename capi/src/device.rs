@@ -302,6 +302,11 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
     vctx.ibv_create_flow = Some(crate::flow::create_flow);
     vctx.ibv_destroy_flow = Some(crate::flow::destroy_flow);
+    vctx.create_wq = Some(crate::wq::create_wq);
+    vctx.modify_wq = Some(crate::wq::modify_wq);
+    vctx.destroy_wq = Some(crate::wq::destroy_wq);
+    vctx.create_rwq_ind_table = Some(crate::wq::create_rwq_ind_table);
+    vctx.destroy_rwq_ind_table = Some(crate::wq::destroy_rwq_ind_table);
     crate::ops::install(&mut vctx.context.ops);
     vctx.context.device = dev;
     vctx.context.cmd_fd = cmd_fd;

@@ -33,6 +33,7 @@ pub mod rate;
 pub mod srq;
 mod symver;
 pub mod unsupported;
+pub mod wq;
 pub mod wr;
 pub mod xrc;
 

@@ -117,6 +117,10 @@ pub unsafe extern "C" fn create_qp_ex(
         // SAFETY: the caller's contract.
         return unsafe { crate::xrc::create_qp(ctx, a) };
     }
+    if a.comp_mask & (ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH) != 0 {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::wq::create_rss_qp(ctx, a) };
+    }
     let (mut basic, extended) = match basic_attr(a) {
         Ok(b) => b,
         Err(e) => return fail(e),
@@ -260,6 +264,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
+    crate::wq::qp_destroyed(qp);
     // SAFETY: allocated by Box in ibv_create_qp, given back once.
     let owned = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
     // SAFETY: the QP's context is open.

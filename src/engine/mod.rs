@@ -158,6 +158,8 @@ pub struct Device {
     mcast: mcast::McastTable,
     /// Raw packet QPs' flow rules.
     flows: raw::FlowTable,
+    /// Raw packet QPs that scale their receives over work queues.
+    rss: FxHashMap<u32, raw::RxHash>,
     /// Groups a destroyed QP left with no member, for the transport to leave.
     mcast_emptied: Vec<Gid>,
     srqs: FxHashMap<u32, srq::Srq>,
@@ -217,6 +219,7 @@ impl Device {
             spare: Vec::new(),
             mcast: mcast::McastTable::default(),
             flows: raw::FlowTable::default(),
+            rss: FxHashMap::default(),
             mcast_emptied: Vec::new(),
             srqs: FxHashMap::default(),
             srq_holders: HashMap::new(),
@@ -576,7 +579,7 @@ impl Device {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::NotFound)?;
         let emptied = self.mcast.forget(qpn);
         self.mcast_emptied.extend(emptied);
-        self.flows.forget_qp(qpn);
+        self.forget_raw_qp(qpn);
         if qp.window_busy {
             self.window_busy_qps -= 1;
         }

@@ -5,7 +5,7 @@
 
 use super::qp::requester::gather;
 use super::qp::responder::{recv_wc, scatter_recv, QpView};
-use super::raw::{FlowError, FlowRule};
+use super::raw::{FlowError, FlowRule, RxHash, HASH_FIELDS_KNOWN};
 use super::verbs::{QpState, QpType, SendOp, SendWr, VerbsError, Wc, WcOpcode, WcStatus};
 use super::Device;
 
@@ -13,6 +13,8 @@ use super::Device;
 pub const RAW_FRAME_MIN_BYTES: usize = 14;
 /// The longest: a jumbo frame without its FCS.
 pub const RAW_FRAME_MAX_BYTES: usize = 9216;
+/// The largest receive-side scaling indirection table (verbs' `log_ind_tbl_size` up to 16).
+pub const RSS_TABLE_MAX: usize = 1 << 16;
 
 impl Device {
     /// Adds a flow rule steering frames to raw packet QP `qpn` (`ibv_create_flow`);
@@ -33,12 +35,46 @@ impl Device {
         self.flows.remove(id).then_some(()).ok_or(VerbsError::NotFound)
     }
 
+    /// Makes raw packet QP `qpn` a receive-side scaling QP (`ibv_create_qp_ex` with an
+    /// indirection table and a hash): what its rules take goes to the work queue the
+    /// frame's hash picks, and it sends nothing. Its work queues' SRQs are held until the QP
+    /// is destroyed.
+    pub fn set_rx_hash(&mut self, qpn: u32, h: RxHash) -> Result<(), VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::NotFound)?;
+        if qp.init.qp_type != QpType::RawPacket || self.rss.contains_key(&qpn) {
+            return Err(VerbsError::InvalidRequest);
+        }
+        if h.fields & !HASH_FIELDS_KNOWN != 0 {
+            return Err(VerbsError::Unsupported);
+        }
+        let known = h.table.iter().all(|w| self.srqs.contains_key(&w.srq) && self.cqs.contains(w.cq));
+        if !known || h.table.is_empty() || h.table.len() > RSS_TABLE_MAX {
+            return Err(VerbsError::InvalidRequest);
+        }
+        for w in &h.table {
+            *self.srq_holders.entry(w.srq).or_default() += 1;
+        }
+        self.rss.insert(qpn, h);
+        Ok(())
+    }
+
+    /// QP `qpn` is gone: its work queues are free.
+    pub(super) fn forget_raw_qp(&mut self, qpn: u32) {
+        self.flows.forget_qp(qpn);
+        for w in self.rss.remove(&qpn).map(|h| h.table).unwrap_or_default() {
+            self.release_srq(w.srq);
+        }
+    }
+
     /// Sends a raw packet QP's frame at once: gathered, handed to the QPs whose rules take
     /// it, and completed (when signaled, or in error).
     pub(super) fn send_raw(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get(&qpn).ok_or(VerbsError::NotFound)?;
         if wr.op != SendOp::Send || wr.sgl.len() > qp.init.caps.max_sge {
             return Err(VerbsError::InvalidRequest);
+        }
+        if self.rss.contains_key(&qpn) {
+            return Err(VerbsError::InvalidRequest); // receive-side scaling QPs only receive
         }
         let (pd, send_cq) = (qp.init.pd, qp.init.send_cq);
         let status = match gather(&wr.sgl, pd, &self.mrs) {
@@ -65,6 +101,9 @@ impl Device {
     /// Raw packet QP `qpn` receives `frame` into its next receive request, whole; with no
     /// request posted, or not yet ready to receive, it drops it, as a NIC does.
     fn take_raw_frame(&mut self, qpn: u32, frame: &[u8]) {
+        if let Some(h) = self.rss.get(&qpn) {
+            return self.take_hashed_frame(qpn, h.pick(frame), frame);
+        }
         let (qps, mut ctx) = self.split(0);
         let Some(qp) = qps.get_mut(&qpn).filter(|q| matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd))
         else {
@@ -84,5 +123,27 @@ impl Device {
         };
         let len = if status == WcStatus::Success { frame.len() } else { 0 };
         ctx.complete(q.recv_cq, recv_wc(&wqe.wr, qpn, status, len));
+    }
+
+    /// RSS QP `qpn`'s frame into work queue `wq`: its SRQ's next receive, completed on its
+    /// CQ (with the QP's number; no receive: dropped), whatever the QP's state.
+    fn take_hashed_frame(&mut self, qpn: u32, wq: Option<super::raw::WorkQueue>, frame: &[u8]) {
+        // An RSS QP has no state of its own to wait for (as mlx5's, which only steer).
+        let Some(wq) = wq else { return };
+        let (_, mut ctx) = self.split(0);
+        let Some(wqe) = ctx.srqs.get_mut(&wq.srq).and_then(|s| s.take().0) else {
+            ctx.stats.raw_no_receive += 1;
+            return;
+        };
+        let q = QpView { qpn, pd: wq.pd, recv_cq: wq.cq, mtu: frame.len(), qkey: 0, src: [0; 16] };
+        let status = if frame.len() > wqe.capacity {
+            WcStatus::LocLenErr
+        } else if scatter_recv(&wqe.wr.sgl, 0, frame, &q, &mut ctx) {
+            WcStatus::Success
+        } else {
+            WcStatus::LocProtErr
+        };
+        let len = if status == WcStatus::Success { frame.len() } else { 0 };
+        ctx.complete(wq.cq, recv_wc(&wqe.wr, qpn, status, len));
     }
 }

@@ -1253,6 +1253,26 @@ impl QueuePair {
         }
     }
 
+    /// Makes this raw packet QP scale its receives over `table`'s work queues, each an
+    /// SRQ whose receives complete on its CQ, in `pd` (`ibv_create_qp_ex` with
+    /// `IBV_QP_INIT_ATTR_RX_HASH` and an indirection table): the Toeplitz hash of the
+    /// `fields` (verbs' `IBV_RX_HASH_*` bits) under `key` picks the queue. RoCEv2 only.
+    pub fn set_rx_hash(
+        &self,
+        key: Vec<u8>,
+        fields: u64,
+        table: &[(&SharedReceiveQueue, &CompletionQueue)],
+        pd: &ProtectionDomain,
+    ) -> Result<(), VerbsError> {
+        let table =
+            table.iter().map(|(srq, cq)| crate::engine::raw::WorkQueue { srq: srq.id, cq: cq.id, pd: pd.pd }).collect();
+        let h = crate::engine::raw::RxHash { key, fields, table };
+        match &self.backend {
+            Backend::Roce(s) => s.with_core(|d| d.set_rx_hash(self.qpn, h)),
+            Backend::Iwarp(_) => Err(VerbsError::Unsupported),
+        }
+    }
+
     /// `ibv_modify_qp`. On iWARP, where connections move the state, only ERR is taken.
     /// A reset drops the QP's completions nobody polled yet, as mlx5 does (an
     /// application restarting a failed QP does not meet the old one's flushes).

@@ -2,7 +2,10 @@
  * QPs of one device brought to RTS with the port only; a rule on the second (Ethernet
  * destination MAC and EtherType, IPv4 addresses, UDP destination port) takes the frames the
  * first sends that match it, whole, and no other; after ibv_destroy_flow nothing comes;
- * tunnel specs are refused with EOPNOTSUPP. Built against rdma-core's headers and run on
+ * tunnel specs are refused with EOPNOTSUPP. Then receive-side scaling: a QP over an
+ * indirection table of two work queues, each with its CQ, takes a rule's frames from eight
+ * sources, every one completed on one of the two; the table and the queues cannot go while
+ * the QP uses them. Built against rdma-core's headers and run on
  * softrdma's library by capi/tests/apps.rs. Prints "raw flow ok" and exits 0. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -51,6 +54,71 @@ struct rule {
 	struct ibv_flow_spec_ipv4 ip;
 	struct ibv_flow_spec_tcp_udp udp;
 };
+
+static void rss(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_qp *tx, struct ibv_mr *mr, uint8_t *buf)
+{
+	struct ibv_cq *cqs[2];
+	struct ibv_wq *wqs[2];
+	for (int i = 0; i < 2; i++) {
+		cqs[i] = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+		struct ibv_wq_init_attr wa = { .wq_type = IBV_WQT_RQ, .max_wr = 8, .max_sge = 1, .pd = pd, .cq = cqs[i] };
+		wqs[i] = ibv_create_wq(ctx, &wa);
+		CHECK(wqs[i], "ibv_create_wq");
+		struct ibv_wq_attr st = { .attr_mask = IBV_WQ_ATTR_STATE, .wq_state = IBV_WQS_RDY };
+		CHECK(!ibv_modify_wq(wqs[i], &st), "ibv_modify_wq RDY");
+		for (int k = 0; k < 8; k++) {
+			struct ibv_sge s = { .addr = (uintptr_t)(buf + 1024 + (i * 8 + k) * 128), .length = 128, .lkey = mr->lkey };
+			struct ibv_recv_wr r = { .wr_id = (uint64_t)(i * 8 + k), .sg_list = &s, .num_sge = 1 }, *bad;
+			CHECK(!ibv_post_wq_recv(wqs[i], &r, &bad), "ibv_post_wq_recv");
+		}
+	}
+	struct ibv_rwq_ind_table_init_attr ta = { .log_ind_tbl_size = 1, .ind_tbl = wqs };
+	struct ibv_rwq_ind_table *table = ibv_create_rwq_ind_table(ctx, &ta);
+	CHECK(table, "ibv_create_rwq_ind_table");
+	uint8_t key[40];
+	memset(key, 0x6d, sizeof(key));
+	struct ibv_qp_init_attr_ex qa = {
+		.qp_type = IBV_QPT_RAW_PACKET, .pd = pd, .rwq_ind_tbl = table,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH,
+		.rx_hash_conf = { .rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ, .rx_hash_key_len = sizeof(key),
+				  .rx_hash_key = key, .rx_hash_fields_mask = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 },
+	};
+	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &qa);
+	CHECK(qp, "ibv_create_qp_ex with an indirection table and a hash");
+	struct rule r = { 0 };
+	r.attr.type = IBV_FLOW_ATTR_NORMAL;
+	r.attr.size = sizeof(r.attr) + sizeof(r.eth);
+	r.attr.num_of_specs = 1;
+	r.attr.port = 1;
+	r.eth.type = IBV_FLOW_SPEC_ETH;
+	r.eth.size = sizeof(r.eth);
+	memcpy(r.eth.val.dst_mac, DST_MAC, 6);
+	memset(r.eth.mask.dst_mac, 0xff, 6);
+	struct ibv_flow *flow = ibv_create_flow(qp, &r.attr);
+	CHECK(flow, "a rule on the RSS QP");
+	for (int i = 0; i < 8; i++) {
+		size_t n = build_frame(buf, 7000);
+		buf[26] = (uint8_t)(i * 37);
+		struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = (uint32_t)n, .lkey = mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 100 + i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND }, *bad;
+		CHECK(!ibv_post_send(tx, &wr, &bad), "ibv_post_send");
+	}
+	int got = 0;
+	struct ibv_wc wc;
+	for (int tries = 0; got < 8 && tries < 1000000; tries++)
+		for (int i = 0; i < 2; i++)
+			while (ibv_poll_cq(cqs[i], 1, &wc) == 1) {
+				CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.byte_len == 60,
+				      "each frame completes on a work queue's CQ");
+				got++;
+			}
+	CHECK(got == 8, "every frame reaches a work queue");
+	CHECK(ibv_destroy_rwq_ind_table(table) == EBUSY, "the table stays while its QP does");
+	CHECK(!ibv_destroy_flow(flow) && !ibv_destroy_qp(qp), "the RSS QP goes");
+	CHECK(!ibv_destroy_rwq_ind_table(table), "then the table");
+	for (int i = 0; i < 2; i++)
+		CHECK(!ibv_destroy_wq(wqs[i]) && !ibv_destroy_cq(cqs[i]), "then the work queues");
+}
 
 int main(void)
 {
@@ -136,6 +204,7 @@ int main(void)
 	t.vxlan.size = sizeof(t.vxlan);
 	CHECK(!ibv_create_flow(rx, &t.attr) && errno == EOPNOTSUPP, "tunnels refused with EOPNOTSUPP");
 
+	rss(ctx, pd, tx, mr, buf);
 	CHECK(!ibv_destroy_qp(tx) && !ibv_destroy_qp(rx), "ibv_destroy_qp");
 	ibv_dereg_mr(mr);
 	ibv_destroy_cq(cq);
