@@ -95,6 +95,8 @@ pub struct Stats {
     pub ud_no_receive: u64,
     /// Frames for a raw packet QP dropped for want of a receive.
     pub raw_no_receive: u64,
+    /// Raw packet QPs' frames dropped because the driver did not take them to the wire.
+    pub raw_wire_dropped: u64,
     /// Packets whose opcode belongs to another transport than the QP's.
     pub rx_wrong_transport: u64,
     /// Packets whose P_Key does not match their QP's (IBTA 10.9.3), dropped.
@@ -158,6 +160,10 @@ pub struct Device {
     mcast: mcast::McastTable,
     /// Raw packet QPs' flow rules.
     flows: raw::FlowTable,
+    /// The device has an Ethernet port for its raw QPs' frames.
+    raw_wire: bool,
+    /// Their frames for it, until the driver takes them.
+    raw_out: VecDeque<Vec<u8>>,
     /// Raw packet QPs that scale their receives over work queues.
     rss: FxHashMap<u32, raw::RxHash>,
     /// Groups a destroyed QP left with no member, for the transport to leave.
@@ -220,6 +226,8 @@ impl Device {
             mcast: mcast::McastTable::default(),
             flows: raw::FlowTable::default(),
             rss: FxHashMap::default(),
+            raw_wire: false,
+            raw_out: VecDeque::new(),
             mcast_emptied: Vec::new(),
             srqs: FxHashMap::default(),
             srq_holders: HashMap::new(),

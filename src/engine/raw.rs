@@ -91,6 +91,15 @@ pub enum FlowError {
     TooMany,
 }
 
+/// Where a frame goes ([`FlowTable::route`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Route {
+    /// The QPs that take it.
+    pub takers: Vec<u32>,
+    /// The QPs that get a copy of everything.
+    pub sniffers: Vec<u32>,
+}
+
 /// The device's rules, by id.
 #[derive(Debug, Default)]
 pub struct FlowTable {
@@ -139,22 +148,34 @@ impl FlowTable {
 
     /// The QPs `frame` goes to, each once, in no particular order.
     pub fn targets(&self, frame: &[u8]) -> Vec<u32> {
-        let Some(f) = Fields::of(frame) else { return Vec::new() };
+        let Route { mut takers, sniffers } = self.route(frame);
+        takers.extend(sniffers);
+        takers.sort_unstable();
+        takers.dedup();
+        takers
+    }
+
+    /// Who takes `frame`: the QP of the matching normal rule, else the default rules' QPs;
+    /// and, apart, the sniffers.
+    pub fn route(&self, frame: &[u8]) -> Route {
+        let Some(f) = Fields::of(frame) else { return Route::default() };
         let matching = || self.rules.values().filter(|(_, r)| r.specs.iter().all(|s| f.matches(s)));
         let steered =
             matching().filter(|(_, r)| r.kind == FlowKind::Normal).min_by_key(|(_, r)| r.priority).map(|&(q, _)| q);
         let multicast = frame[0] & 1 == 1;
-        let mut out: Vec<u32> = match steered {
+        let mut takers: Vec<u32> = match steered {
             Some(q) => vec![q],
             None => matching()
                 .filter(|(_, r)| r.kind == FlowKind::AllDefault || (multicast && r.kind == FlowKind::McDefault))
                 .map(|&(q, _)| q)
                 .collect(),
         };
-        out.extend(matching().filter(|(_, r)| r.kind == FlowKind::Sniffer).map(|&(q, _)| q));
-        out.sort_unstable();
-        out.dedup();
-        out
+        let mut sniffers: Vec<u32> = matching().filter(|(_, r)| r.kind == FlowKind::Sniffer).map(|&(q, _)| q).collect();
+        for v in [&mut takers, &mut sniffers] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        Route { takers, sniffers }
     }
 }
 

@@ -1,7 +1,9 @@
 //! A device's raw packet QPs: a frame posted on one goes, when it is posted, to the raw
 //! QPs of the same device whose flow rules take it ([`super::raw`]), as an RDMA NIC's own
-//! switch loops a port's frames back to its flows. A softrdma device on kernel UDP sockets
-//! has no Ethernet port of its own, so a frame no rule takes goes nowhere.
+//! switch loops a port's frames back to its flows; a frame no rule of the device takes goes
+//! to the wire if the device has one ([`Device::set_raw_wire`]: a device on raw Ethernet),
+//! and nowhere on kernel UDP sockets. Frames from the wire that are not the device's own
+//! traffic come back through [`Device::handle_raw_frame`].
 
 use super::qp::requester::gather;
 use super::qp::responder::{recv_wc, scatter_recv, QpView};
@@ -13,6 +15,9 @@ use super::Device;
 pub const RAW_FRAME_MIN_BYTES: usize = 14;
 /// The longest: a jumbo frame without its FCS.
 pub const RAW_FRAME_MAX_BYTES: usize = 9216;
+/// Most frames waiting for the driver to put them on the wire: it takes them after each
+/// post, so only a driver that stopped taking them reaches this (the rest are dropped).
+pub const RAW_WIRE_QUEUE_MAX: usize = 1024;
 /// The largest receive-side scaling indirection table (verbs' `log_ind_tbl_size` up to 16).
 pub const RSS_TABLE_MAX: usize = 1 << 16;
 
@@ -33,6 +38,28 @@ impl Device {
     /// Removes flow rule `id` (`ibv_destroy_flow`).
     pub fn destroy_flow(&mut self, id: u32) -> Result<(), VerbsError> {
         self.flows.remove(id).then_some(()).ok_or(VerbsError::NotFound)
+    }
+
+    /// The device has an Ethernet port (a raw device): frames its raw QPs send that no rule
+    /// of its own takes go out ([`Device::poll_raw_frame`]).
+    pub fn set_raw_wire(&mut self, on: bool) {
+        self.raw_wire = on;
+    }
+
+    /// The next frame for the wire, whole.
+    pub fn poll_raw_frame(&mut self) -> Option<Vec<u8>> {
+        self.raw_out.pop_front()
+    }
+
+    /// A frame from the wire that is not the device's RoCEv2, ARP or neighbour traffic:
+    /// to the raw QPs whose rules take it, and the sniffers.
+    pub fn handle_raw_frame(&mut self, frame: &[u8]) {
+        if self.flows.is_empty() {
+            return;
+        }
+        for q in self.flows.targets(frame) {
+            self.take_raw_frame(q, frame);
+        }
     }
 
     /// Makes raw packet QP `qpn` a receive-side scaling QP (`ibv_create_qp_ex` with an
@@ -79,11 +106,7 @@ impl Device {
         let (pd, send_cq) = (qp.init.pd, qp.init.send_cq);
         let status = match gather(&wr.sgl, pd, &self.mrs) {
             Ok(frame) if (RAW_FRAME_MIN_BYTES..=RAW_FRAME_MAX_BYTES).contains(&frame.len()) => {
-                for target in self.flows.targets(&frame) {
-                    if target != qpn {
-                        self.take_raw_frame(target, &frame);
-                    }
-                }
+                self.switch_frame(qpn, frame);
                 WcStatus::Success
             }
             Ok(_) => WcStatus::LocLenErr,
@@ -96,6 +119,23 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// A frame raw QP `from` sent: to the QPs whose rules take it (not back to `from`), the
+    /// sniffers, and the wire if no rule of the device took it.
+    fn switch_frame(&mut self, from: u32, frame: Vec<u8>) {
+        let route = self.flows.route(&frame);
+        let takers: Vec<u32> = route.takers.into_iter().filter(|&q| q != from).collect();
+        for &q in takers.iter().chain(route.sniffers.iter()).filter(|&&q| q != from) {
+            self.take_raw_frame(q, &frame);
+        }
+        if takers.is_empty() && self.raw_wire {
+            if self.raw_out.len() < RAW_WIRE_QUEUE_MAX {
+                self.raw_out.push_back(frame);
+            } else {
+                self.stats.raw_wire_dropped += 1;
+            }
+        }
     }
 
     /// Raw packet QP `qpn` receives `frame` into its next receive request, whole; with no

@@ -320,6 +320,7 @@ impl Context {
         if let Some(tag) = link.rx.id_tag() {
             dev.set_id_tag(tag);
         }
+        dev.set_raw_wire(cfg.raw.is_some());
         let path_mtu = cfg.active_mtu().unwrap_or(Mtu::M1024);
         let (driver, thread) = RoceDriver::start(dev, link, cfg.addr, path_mtu)?;
         Ok(Context { backend: Backend::Roce(driver), thread: Some(thread) })

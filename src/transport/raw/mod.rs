@@ -337,6 +337,13 @@ impl PacketTx for RawTx {
                 self.shared.send(&std::mem::take(&mut self.batch));
             }
         }
+        // Raw packet QPs' frames, whole, as they were posted.
+        while let Some(f) = dev.poll_raw_frame() {
+            self.batch.push(f);
+            if self.batch.len() >= TX_BATCH {
+                self.shared.send(&std::mem::take(&mut self.batch));
+            }
+        }
         if !self.batch.is_empty() {
             self.shared.send(&std::mem::take(&mut self.batch));
         }
@@ -391,6 +398,11 @@ impl RawRx {
             Inbound::Echo(reply) => {
                 count(&s.stats.echo_replies);
                 replies.push(reply);
+            }
+            Inbound::Dropped(why @ (DropReason::NotOurs | DropReason::Malformed)) => {
+                count(if why == DropReason::NotOurs { &s.stats.rx_not_ours } else { &s.stats.rx_runt });
+                // Not the device's own traffic: maybe a raw packet QP's.
+                dev.handle_raw_frame(data);
             }
             Inbound::Dropped(why) => count(match why {
                 DropReason::NotOurs => &s.stats.rx_not_ours,
