@@ -1,6 +1,9 @@
 //! The raw device's receive check fed arbitrary frames: `frame::classify` for an IPv4 and an
-//! IPv6 device, and what it learns fed to a neighbour table.
+//! IPv6 device, and what it learns fed to a neighbour table; and raw packet QPs' flow
+//! steering and receive-side scaling, which see every frame the device does not take.
 
+use crate::engine::mem::Pd;
+use crate::engine::raw::{FlowKind, FlowRule, FlowSpec, FlowTable, Layer, RxHash, WorkQueue};
 use crate::transport::raw::frame::{classify, Inbound, Local};
 use crate::transport::raw::neighbour::{Neighbours, MAX_NEIGHBOURS};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -8,9 +11,37 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 const V4: Local = Local { mac: [0x02, 0x5e, 10, 9, 0, 2], ip: IpAddr::V4(Ipv4Addr::new(10, 9, 0, 2)) };
 const V6: Local = Local { mac: [0x02, 0x5e, 0, 0, 0, 2], ip: IpAddr::V6(Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, 2)) };
 
+/// Rules on every layer, steering to QPs 1 to 7, with half-open masks.
+fn rules() -> FlowTable {
+    let mut t = FlowTable::default();
+    let layers = [Layer::Eth, Layer::Ipv4, Layer::Ipv4Ext, Layer::Ipv6, Layer::Tcp, Layer::Udp];
+    for (i, layer) in layers.into_iter().enumerate() {
+        let n = layer.filter_len();
+        let spec =
+            FlowSpec { layer, value: vec![0; n], mask: (0..n).map(|k| if k % 2 == 0 { 0 } else { 0x0f }).collect() };
+        let rule = FlowRule { kind: FlowKind::Normal, priority: i as u16, specs: vec![spec] };
+        t.add(i as u32 + 1, rule).expect("well formed");
+    }
+    t.add(7, FlowRule { kind: FlowKind::Sniffer, priority: 0, specs: vec![] }).expect("well formed");
+    t
+}
+
 /// Oracles: no panic; a RoCEv2 packet handed on lies inside the frame; every reply is a
-/// whole Ethernet frame from the device's MAC; the neighbour table stays bounded.
+/// whole Ethernet frame from the device's MAC; the neighbour table stays bounded; a frame
+/// goes only to QPs that have rules, the sniffer always, and RSS picks a table entry.
 pub fn raw_frame(data: &[u8]) {
+    let flows = rules();
+    let wq = |i| WorkQueue { srq: i, cq: i, pd: Pd(1) };
+    let rss =
+        RxHash { key: data.iter().take(40).copied().collect(), fields: u64::MAX, table: (1..=5).map(wq).collect() };
+    for frame in data.chunks(512) {
+        let to = flows.targets(frame);
+        assert!(to.iter().all(|q| (1..=7).contains(q)), "only QPs with rules: {to:?}");
+        assert!(frame.len() < 14 || to.contains(&7), "the sniffer sees every frame");
+        if let Some(w) = rss.pick(frame) {
+            assert!(rss.table.contains(&w));
+        }
+    }
     let mut table = Neighbours::default();
     // Each 512-byte piece of the input is one frame, so that one input teaches many.
     for (i, frame) in data.chunks(512).enumerate() {
