@@ -1,6 +1,6 @@
 //! Multicast: `ibv_attach_mcast` / `ibv_detach_mcast` on a UD QP, and librdmacm's
 //! `rdma_join_multicast` (what `mckey` uses) on a UD id. On RoCEv2 a group is an IP
-//! multicast address and its GID the address as an IPv4-mapped GID, as Linux's rdma_cm
+//! multicast address and its GID the address (an IPv4 one IPv4-mapped), as Linux's rdma_cm
 //! maps it; joining needs no subnet administrator: the id's QP is attached at once and
 //! MULTICAST_JOIN reports DestQP 0xFFFFFF, rdma_cm's Q_Key and an address handle's
 //! attributes for sending to the group. iWARP has no multicast (EOPNOTSUPP).

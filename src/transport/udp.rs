@@ -130,9 +130,16 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
     let mut tx = Vec::new();
     for _ in 0..cfg.source_ports.max(1) {
         let s = open_socket(SocketAddr::new(cfg.addr, 0), false)?;
-        if let IpAddr::V4(v4) = cfg.addr {
-            // Multicast leaves from the device's interface (loopback too), not the default route's.
-            socket2::SockRef::from(&s).set_multicast_if_v4(&v4)?;
+        // Multicast leaves from the device's interface (loopback too), not the default route's.
+        match cfg.addr {
+            IpAddr::V4(v4) => socket2::SockRef::from(&s).set_multicast_if_v4(&v4)?,
+            // An address no interface holds yet (tests bind before they route) sends
+            // multicast by the routing table.
+            IpAddr::V6(_) => {
+                if let Ok(i) = super::udp_mcast::interface_index(cfg.addr) {
+                    socket2::SockRef::from(&s).set_multicast_if_v6(i)?;
+                }
+            }
         }
         let port = s.local_addr()?.port();
         tx.push((s, port));

@@ -21,6 +21,13 @@ struct Group {
     socket: UdpSocket,
 }
 
+/// The index of the interface holding `local` (IPv6 groups are joined, and sent to, on an
+/// interface, not an address).
+pub fn interface_index(local: IpAddr) -> io::Result<u32> {
+    let iface = crate::transport::sys::interface_of_address(local)?;
+    Ok(crate::transport::sys::interface_info(&iface)?.0)
+}
+
 /// The joined groups and what the last [`McastSockets::recv`] read from them.
 #[derive(Default)]
 pub struct McastSockets {
@@ -31,22 +38,38 @@ pub struct McastSockets {
 }
 
 impl McastSockets {
-    /// Joins `mgid` (an IPv4 multicast group as an IPv4-mapped GID) on the interface of
-    /// `local`, receiving on `port`; returns the socket's descriptor for the poll set.
+    /// Joins `mgid` (an IPv4 multicast group as an IPv4-mapped GID, or an IPv6 one as
+    /// itself) on the interface of `local`, receiving on `port`; returns the socket's
+    /// descriptor for the poll set.
     pub fn join(&mut self, mgid: &Gid, local: IpAddr, port: u16) -> io::Result<RawFd> {
-        let (IpAddr::V4(group), IpAddr::V4(local)) = (gid_to_ip(mgid), local) else {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "multicast on IPv4 devices only"));
-        };
+        let group = gid_to_ip(mgid);
         if !group.is_multicast() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a multicast group"));
         }
         if self.groups.len() >= MAX_MCAST_GROUPS {
             return Err(io::Error::new(io::ErrorKind::OutOfMemory, "too many groups"));
         }
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
-        s.set_reuse_address(true)?;
-        s.bind(&SocketAddr::new(IpAddr::V4(group), port).into())?;
-        s.join_multicast_v4(&group, &local)?;
+        let s = match (group, local) {
+            (IpAddr::V4(g), IpAddr::V4(l)) => {
+                let s =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+                s.set_reuse_address(true)?;
+                s.bind(&SocketAddr::new(group, port).into())?;
+                s.join_multicast_v4(&g, &l)?;
+                s
+            }
+            (IpAddr::V6(g), IpAddr::V6(_)) => {
+                let ifindex = interface_index(local)?;
+                let s =
+                    socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+                s.set_only_v6(true)?;
+                s.set_reuse_address(true)?;
+                s.bind(&SocketAddr::new(group, port).into())?;
+                s.join_multicast_v6(&g, ifindex)?;
+                s
+            }
+            _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, "the group's family is not the device's")),
+        };
         s.set_nonblocking(true)?;
         let socket: UdpSocket = s.into();
         let fd = socket.as_raw_fd();
