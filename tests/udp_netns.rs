@@ -13,16 +13,6 @@ use softrdma::transport::headers::ip_to_gid;
 use softrdma::verbs::*;
 use std::net::IpAddr;
 
-fn ud_qp(s: &Side) -> (QueuePair, CompletionQueue) {
-    let cq = s.ctx.create_cq(64);
-    let qp = s.ctx.create_qp(&s._pd, &cq, &cq, QpType::Ud, QpCaps::default(), None).unwrap();
-    let st = |state| QpAttr { state: Some(state), ..QpAttr::default() };
-    qp.modify(&QpAttr { pkey: Some(0xffff), qkey: Some(RDMA_UDP_QKEY), ..st(QpState::Init) }).unwrap();
-    qp.modify(&st(QpState::Rtr)).unwrap();
-    qp.modify(&QpAttr { sq_psn: Some(0), ..st(QpState::Rts) }).unwrap();
-    (qp, cq)
-}
-
 #[test]
 fn a_multicast_datagram_crosses_an_ipv6_link_to_the_attached_qp() {
     let Some(pair) = pair_or_skip("ipv6 multicast") else { return };
@@ -49,15 +39,7 @@ fn a_multicast_datagram_crosses_an_ipv6_link_to_the_attached_qp() {
     // The group's socket is made by the calling thread, in its namespace: B's.
     pair.scoped_in(1, || qb.attach_mcast(mgid)).unwrap();
     qb.post_recv(RecvWr { wr_id: 7, sgl: vec![b.mr.sge(0, 40 + 64)] }).unwrap();
-    let text = b"to an IPv6 group";
-    a.mr.write(0, text);
-    let mut wr = SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, text.len() as u32)]);
-    wr.ud = Some(UdDest { gid: mgid, qpn: 0xff_ffff, qkey: RDMA_UDP_QKEY });
-    qa.post_send(wr).unwrap();
-    let wc = wait_ok(&cb, 7);
-    assert_eq!(wc.byte_len as usize, 40 + text.len());
-    let mut got = vec![0u8; text.len()];
-    assert!(b.mr.read(40, &mut got) && got == text);
+    let wc = multicast_arrives(&a, &qa, &b, &cb, mgid, b"to an IPv6 group");
     assert_eq!(wc.src_gid, Some(ip_to_gid(addrs[0].parse().unwrap())), "from A's address");
     assert_eq!(b.ctx.stats().rx_icrc_bad, 0, "the ICRC holds over the IPv6 header the kernel built");
 }

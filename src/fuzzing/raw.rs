@@ -66,6 +66,9 @@ pub fn raw_frame(data: &[u8]) {
                 Inbound::Advertised { ip, mac } => {
                     let _ = table.update(ip, mac, i as u64);
                 }
+                Inbound::RoceMulticast { group, packet, .. } => {
+                    assert!(group.is_multicast() && packet.len() <= frame.len());
+                }
                 Inbound::Echo(r) => assert!(r.len() >= 60 && r[6..12] == local.mac, "an echo from the device's MAC"),
                 Inbound::Dropped(_) => {}
             }

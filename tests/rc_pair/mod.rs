@@ -121,3 +121,28 @@ pub fn udp_and_raw(pair: &VethPair, io: FrameIo) -> (Side, Side) {
     connect(&a, &b);
     (a, b)
 }
+
+/// A UD QP on `s` in RTS with rdma_cm's UD Q_Key, and its CQ.
+pub fn ud_qp(s: &Side) -> (QueuePair, CompletionQueue) {
+    let cq = s.ctx.create_cq(64);
+    let qp = s.ctx.create_qp(&s._pd, &cq, &cq, QpType::Ud, QpCaps::default(), None).unwrap();
+    let st = |state| QpAttr { state: Some(state), ..QpAttr::default() };
+    qp.modify(&QpAttr { pkey: Some(0xffff), qkey: Some(RDMA_UDP_QKEY), ..st(QpState::Init) }).unwrap();
+    qp.modify(&st(QpState::Rtr)).unwrap();
+    qp.modify(&QpAttr { sq_psn: Some(0), ..st(QpState::Rts) }).unwrap();
+    (qp, cq)
+}
+
+/// Sends `text` from UD QP `qa` on `a` to multicast group `mgid`; QP `qb` on `b`, attached
+/// to it (by the caller), receives it whole after its 40-byte GRH.
+pub fn multicast_arrives(a: &Side, qa: &QueuePair, b: &Side, cb: &CompletionQueue, mgid: Gid, text: &[u8]) -> Wc {
+    a.mr.write(0, text);
+    let mut wr = SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, text.len() as u32)]);
+    wr.ud = Some(UdDest { gid: mgid, qpn: 0xff_ffff, qkey: RDMA_UDP_QKEY });
+    qa.post_send(wr).unwrap();
+    let wc = wait_ok(cb, 7);
+    assert_eq!(wc.byte_len as usize, 40 + text.len());
+    let mut got = vec![0u8; text.len()];
+    assert!(b.mr.read(40, &mut got) && got == text);
+    wc
+}

@@ -229,6 +229,18 @@ pub enum Inbound<'a> {
         /// BTH...ICRC.
         packet: &'a [u8],
     },
+    /// A RoCEv2 packet to multicast group `group` whose ICRC holds: the device's if it
+    /// joined the group.
+    RoceMulticast {
+        /// The group (the IP destination).
+        group: IpAddr,
+        /// The sender's GID.
+        src: Gid,
+        /// The IP header was marked ECN Congestion Experienced.
+        ce: bool,
+        /// BTH...ICRC.
+        packet: &'a [u8],
+    },
     /// ARP or Neighbour Discovery: what it taught (an address and its MAC) and the frame
     /// to answer with (a reply to a request for the device's address).
     Neighbour {
@@ -274,9 +286,10 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
     let src_mac: [u8; 6] = frame.get(6..12).and_then(|m| m.try_into().ok()).unwrap_or([0; 6]);
     match (&p.net, local.ip) {
         (Some(NetSlice::Arp(arp)), IpAddr::V4(ip)) => on_arp(local, ip, arp.slice()),
-        (Some(NetSlice::Ipv4(v4)), IpAddr::V4(ip)) if for_our_mac => {
+        (Some(NetSlice::Ipv4(v4)), IpAddr::V4(ip)) if for_our_mac || is_multicast_mac(dst_mac) => {
             let h = v4.header();
-            if h.destination_addr() != ip {
+            let group = h.destination_addr().is_multicast();
+            if h.destination_addr() != ip && !group {
                 return Inbound::Dropped(DropReason::NotOurs);
             }
             if v4.payload().fragmented {
@@ -296,7 +309,13 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
                 tos: ip_bytes[1],
                 hop_limit: h.ttl(),
             };
-            on_ip(local, ip, ip_bytes, &p, src_mac)
+            let to = ip.dst;
+            let r = on_ip(local, ip, ip_bytes, &p, src_mac);
+            if group {
+                as_multicast(r, to)
+            } else {
+                r
+            }
         }
         (Some(NetSlice::Ipv6(v6)), IpAddr::V6(ip)) => {
             let h = v6.header();
@@ -311,7 +330,8 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
             let unicast_to_us = for_our_mac && h.destination_addr() == ip;
             let neighbour_discovery =
                 h.destination_addr().is_multicast() && matches!(p.transport, Some(TransportSlice::Icmpv6(_)));
-            if !(unicast_to_us || neighbour_discovery) {
+            let group = h.destination_addr().is_multicast() && matches!(p.transport, Some(TransportSlice::Udp(_)));
+            if !(unicast_to_us || neighbour_discovery || group) {
                 return Inbound::Dropped(DropReason::NotOurs);
             }
             let ip = IpHeaderInfo {
@@ -320,9 +340,44 @@ pub fn classify<'a>(local: &Local, frame: &'a [u8]) -> Inbound<'a> {
                 tos: h.traffic_class(),
                 hop_limit: h.hop_limit(),
             };
-            on_ip(local, ip, h.slice(), &p, src_mac)
+            let to = ip.dst;
+            let r = on_ip(local, ip, h.slice(), &p, src_mac);
+            if group {
+                as_multicast(r, to)
+            } else {
+                r
+            }
         }
         _ => Inbound::Dropped(DropReason::NotOurs),
+    }
+}
+
+/// A RoCEv2 packet to a group is the device's only as a member; nothing else sent to a
+/// group (an echo request among them) is answered.
+fn as_multicast(r: Inbound<'_>, group: IpAddr) -> Inbound<'_> {
+    match r {
+        Inbound::Roce { src, ce, packet } => Inbound::RoceMulticast { group, src, ce, packet },
+        Inbound::Dropped(why) => Inbound::Dropped(why),
+        _ => Inbound::Dropped(DropReason::NotOurs),
+    }
+}
+
+/// An Ethernet multicast address (the group bit).
+fn is_multicast_mac(mac: &[u8]) -> bool {
+    mac.first().is_some_and(|b| b & 1 == 1)
+}
+
+/// The Ethernet address IP multicast group `group` maps to (RFC 1112 §6.4, RFC 2464 §7).
+pub fn multicast_mac(group: IpAddr) -> [u8; 6] {
+    match group {
+        IpAddr::V4(g) => {
+            let o = g.octets();
+            [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]
+        }
+        IpAddr::V6(g) => {
+            let o = g.octets();
+            [0x33, 0x33, o[12], o[13], o[14], o[15]]
+        }
     }
 }
 
@@ -622,5 +677,14 @@ mod tests {
             roce_frame(&a, A.ip, RoceFields { sport: 1, ident: 0, tos: 0 }, &send_only()),
             Err(BuildError::FamilyMismatch)
         );
+    }
+
+    #[test]
+    fn groups_map_to_their_ethernet_addresses() {
+        let mac = |g: &str| multicast_mac(g.parse().unwrap());
+        assert_eq!(mac("224.0.0.251"), [0x01, 0x00, 0x5e, 0x00, 0x00, 0xfb]);
+        assert_eq!(mac("239.255.255.250"), [0x01, 0x00, 0x5e, 0x7f, 0xff, 0xfa], "23 bits of the group");
+        assert_eq!(mac("ff02::1"), [0x33, 0x33, 0, 0, 0, 1]);
+        assert_eq!(mac("ff0e::9:2"), [0x33, 0x33, 0, 9, 0, 2]);
     }
 }

@@ -246,7 +246,7 @@ pub fn open(cfg: &RawConfig, log: Option<Arc<FrameLog>>) -> std::io::Result<(Raw
     let mut ident = [0u8; 2];
     let _ = getrandom::fill(&mut ident);
     let tx = RawTx { shared: shared.clone(), batch: Vec::new(), ident: u16::from_be_bytes(ident) };
-    let rx = RawRx { shared, frames: frames_rx };
+    let rx = RawRx { shared, frames: frames_rx, groups: Vec::new() };
     Ok((tx, rx, stats))
 }
 
@@ -306,6 +306,17 @@ impl RawTx {
         };
         self.ident = self.ident.wrapping_add(1);
         let fields = RoceFields { sport: Self::source_port(src_qpn), ident: self.ident, tos: s.cfg.tos };
+        if dst.is_multicast() {
+            // A group has no neighbour to ask: its frames go to the group's own MAC.
+            let Ok(mut frame) = frame::roce_frame(&s.local, dst, fields, packet) else {
+                s.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            frame::set_dst_mac(&mut frame, frame::multicast_mac(dst));
+            s.record(&frame);
+            self.batch.push(frame);
+            return;
+        }
         let (Ok(frame), Some(hop)) = (frame::roce_frame(&s.local, dst, fields, packet), s.cfg.next_hop(dst)) else {
             s.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
             return;
@@ -362,6 +373,8 @@ impl PacketTx for RawTx {
 pub struct RawRx {
     shared: Arc<RawShared>,
     frames: Box<dyn FrameRx>,
+    /// The multicast groups joined (at most `MAX_MCAST_GROUPS`, the engine's bound).
+    groups: Vec<IpAddr>,
 }
 
 impl RawRx {
@@ -399,6 +412,10 @@ impl RawRx {
                 count(&s.stats.echo_replies);
                 replies.push(reply);
             }
+            Inbound::RoceMulticast { group, src, ce, packet } if self.groups.contains(&group) => {
+                dev.handle_multicast(now_ns, src, crate::transport::headers::ip_to_gid(group), ce, packet);
+            }
+            Inbound::RoceMulticast { .. } => count(&s.stats.rx_not_ours),
             Inbound::Dropped(why @ (DropReason::NotOurs | DropReason::Malformed)) => {
                 count(if why == DropReason::NotOurs { &s.stats.rx_not_ours } else { &s.stats.rx_runt });
                 // Not the device's own traffic: maybe a raw packet QP's.
@@ -423,6 +440,29 @@ impl PacketRx for RawRx {
         let n = self.frames.recv()?;
         self.shared.stats.rx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
+    }
+
+    fn join(&mut self, mgid: &crate::engine::verbs::Gid) -> std::io::Result<()> {
+        let group = crate::transport::headers::gid_to_ip(mgid);
+        let family_ok = group.is_ipv4() == self.shared.local.ip.is_ipv4();
+        if !group.is_multicast() || !family_ok {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a multicast group of the device's family",
+            ));
+        }
+        if self.groups.len() >= crate::engine::mcast::MAX_MCAST_GROUPS {
+            return Err(std::io::Error::new(std::io::ErrorKind::OutOfMemory, "too many groups"));
+        }
+        if !self.groups.contains(&group) {
+            self.groups.push(group);
+        }
+        Ok(())
+    }
+
+    fn leave(&mut self, mgid: &crate::engine::verbs::Gid) {
+        let group = crate::transport::headers::gid_to_ip(mgid);
+        self.groups.retain(|g| *g != group);
     }
 
     fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
