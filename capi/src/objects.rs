@@ -245,7 +245,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         None
     };
     // SAFETY: the caller's contract for a new buffer; peers name it by its address.
-    let done = unsafe { old.mr.rereg(new_pd, new_access, buffer.map(|p| (p, length, addr as u64))) };
+    let on_demand = has(ffi::IBV_REREG_MR_CHANGE_ACCESS).then_some(access as c_uint & ffi::IBV_ACCESS_ON_DEMAND != 0);
+    let done = unsafe { old.mr.rereg(new_pd, new_access, buffer.map(|p| (p, length, addr as u64)), on_demand) };
     if let Err(e) = done {
         return rereg_failed(crate::post::errno_of(e), false);
     }

@@ -99,6 +99,16 @@ impl SharedMem {
         SharedMem { words: Box::new([]), len, foreign: Some(Foreign { addr, revoked, on_demand: true }) }
     }
 
+    /// True for a region registered on demand ([`SharedMem::on_demand`]).
+    pub fn is_on_demand(&self) -> bool {
+        self.foreign.as_ref().is_some_and(|f| f.on_demand)
+    }
+
+    /// Where a C application's buffer starts (`None`: the engine's own memory).
+    pub fn foreign_addr(&self) -> Option<usize> {
+        self.foreign.as_ref().map(|f| f.addr)
+    }
+
     /// Stops every later access to a foreign region (it was deregistered: the buffer is
     /// the application's again); reads and writes then fail as out of bounds.
     pub fn revoke(&self) {

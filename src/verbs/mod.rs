@@ -1021,9 +1021,28 @@ impl MemoryRegion {
         pd: Option<&ProtectionDomain>,
         access: Option<Access>,
         buffer: Option<(std::ptr::NonNull<u8>, usize, u64)>,
+        on_demand: Option<bool>,
     ) -> Result<(), VerbsError> {
-        // SAFETY: the caller's contract is SharedMem::foreign's.
-        let mem = buffer.map(|(ptr, len, iova)| (Arc::new(unsafe { SharedMem::foreign(ptr, len) }), iova));
+        // An on-demand region stays one unless the new access says otherwise; a flip with
+        // no new buffer takes the old one's addresses.
+        let was = self.mr.mem.is_on_demand();
+        let odp = on_demand.unwrap_or(was);
+        let buffer = match (buffer, self.mr.mem.foreign_addr()) {
+            (None, Some(addr)) if odp != was => Some((
+                std::ptr::NonNull::new(addr as *mut u8).ok_or(VerbsError::InvalidRequest)?,
+                self.mr.len,
+                self.mr.addr,
+            )),
+            (b, _) => b,
+        };
+        let mem = buffer.map(|(ptr, len, iova)| {
+            let mem = match odp {
+                true => SharedMem::on_demand(ptr.as_ptr() as usize, len),
+                // SAFETY: the caller's contract is SharedMem::foreign's.
+                false => unsafe { SharedMem::foreign(ptr, len) },
+            };
+            (Arc::new(mem), iova)
+        });
         let change = crate::engine::mem::Rereg { pd: pd.map(|p| p.pd), access, mem };
         self.mr = self.backend.with_dev(|d| d.rereg_mr(&self.mr, change))?;
         Ok(())

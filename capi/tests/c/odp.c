@@ -4,7 +4,8 @@
  * memory mapped after it was registered; a WRITE through it to a page made inaccessible
  * meanwhile (PROT_NONE: unmapping it, the engine's own threads could map the address again
  * at once) fails with a remote access error rather than faulting the process; prefetching
- * it fails with EFAULT when synchronous. Two RC QPs of one device.
+ * it fails with EFAULT when synchronous; moved by ibv_rereg_mr, an explicit region stays on
+ * demand and refuses such a page too. Two RC QPs of one device.
  * Built against rdma-core's headers and run on softrdma's library by capi/tests/apps.rs.
  * Prints "odp ok" and exits 0. */
 #include <errno.h>
@@ -89,6 +90,15 @@ int main(void)
 	CHECK(write_to(a, cq, src, smr->lkey, 64, later, all->rkey, 3) == IBV_WC_REM_ACCESS_ERR,
 	      "a WRITE to an inaccessible page is refused");
 
+	/* Moved by ibv_rereg_mr, an on-demand region stays one: the page it moves to is not
+	 * accessible, and a WRITE there is refused rather than faulting the process. */
+	struct ibv_qp_attr reset = { .qp_state = IBV_QPS_RESET };
+	CHECK(!ibv_modify_qp(a, &reset, IBV_QP_STATE) && !ibv_modify_qp(b, &reset, IBV_QP_STATE), "reset after the error");
+	connect_to(a, b->qp_num, &gid, access);
+	connect_to(b, a->qp_num, &gid, access);
+	CHECK(!ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, later, PAGE, 0), "ibv_rereg_mr");
+	CHECK(write_to(a, cq, src, smr->lkey, 64, later, dmr->rkey, 4) == IBV_WC_REM_ACCESS_ERR,
+	      "a re-registered on-demand region refuses an inaccessible page");
 	CHECK(!ibv_dereg_mr(all) && !ibv_dereg_mr(dmr) && !ibv_dereg_mr(smr), "dereg");
 	CHECK(!ibv_destroy_qp(a) && !ibv_destroy_qp(b), "destroy QPs");
 	CHECK(!ibv_destroy_cq(cq) && !ibv_dealloc_pd(pd), "destroy CQ and PD");
