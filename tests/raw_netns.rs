@@ -265,8 +265,8 @@ fn raw_devices_carry_multicast_to_the_group_mac_over_ipv4_and_ipv6() {
         let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, net[0], FrameIo::PacketSocket)), 1 << 16);
         let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, net[1], FrameIo::PacketSocket)), 1 << 16);
         let mgid = ip_to_gid(group.parse().unwrap());
-        let (qa, _ca) = ud_qp(&a);
-        let (qb, cb) = ud_qp(&b);
+        let (qa, _ca) = ud_qp(&a, RDMA_UDP_QKEY);
+        let (qb, cb) = ud_qp(&b, RDMA_UDP_QKEY);
         qb.attach_mcast(mgid).unwrap();
         qb.post_recv(RecvWr { wr_id: 7, sgl: vec![b.mr.sge(0, 40 + 64)] }).unwrap();
         let wc = multicast_arrives(&a, &qa, &b, &cb, mgid, b"to the group's MAC");

@@ -190,3 +190,17 @@ fn an_rss_qp_spreads_frames_over_its_work_queues_and_holds_them() {
     r.d.destroy_qp(rss).unwrap();
     r.d.destroy_srq(wqs[0].srq).unwrap();
 }
+
+#[test]
+fn a_qp_that_takes_and_sniffs_a_frame_gets_it_once_and_the_sender_never() {
+    let mut r = setup();
+    r.recv(1, 4096, 2048);
+    r.recv(1, 6144, 2048);
+    r.d.create_flow(r.qps[1], udp_port_rule(6000)).unwrap();
+    r.d.create_flow(r.qps[1], FlowRule { kind: FlowKind::Sniffer, priority: 0, specs: vec![] }).unwrap();
+    r.d.create_flow(r.qps[0], FlowRule { kind: FlowKind::Sniffer, priority: 0, specs: vec![] }).unwrap();
+    r.send(&frame(6000, 10));
+    let wcs = r.d.poll_cq(r.cq, 8);
+    let recvs: Vec<u32> = wcs.iter().filter(|w| w.opcode == WcOpcode::Recv).map(|w| w.qpn).collect();
+    assert_eq!(recvs, vec![r.qps[1]], "{wcs:?}");
+}

@@ -11,7 +11,7 @@ use softrdma::transport::udp::ip_header;
 use softrdma::verbs::*;
 
 mod rc_pair;
-use rc_pair::{connect, every_operation, pattern, side, wait_ok, Side, WAIT};
+use rc_pair::{connect, every_operation, pattern, side, ud_qp, wait_ok, Side, WAIT};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -463,17 +463,6 @@ fn the_qp_error_handler_hears_of_each_qp_entering_err_once() {
     a.qp.modify(&QpAttr { state: Some(QpState::Err), ..QpAttr::default() }).unwrap();
     assert_eq!(*heard[0].lock().unwrap(), vec![a.qp.qp_num()]);
     assert_eq!(*heard[1].lock().unwrap(), vec![b.qp.qp_num()]);
-}
-
-/// A UD QP in RTS taking `qkey`, on its own CQ.
-fn ud_qp(s: &Side, qkey: u32) -> (QueuePair, CompletionQueue) {
-    let cq = s.ctx.create_cq(64);
-    let qp = s.ctx.create_qp(&s._pd, &cq, &cq, QpType::Ud, QpCaps::default(), None).unwrap();
-    let st = |state| QpAttr { state: Some(state), ..QpAttr::default() };
-    qp.modify(&QpAttr { pkey: Some(0xffff), qkey: Some(qkey), ..st(QpState::Init) }).unwrap();
-    qp.modify(&st(QpState::Rtr)).unwrap();
-    qp.modify(&QpAttr { sq_psn: Some(0), ..st(QpState::Rts) }).unwrap();
-    (qp, cq)
 }
 
 // rdma_cm's UD port space (IBTA 12.11 SIDR): the requester learns the listener's UD QP

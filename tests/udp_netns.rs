@@ -34,8 +34,8 @@ fn a_multicast_datagram_crosses_an_ipv6_link_to_the_attached_qp() {
     let (a, b) = (open(0), open(1));
     let group: IpAddr = "ff0e::9:1".parse().unwrap();
     let mgid = ip_to_gid(group);
-    let (qa, _ca) = ud_qp(&a);
-    let (qb, cb) = ud_qp(&b);
+    let (qa, _ca) = ud_qp(&a, RDMA_UDP_QKEY);
+    let (qb, cb) = ud_qp(&b, RDMA_UDP_QKEY);
     // The group's socket is made by the calling thread, in its namespace: B's.
     pair.scoped_in(1, || qb.attach_mcast(mgid)).unwrap();
     qb.post_recv(RecvWr { wr_id: 7, sgl: vec![b.mr.sge(0, 40 + 64)] }).unwrap();

@@ -6,7 +6,8 @@
 //! traffic come back through [`Device::handle_raw_frame`].
 
 use super::qp::requester::gather;
-use super::qp::responder::{recv_wc, scatter_recv, QpView};
+use super::qp::responder::{recv_wc, scatter_recv, QpView, RecvWqe};
+use super::qp::Ctx;
 use super::raw::{FlowError, FlowRule, RxHash, HASH_FIELDS_KNOWN};
 use super::verbs::{QpState, QpType, SendOp, SendWr, VerbsError, Wc, WcOpcode, WcStatus};
 use super::Device;
@@ -126,7 +127,11 @@ impl Device {
     fn switch_frame(&mut self, from: u32, frame: Vec<u8>) {
         let route = self.flows.route(&frame);
         let takers: Vec<u32> = route.takers.into_iter().filter(|&q| q != from).collect();
-        for &q in takers.iter().chain(route.sniffers.iter()).filter(|&&q| q != from) {
+        // A QP that both takes the frame and sniffs gets it once.
+        let mut to: Vec<u32> = takers.iter().chain(&route.sniffers).copied().filter(|&q| q != from).collect();
+        to.sort_unstable();
+        to.dedup();
+        for q in to {
             self.take_raw_frame(q, &frame);
         }
         if takers.is_empty() && self.raw_wire {
@@ -150,19 +155,8 @@ impl Device {
             return;
         };
         let q = QpView { qpn, pd: qp.init.pd, recv_cq: qp.init.recv_cq, mtu: frame.len(), qkey: 0, src: [0; 16] };
-        let Some(wqe) = qp.resp.take_recv(&mut ctx) else {
-            ctx.stats.raw_no_receive += 1;
-            return;
-        };
-        let status = if frame.len() > wqe.capacity {
-            WcStatus::LocLenErr
-        } else if scatter_recv(&wqe.wr.sgl, 0, frame, &q, &mut ctx) {
-            WcStatus::Success
-        } else {
-            WcStatus::LocProtErr
-        };
-        let len = if status == WcStatus::Success { frame.len() } else { 0 };
-        ctx.complete(q.recv_cq, recv_wc(&wqe.wr, qpn, status, len));
+        let wqe = qp.resp.take_recv(&mut ctx);
+        place_frame(wqe, frame, &q, &mut ctx);
     }
 
     /// RSS QP `qpn`'s frame into work queue `wq`: its SRQ's next receive, completed on its
@@ -171,19 +165,26 @@ impl Device {
         // An RSS QP has no state of its own to wait for (as mlx5's, which only steer).
         let Some(wq) = wq else { return };
         let (_, mut ctx) = self.split(0);
-        let Some(wqe) = ctx.srqs.get_mut(&wq.srq).and_then(|s| s.take().0) else {
-            ctx.stats.raw_no_receive += 1;
-            return;
-        };
+        let wqe = ctx.srqs.get_mut(&wq.srq).and_then(|s| s.take().0);
         let q = QpView { qpn, pd: wq.pd, recv_cq: wq.cq, mtu: frame.len(), qkey: 0, src: [0; 16] };
-        let status = if frame.len() > wqe.capacity {
-            WcStatus::LocLenErr
-        } else if scatter_recv(&wqe.wr.sgl, 0, frame, &q, &mut ctx) {
-            WcStatus::Success
-        } else {
-            WcStatus::LocProtErr
-        };
-        let len = if status == WcStatus::Success { frame.len() } else { 0 };
-        ctx.complete(wq.cq, recv_wc(&wqe.wr, qpn, status, len));
+        place_frame(wqe, frame, &q, &mut ctx);
     }
+}
+
+/// `frame`, whole, into receive request `wqe` (none: dropped and counted), completed on
+/// `q`'s CQ: in error if it does not fit or its memory refuses it.
+fn place_frame(wqe: Option<RecvWqe>, frame: &[u8], q: &QpView, ctx: &mut Ctx<'_>) {
+    let Some(wqe) = wqe else {
+        ctx.stats.raw_no_receive += 1;
+        return;
+    };
+    let status = if frame.len() > wqe.capacity {
+        WcStatus::LocLenErr
+    } else if scatter_recv(&wqe.wr.sgl, 0, frame, q, ctx) {
+        WcStatus::Success
+    } else {
+        WcStatus::LocProtErr
+    };
+    let len = if status == WcStatus::Success { frame.len() } else { 0 };
+    ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, status, len));
 }

@@ -122,12 +122,12 @@ pub fn udp_and_raw(pair: &VethPair, io: FrameIo) -> (Side, Side) {
     (a, b)
 }
 
-/// A UD QP on `s` in RTS with rdma_cm's UD Q_Key, and its CQ.
-pub fn ud_qp(s: &Side) -> (QueuePair, CompletionQueue) {
+/// A UD QP on `s` in RTS with Q_Key `qkey`, and its CQ.
+pub fn ud_qp(s: &Side, qkey: u32) -> (QueuePair, CompletionQueue) {
     let cq = s.ctx.create_cq(64);
     let qp = s.ctx.create_qp(&s._pd, &cq, &cq, QpType::Ud, QpCaps::default(), None).unwrap();
     let st = |state| QpAttr { state: Some(state), ..QpAttr::default() };
-    qp.modify(&QpAttr { pkey: Some(0xffff), qkey: Some(RDMA_UDP_QKEY), ..st(QpState::Init) }).unwrap();
+    qp.modify(&QpAttr { pkey: Some(0xffff), qkey: Some(qkey), ..st(QpState::Init) }).unwrap();
     qp.modify(&st(QpState::Rtr)).unwrap();
     qp.modify(&QpAttr { sq_psn: Some(0), ..st(QpState::Rts) }).unwrap();
     (qp, cq)
