@@ -55,6 +55,20 @@ struct rule {
 	struct ibv_flow_spec_tcp_udp udp;
 };
 
+/* A normal rule on port 1 of `specs` specs, the first on the destination MAC. */
+static void eth_rule(struct rule *r, int specs)
+{
+	memset(r, 0, sizeof(*r));
+	r->attr.type = IBV_FLOW_ATTR_NORMAL;
+	r->attr.size = sizeof(r->attr) + sizeof(r->eth) + (specs == 3 ? sizeof(r->ip) + sizeof(r->udp) : 0);
+	r->attr.num_of_specs = (uint8_t)specs;
+	r->attr.port = 1;
+	r->eth.type = IBV_FLOW_SPEC_ETH;
+	r->eth.size = sizeof(r->eth);
+	memcpy(r->eth.val.dst_mac, DST_MAC, 6);
+	memset(r->eth.mask.dst_mac, 0xff, 6);
+}
+
 static void rss(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_qp *tx, struct ibv_mr *mr, uint8_t *buf)
 {
 	struct ibv_cq *cqs[2];
@@ -85,15 +99,8 @@ static void rss(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_qp *tx, s
 	};
 	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &qa);
 	CHECK(qp, "ibv_create_qp_ex with an indirection table and a hash");
-	struct rule r = { 0 };
-	r.attr.type = IBV_FLOW_ATTR_NORMAL;
-	r.attr.size = sizeof(r.attr) + sizeof(r.eth);
-	r.attr.num_of_specs = 1;
-	r.attr.port = 1;
-	r.eth.type = IBV_FLOW_SPEC_ETH;
-	r.eth.size = sizeof(r.eth);
-	memcpy(r.eth.val.dst_mac, DST_MAC, 6);
-	memset(r.eth.mask.dst_mac, 0xff, 6);
+	struct rule r;
+	eth_rule(&r, 1);
 	struct ibv_flow *flow = ibv_create_flow(qp, &r.attr);
 	CHECK(flow, "a rule on the RSS QP");
 	for (int i = 0; i < 8; i++) {
@@ -137,15 +144,8 @@ int main(void)
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr, "ibv_reg_mr");
 
-	struct rule r = { 0 };
-	r.attr.type = IBV_FLOW_ATTR_NORMAL;
-	r.attr.size = sizeof(r);
-	r.attr.num_of_specs = 3;
-	r.attr.port = 1;
-	r.eth.type = IBV_FLOW_SPEC_ETH;
-	r.eth.size = sizeof(r.eth);
-	memcpy(r.eth.val.dst_mac, DST_MAC, 6);
-	memset(r.eth.mask.dst_mac, 0xff, 6);
+	struct rule r;
+	eth_rule(&r, 3);
 	r.eth.val.ether_type = htons(0x0800);
 	r.eth.mask.ether_type = 0xffff;
 	r.ip.type = IBV_FLOW_SPEC_IPV4;
