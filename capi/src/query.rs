@@ -127,6 +127,15 @@ pub unsafe extern "C" fn query_device_ex_op(
     full.odp_caps = odp_caps();
     full.xrc_odp_caps = full.odp_caps.per_transport_caps.rc_odp_caps;
     full.max_dm_size = softrdma::engine::MAX_DEVICE_MEMORY_BYTES as u64;
+    // Receive-side scaling on raw packet QPs ([`crate::wq`]): work queues are SRQs.
+    full.rss_caps = ffi::ibv_rss_caps {
+        supported_qpts: 1 << ffi::IBV_QPT_RAW_PACKET,
+        max_rwq_indirection_tables: crate::wq::IND_TABLES_MAX as u32,
+        max_rwq_indirection_table_size: softrdma::engine::raw_qp::RSS_TABLE_MAX as u32,
+        rx_hash_fields_mask: softrdma::engine::raw::HASH_FIELDS_KNOWN,
+        rx_hash_function: ffi::IBV_RX_HASH_FUNC_TOEPLITZ as u8,
+    };
+    full.max_wq_type_rq = OBJECTS_MAX as u32;
     let n = attr_size.min(size_of::<ffi::ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds attr_size bytes; the tail beyond ours is zeroed.
     unsafe {

@@ -17,6 +17,10 @@ const WQ_MAX_WR: u32 = 16384;
 const WQ_MAX_SGE: u32 = 16;
 /// The largest indirection table: 2^16 entries (`log_ind_tbl_size` 16).
 const LOG_IND_TBL_MAX: u32 = 16;
+/// Most indirection tables a process holds (`rss_caps.max_rwq_indirection_tables`).
+pub const IND_TABLES_MAX: usize = 1024;
+/// Indirection tables held now.
+static IND_TABLES: AtomicUsize = AtomicUsize::new(0);
 
 /// An `ibv_wq` and its engine SRQ.
 #[repr(C)]
@@ -137,6 +141,10 @@ pub unsafe extern "C" fn create_rwq_ind_table(
     if wqs.iter().any(|w| w.is_null()) {
         return fail(libc::EINVAL);
     }
+    if IND_TABLES.fetch_add(1, Ordering::AcqRel) >= IND_TABLES_MAX {
+        IND_TABLES.fetch_sub(1, Ordering::AcqRel);
+        return fail(libc::ENOMEM);
+    }
     let num = NEXT.fetch_add(1, Ordering::Relaxed) as c_int;
     let ibv = ffi::ibv_rwq_ind_table { context: ctx, ind_tbl_handle: num, ind_tbl_num: num, comp_mask: 0 };
     Box::into_raw(Box::new(SoftIndTable { ibv, wqs, users: AtomicUsize::new(0) })).cast()
@@ -154,6 +162,7 @@ pub unsafe extern "C" fn destroy_rwq_ind_table(t: *mut ffi::ibv_rwq_ind_table) -
     }
     // SAFETY: made by create_rwq_ind_table as a boxed SoftIndTable; destroyed once.
     drop(unsafe { Box::from_raw(t.cast::<SoftIndTable>()) });
+    IND_TABLES.fetch_sub(1, Ordering::AcqRel);
     0
 }
 

@@ -18,7 +18,7 @@ pub mod mcast;
 pub mod mem;
 pub mod qp;
 pub mod raw;
-mod raw_qp;
+pub mod raw_qp;
 pub mod rng;
 pub mod schedule;
 pub mod srq;

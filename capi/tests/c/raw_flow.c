@@ -120,6 +120,19 @@ static void rss(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_qp *tx, s
 				got++;
 			}
 	CHECK(got == 8, "every frame reaches a work queue");
+	/* Tables are bounded: as many as the device reports, then ENOMEM. */
+	struct ibv_device_attr_ex dev;
+	CHECK(!ibv_query_device_ex(ctx, NULL, &dev), "ibv_query_device_ex");
+	CHECK(dev.rss_caps.rx_hash_function == IBV_RX_HASH_FUNC_TOEPLITZ &&
+	      (dev.rss_caps.supported_qpts & (1 << IBV_QPT_RAW_PACKET)), "RSS caps reported");
+	uint32_t max = dev.rss_caps.max_rwq_indirection_tables, made = 1;
+	struct ibv_rwq_ind_table **more = calloc(max, sizeof(*more));
+	while (made < max + 1 && (more[made - 1] = ibv_create_rwq_ind_table(ctx, &ta)))
+		made++;
+	CHECK(made == max && errno == ENOMEM, "no more tables than rss_caps.max_rwq_indirection_tables");
+	for (uint32_t i = 0; i + 1 < made; i++)
+		CHECK(!ibv_destroy_rwq_ind_table(more[i]), "destroy the extra tables");
+	free(more);
 	CHECK(ibv_destroy_rwq_ind_table(table) == EBUSY, "the table stays while its QP does");
 	CHECK(!ibv_destroy_flow(flow) && !ibv_destroy_qp(qp), "the RSS QP goes");
 	CHECK(!ibv_destroy_rwq_ind_table(table), "then the table");
