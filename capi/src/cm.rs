@@ -64,6 +64,22 @@ impl Queue {
         *q = kept;
     }
 
+    /// Frees the events of `owner` not yet handed out (its id is being destroyed, and
+    /// librdmacm's kernel drops them then); their counts stay, and are read past.
+    pub(crate) fn withdraw(&self, owner: usize) {
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(q) = q.as_mut() else { return };
+        q.retain(|&ev| {
+            // SAFETY: queued events are boxes the queue owns.
+            let mine = crate::cm_acks::owner(unsafe { &*(ev as *const ffi::rdma_cm_event) }) == owner;
+            if mine {
+                // SAFETY: leaving the queue, freed once.
+                drop(unsafe { Box::from_raw(ev as *mut EventBox) });
+            }
+            !mine
+        });
+    }
+
     /// Frees what waits and closes the descriptor, under the lock `push` takes.
     fn close(&self) {
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
@@ -208,15 +224,19 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         crate::set_errno(libc::EINVAL);
         return -1;
     };
-    let mut n: u64 = 0;
-    // SAFETY: reading 8 bytes from the channel's eventfd (semaphore mode: one event).
-    if unsafe { libc::read(c.ibv.fd, (&raw mut n).cast(), 8) } != 8 {
-        return -1;
-    }
-    let Some(ev) = c.queue.pop() else {
-        crate::set_errno(libc::EAGAIN);
-        return -1;
+    let ev = loop {
+        let mut n: u64 = 0;
+        // SAFETY: reading 8 bytes from the channel's eventfd (semaphore mode: one event).
+        if unsafe { libc::read(c.ibv.fd, (&raw mut n).cast(), 8) } != 8 {
+            return -1;
+        }
+        // A count whose event was withdrawn (its id destroyed) is read past.
+        if let Some(ev) = c.queue.pop() {
+            break ev;
+        }
     };
+    // SAFETY: a queued event, now the application's.
+    crate::cm_acks::handed_out(crate::cm_acks::owner(unsafe { &*ev }));
     // SAFETY: a queued event; `ev` is the first field of its EventBox.
     unsafe {
         if let Some(id) = (*ev).id.as_mut() {
@@ -238,7 +258,8 @@ pub unsafe extern "C" fn rdma_ack_cm_event(ev: *mut ffi::rdma_cm_event) -> c_int
         return -1;
     }
     // SAFETY: an event this library queued, freed once.
-    drop(unsafe { Box::from_raw(ev.cast::<EventBox>()) });
+    let ev = unsafe { Box::from_raw(ev.cast::<EventBox>()) };
+    crate::cm_acks::acked(crate::cm_acks::owner(&ev.ev));
     0
 }
 
@@ -1090,7 +1111,10 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
         ack_held(s);
         // SAFETY: the id's own channel, made with it; nothing else holds it.
         unsafe { rdma_destroy_event_channel(s.ibv.channel) };
+    } else {
+        s.queue.withdraw(id as usize);
     }
+    crate::cm_acks::wait_acked(id as usize);
     // A connecting thread still running holds its own handles and may still read `id`
     // for a moment, so the id's memory is kept (a few hundred bytes).
     0

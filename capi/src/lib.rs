@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 pub mod cm;
+mod cm_acks;
 mod cm_addr;
 pub mod cm_ep;
 mod cm_order;

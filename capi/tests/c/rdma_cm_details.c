@@ -5,9 +5,13 @@
  * (ibv_create_qp, named by qp_num) connects through ids that have none, brought up with
  * rdma_init_qp_attr and rdma_establish, and carries a SEND; and a child forked after its
  * parent used the device connects on its own (a forked process has none of its parent's
- * threads). Built against rdma-core's headers and run on softrdma's library by
+ * threads); rdma_destroy_id waits until the application's event thread has acknowledged
+ * the id's last event, and drops the events of the id nobody took yet. Built against rdma-core's headers and run on softrdma's library by
  * capi/tests/apps.rs, on the device SOFTRDMA_DEVICES names. Prints "rdma_cm details ok". */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -170,6 +174,44 @@ static void external_qps(struct rdma_event_channel *ch)
 	CHECK(wc.status == IBV_WC_SUCCESS && !strcmp(buf + 32, "over my own QP"), "the SEND arrives");
 }
 
+static volatile int got, done;
+
+/* An application's event thread: takes one event, is slow to handle it, acknowledges it. */
+static void *slow_event_thread(void *ch)
+{
+	struct rdma_cm_event *e;
+	CHECK(!rdma_get_cm_event(ch, &e), "rdma_get_cm_event");
+	got = 1;
+	usleep(200000);
+	done = 1;
+	rdma_ack_cm_event(e);
+	return NULL;
+}
+
+static void destroy_waits_for_acks(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	CHECK(ch && !rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), "rdma_create_id");
+	CHECK(!rdma_resolve_addr(id, NULL, (struct sockaddr *)&server_addr, 2000), "rdma_resolve_addr");
+	pthread_t t;
+	CHECK(!pthread_create(&t, NULL, slow_event_thread, ch), "pthread_create");
+	while (!got)
+		usleep(1000);
+	CHECK(!rdma_destroy_id(id), "rdma_destroy_id");
+	CHECK(done, "rdma_destroy_id returned after the event thread acknowledged the id's event");
+	pthread_join(t, NULL);
+	/* An event nobody took goes with its id. */
+	CHECK(!rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), "rdma_create_id");
+	CHECK(!rdma_resolve_addr(id, NULL, (struct sockaddr *)&server_addr, 2000), "rdma_resolve_addr");
+	usleep(100000);
+	CHECK(!rdma_destroy_id(id), "rdma_destroy_id with an event waiting");
+	CHECK(!fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK), "non-blocking channel");
+	struct rdma_cm_event *e;
+	CHECK(rdma_get_cm_event(ch, &e) == -1 && errno == EAGAIN, "no event of a destroyed id");
+	rdma_destroy_event_channel(ch);
+}
+
 int main(void)
 {
 	const char *devices = getenv("SOFTRDMA_DEVICES");
@@ -179,6 +221,7 @@ int main(void)
 	server_addr.sin_port = htons(7471);
 	CHECK(inet_pton(AF_INET, ip, &server_addr.sin_addr) == 1, "an IPv4 address");
 
+	destroy_waits_for_acks();
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct rdma_cm_id *listener;
 	CHECK(ch && !rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP), "the listener's id");
