@@ -36,6 +36,9 @@ pub struct SoftQp {
     /// Attributes the engine does not report back: the Q_Key, the destination QP, the
     /// access flags, as last set.
     pub set: Mutex<ffi::ibv_qp_attr>,
+    /// The indirection table a receive-side scaling QP uses (0: none), released when the
+    /// QP goes ([`crate::wq::table_released`]).
+    pub rss_table: std::sync::atomic::AtomicUsize,
 }
 
 impl SoftQp {
@@ -248,6 +251,7 @@ pub(crate) fn wrap_qp(
         caps: a.cap,
         // SAFETY: plain C data; all-zero is valid.
         set: Mutex::new(unsafe { std::mem::zeroed() }),
+        rss_table: std::sync::atomic::AtomicUsize::new(0),
     };
     let qpn = soft_qp.qp.qp_num();
     let made: *mut ffi::ibv_qp = Box::into_raw(Box::new(soft_qp)).cast();
@@ -264,9 +268,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
-    crate::wq::qp_destroyed(qp);
     // SAFETY: allocated by Box in ibv_create_qp, given back once.
     let owned = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
+    crate::wq::table_released(owned.rss_table.load(std::sync::atomic::Ordering::Acquire));
     // SAFETY: the QP's context is open.
     if let Some(soft) = unsafe { soft_context(owned.ibv().context) } {
         crate::event::remove_object(soft.device, crate::event::Kind::Qp, owned.qp.qp_num());

@@ -208,27 +208,18 @@ pub unsafe fn create_rss_qp(ctx: *mut ffi::ibv_context, a: &mut ffi::ibv_qp_init
     let mut basic: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
     (basic.qp_context, basic.qp_type) = (a.qp_context, a.qp_type);
     let made = crate::qp::wrap_qp(soft, qp, (a.pd, &spd.pd), &mut basic, false, caps);
-    if !made.is_null() {
+    // SAFETY: just made by wrap_qp (or NULL).
+    if let Some(sq) = unsafe { crate::qp::soft_qp(made) } {
         table.users.fetch_add(1, Ordering::AcqRel);
-        tables_in_use().push((made as usize, a.rwq_ind_tbl as usize));
+        sq.rss_table.store(a.rwq_ind_tbl as usize, Ordering::Release);
     }
     made
 }
 
-/// Each RSS QP (its `ibv_qp` address) and the indirection table it uses.
-fn tables_in_use() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
-    static IN_USE: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
-    IN_USE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// QP `qp` is being destroyed: if it scaled over an indirection table, the table may go.
-pub fn qp_destroyed(qp: *mut ffi::ibv_qp) {
-    let mut in_use = tables_in_use();
-    if let Some(i) = in_use.iter().position(|&(q, _)| q == qp as usize) {
-        let (_, table) = in_use.swap_remove(i);
-        // SAFETY: a table in use is live (its destruction is refused while it is).
-        if let Some(t) = unsafe { (table as *const SoftIndTable).as_ref() } {
-            t.users.fetch_sub(1, Ordering::AcqRel);
-        }
+/// A QP that used indirection table `table` (0: none) is gone: the table may go.
+pub fn table_released(table: usize) {
+    // SAFETY: a table in use is live (its destruction is refused while it is).
+    if let Some(t) = unsafe { (table as *const SoftIndTable).as_ref() } {
+        t.users.fetch_sub(1, Ordering::AcqRel);
     }
 }
