@@ -78,6 +78,8 @@ impl Pair {
                 let src = self.d[i].gid();
                 while let Some(t) = self.d[i].poll_transmit(self.now) {
                     self.d[1 - i].handle_packet(self.now, src, &t.packet);
+                    // As the transports do: the next packets are built in this buffer.
+                    self.d[i].recycle(t.packet);
                     moved += 1;
                     any = true;
                 }

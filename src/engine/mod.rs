@@ -22,6 +22,7 @@ pub mod raw_qp;
 pub mod rng;
 pub mod schedule;
 pub mod srq;
+pub mod tm;
 pub mod verbs;
 
 use crate::proto::roce::opcode::{Operation, Transport};
@@ -468,6 +469,43 @@ impl Device {
             s.xrc = Some(x);
         }
         Ok(id)
+    }
+
+    /// Creates a tag-matching SRQ (`ibv_create_srq_ex`, `IBV_SRQT_TM`): at most `max_tags`
+    /// tagged buffers (up to [`tm::MAX_TAGS`]) besides its ordinary receives, and its
+    /// receive and list-operation completions on `cq` ([`tm`]).
+    pub fn create_tm_srq(
+        &mut self,
+        max_wr: usize,
+        max_sge: usize,
+        cq: u32,
+        max_tags: usize,
+    ) -> Result<u32, VerbsError> {
+        if !self.cqs.contains(cq) {
+            return Err(VerbsError::NotFound);
+        }
+        if max_tags > tm::MAX_TAGS {
+            return Err(VerbsError::InvalidRequest);
+        }
+        let id = self.create_srq(max_wr, max_sge);
+        if let Some(s) = self.srqs.get_mut(&id) {
+            s.tm = Some(tm::TagList::new(max_tags, cq));
+        }
+        Ok(id)
+    }
+
+    /// One `ibv_post_srq_ops` operation on TM-SRQ `srq`; an added buffer's handle.
+    pub fn post_srq_op(&mut self, srq: u32, op: &tm::OpsWr) -> Result<Option<u32>, VerbsError> {
+        let list =
+            self.srqs.get_mut(&srq).ok_or(VerbsError::NotFound)?.tm.as_mut().ok_or(VerbsError::InvalidRequest)?;
+        let cq = list.cq;
+        let (wc, handle) = list.apply(op)?;
+        if let Some(wc) = wc {
+            if self.cqs.push(cq, wc) {
+                self.stats.completions += 1;
+            }
+        }
+        Ok(handle)
     }
 
     /// Destroys a shared receive queue; refused (`InvalidRequest`) while a QP uses it,
@@ -1080,6 +1118,9 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
         _ => {
             if let Some(nak) = qp.resp.handle(r, &view, ctx) {
                 responder_failed(qp, nak, ctx);
+            }
+            if let Some(start) = qp.resp.rndv.take() {
+                qp.req.post_rndv_read(start, pd, &qp.path, ctx);
             }
             return;
         }

@@ -16,6 +16,8 @@ pub struct Srq {
     limit: Option<usize>,
     /// An XRC SRQ's domain, PD and CQ ([`XrcSrq`]); `None` for a basic SRQ.
     pub xrc: Option<XrcSrq>,
+    /// A tag-matching SRQ's tagged buffers (`IBV_SRQT_TM`); `None` for the others.
+    pub tm: Option<super::tm::TagList>,
 }
 
 /// What an XRC SRQ is bound to (IBTA vol.1 14.2): requests that name it come through any
@@ -33,7 +35,7 @@ pub struct XrcSrq {
 impl Srq {
     /// An SRQ holding at most `max_wr` requests of at most `max_sge` SGEs.
     pub fn new(max_wr: usize, max_sge: usize) -> Self {
-        Srq { wqes: VecDeque::new(), max_wr, max_sge, limit: None, xrc: None }
+        Srq { wqes: VecDeque::new(), max_wr, max_sge, limit: None, xrc: None, tm: None }
     }
     /// Adds a receive request.
     pub fn post(&mut self, wr: RecvWr) -> Result<(), VerbsError> {

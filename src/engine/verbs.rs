@@ -137,6 +137,11 @@ pub enum WcStatus {
     RnrRetryExcErr,
     /// A memory window bind was refused (IBTA 10.6.7.2.2).
     MwBindErr,
+    /// A tag-matching list operation failed (a deleted tag was already consumed).
+    TmErr,
+    /// A rendezvous request's data does not fit the tagged buffer it matched: its headers
+    /// are there instead, for the application to finish the transfer.
+    TmRndvIncomplete,
 }
 
 /// What a completion reports.
@@ -162,6 +167,16 @@ pub enum WcOpcode {
     BindMw,
     /// A local invalidation completed.
     LocalInv,
+    /// A tagged buffer was added to a TM-SRQ ([`super::tm`]).
+    TmAdd,
+    /// A tagged buffer was removed.
+    TmDel,
+    /// The unexpected count was reported.
+    TmSync,
+    /// A tagged message arrived: matched, or unexpected in an ordinary receive.
+    TmRecv,
+    /// A message sent without a tag arrived in an ordinary receive of a TM-SRQ.
+    TmNoTag,
 }
 
 /// A work completion (IBTA 11.4.2.1).
@@ -187,6 +202,8 @@ pub struct Wc {
     pub src_qp: Option<u32>,
     /// UD receives: the sender's GID.
     pub src_gid: Option<Gid>,
+    /// Tag-matching completions: their flags, tag and application context.
+    pub tm: Option<super::tm::TmWc>,
 }
 
 impl Wc {
@@ -203,6 +220,7 @@ impl Wc {
             solicited: false,
             src_qp: None,
             src_gid: None,
+            tm: None,
         }
     }
 }

@@ -26,7 +26,9 @@ impl Requester {
                 break;
             };
             self.send_idx = self.send_idx.saturating_sub(1);
-            if w.wr.signaled || status != WcStatus::Success {
+            if let Some(job) = w.tm.clone() {
+                self.finish_tm_job(job, &w, qpn, status, ctx);
+            } else if w.wr.signaled || status != WcStatus::Success {
                 ctx.complete(send_cq, wc(&w, qpn, status));
             }
             if status != WcStatus::Success {

@@ -7,6 +7,7 @@ pub mod requester;
 pub mod responder;
 pub mod rtt;
 pub mod state;
+pub(crate) mod tagged;
 pub mod unreliable;
 
 use super::mem::{MrTable, Pd};
@@ -295,8 +296,8 @@ impl Qp {
 
     fn flush(&mut self, ctx: &mut Ctx<'_>) {
         let (qpn, send_cq, recv_cq) = (self.path.qpn, self.init.send_cq, self.init.recv_cq);
-        for wc in self.req.flush(qpn) {
-            ctx.complete(send_cq, wc);
+        for (cq, wc) in self.req.flush(qpn) {
+            ctx.complete(cq.unwrap_or(send_cq), wc);
         }
         for wc in self.resp.flush(qpn) {
             ctx.complete(recv_cq, wc);

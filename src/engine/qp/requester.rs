@@ -43,6 +43,9 @@ pub struct SendWqe {
     pub done_pkts: u32,
     /// Finished; completes when it reaches the head of the queue.
     pub done: Option<WcStatus>,
+    /// A request a TM-SRQ made (a rendezvous READ, a FIN), not the application: it
+    /// completes as [`super::tagged::TmJob`] says, never on the send CQ.
+    pub tm: Option<super::tagged::TmJob>,
 }
 
 impl SendWqe {
@@ -162,13 +165,19 @@ impl Requester {
 
     /// Queues a work request (IBTA 11.4.1.1); local protection errors complete in error.
     pub fn post(&mut self, wr: SendWr, pd: Pd, mrs: &MrTable, path: &Path) -> Result<(), VerbsError> {
-        let mtu = path.mtu;
         if self.wqes.len() >= self.caps.max_send_wr {
             return Err(VerbsError::QueueFull);
         }
         if wr.sgl.len() > self.caps.max_sge {
             return Err(VerbsError::InvalidRequest);
         }
+        self.post_unchecked(wr, pd, mrs, path)
+    }
+
+    /// [`Requester::post`] without the send queue's limits: a TM-SRQ's own requests, at
+    /// most one per tagged buffer it held, go on a send queue the application sized.
+    pub(crate) fn post_unchecked(&mut self, wr: SendWr, pd: Pd, mrs: &MrTable, path: &Path) -> Result<(), VerbsError> {
+        let mtu = path.mtu;
         // IBTA 9.8.1 / 9.8.4: UC has no READ or atomics; UD sends single-packet SENDs only.
         let allowed = match path.qp_type {
             // XRC has no ATOMIC WRITE opcode.
@@ -227,6 +236,7 @@ impl Requester {
             next_pkt: 0,
             done_pkts: 0,
             done,
+            tm: None,
         });
         Ok(())
     }
@@ -425,8 +435,10 @@ impl Requester {
     }
 
     /// Completions for everything still queued, flushed (IBTA 10.3.1.7).
-    pub fn flush(&mut self, qpn: u32) -> Vec<Wc> {
-        let out = self.wqes.drain(..).map(|w| wc(&w, qpn, WcStatus::WrFlushErr)).collect();
+    /// Flushes every request (IBTA 10.3.1.7): the completions, each with the CQ it goes
+    /// to when that is not the send CQ (a TM-SRQ's requests).
+    pub fn flush(&mut self, qpn: u32) -> Vec<(Option<u32>, Wc)> {
+        let out = self.wqes.drain(..).filter_map(|w| super::tagged::flushed(&w, qpn)).collect();
         self.send_idx = 0;
         self.timer = None;
         self.rnr_until = None;

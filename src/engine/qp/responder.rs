@@ -51,7 +51,7 @@ impl RecvWqe {
 /// A message being received over several packets.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    Send { wqe: RecvWqe, received: usize },
+    Send { wqe: RecvWqe, received: usize, tm: Option<super::tagged::TmRecv> },
     Write { mem: Arc<SharedMem>, offset: usize, remaining: usize },
 }
 
@@ -89,6 +89,8 @@ pub struct Responder {
     min_rnr_timer: u8,
     access: Access,
     caps: QpCaps,
+    /// A rendezvous request a TM-SRQ matched, for the requester to read.
+    pub(crate) rndv: Option<super::tagged::RndvStart>,
 }
 
 impl Responder {
@@ -108,6 +110,7 @@ impl Responder {
             min_rnr_timer: 12,
             access: Access::default(),
             caps,
+            rndv: None,
         }
     }
 
@@ -268,7 +271,10 @@ impl Responder {
     pub(crate) fn check_resources(&mut self, r: &RoceRepr<'_>, op: Operation, pos: Position, ctx: &Ctx<'_>) -> Check {
         let needs_wqe = (op == Operation::Send && matches!(pos, Position::First | Position::Only))
             || (op == Operation::Write && r.immdt.is_some());
-        if needs_wqe && !self.has_recv(ctx) {
+        // A TM-SRQ decides when it has seen the tag (`start_tagged`): a tagged buffer or
+        // an ordinary receive.
+        let tagged_send = op == Operation::Send && self.srq_is_tagged(ctx);
+        if needs_wqe && !tagged_send && !self.has_recv(ctx) {
             return Err(Refusal::Rnr);
         }
         if matches!(op, Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd) {
@@ -338,53 +344,80 @@ impl Responder {
     }
 
     pub(crate) fn exec_send(&mut self, r: &RoceRepr<'_>, pos: Position, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
+        let mut payload = r.payload;
         if matches!(pos, Position::First | Position::Only) {
-            let Some(wqe) = self.take_recv(ctx) else {
-                return Err(Refusal::Rnr);
-            };
-            self.cur = Some(Inbound::Send { wqe, received: 0 });
+            if self.srq_is_tagged(ctx) {
+                let skip = self.start_tagged(r, q, ctx, pos == Position::Only)?;
+                payload = &payload[skip.min(payload.len())..];
+            } else {
+                let Some(wqe) = self.take_recv(ctx) else {
+                    return Err(Refusal::Rnr);
+                };
+                self.cur = Some(Inbound::Send { wqe, received: 0, tm: None });
+            }
         }
-        let Some(Inbound::Send { wqe, received }) = &mut self.cur else {
+        let Some(Inbound::Send { wqe, received, tm }) = &mut self.cur else {
             return Err(Refusal::Drop);
         };
+        let discard = tm.is_some_and(|t| t.discard);
         // IBTA 9.7.5.1.4: a message longer than the receive buffers is a local length error
         // (the requester's fault: Invalid Request); a receive buffer the WQE's keys do not
         // grant is a local protection error (ours: Remote Operational Error, 9.9.3.1.2).
-        let refusal = if *received + r.payload.len() > wqe.capacity {
+        let refusal = if discard {
+            None
+        } else if *received + payload.len() > wqe.capacity {
             Some((WcStatus::LocLenErr, NakCode::InvalidRequest))
-        } else if !scatter_recv(&wqe.wr.sgl, *received, r.payload, q, ctx) {
+        } else if !scatter_recv(&wqe.wr.sgl, *received, payload, q, ctx) {
             Some((WcStatus::LocProtErr, NakCode::RemoteOperationalError))
         } else {
             None
         };
         if let Some((status, nak)) = refusal {
-            if let Some(Inbound::Send { wqe, .. }) = self.cur.take() {
-                ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, status, 0));
+            if let Some(Inbound::Send { wqe, tm, .. }) = self.cur.take() {
+                let cq = tm.map_or(q.recv_cq, |t| t.cq);
+                ctx.complete(cq, super::tagged::finish_wc(&wqe, q.qpn, status, 0, tm.as_ref()));
             }
             return Err(Refusal::Nak(nak));
         }
-        *received += r.payload.len();
+        *received += payload.len();
         let ends = matches!(pos, Position::Last | Position::Only);
         if ends {
-            let Some(Inbound::Send { wqe, received }) = self.cur.take() else {
+            let Some(Inbound::Send { wqe, received, tm }) = self.cur.take() else {
                 return Err(Refusal::Drop);
             };
-            let mut wc = recv_wc(&wqe.wr, q.qpn, WcStatus::Success, received);
-            wc.imm = r.immdt.map(|i| i.imm);
-            wc.solicited = r.bth.solicited;
-            if let Some(ieth) = r.ieth {
-                // IBTA 10.6.7.2: only a key of this PD that allows remote invalidation. A
-                // refusal completes the receive in error and ends the QP (rxe's class J),
-                // and the requester is told with a NAK.
-                if ctx.mrs.remote_invalidate(ieth.rkey, q.pd, q.qpn).is_err() {
-                    ctx.complete(q.recv_cq, recv_wc(&wqe.wr, q.qpn, WcStatus::RemInvReqErr, received));
-                    return Err(Refusal::Nak(NakCode::InvalidRequest));
-                }
-                wc.invalidated_rkey = Some(ieth.rkey);
+            if !discard {
+                self.complete_send(r, &wqe, received, tm, q, ctx)?;
             }
-            ctx.complete(q.recv_cq, wc);
         }
         self.advance(1, ends);
+        Ok(())
+    }
+
+    /// The receive completion of a SEND's last packet `r`.
+    fn complete_send(
+        &mut self,
+        r: &RoceRepr<'_>,
+        wqe: &RecvWqe,
+        received: usize,
+        tm: Option<super::tagged::TmRecv>,
+        q: &QpView,
+        ctx: &mut Ctx<'_>,
+    ) -> Check {
+        let cq = tm.map_or(q.recv_cq, |t| t.cq);
+        let mut wc = super::tagged::finish_wc(wqe, q.qpn, WcStatus::Success, received, tm.as_ref());
+        wc.imm = r.immdt.map(|i| i.imm);
+        wc.solicited = r.bth.solicited;
+        if let Some(ieth) = r.ieth {
+            // IBTA 10.6.7.2: only a key of this PD that allows remote invalidation. A
+            // refusal completes the receive in error and ends the QP (rxe's class J),
+            // and the requester is told with a NAK.
+            if ctx.mrs.remote_invalidate(ieth.rkey, q.pd, q.qpn).is_err() {
+                ctx.complete(cq, super::tagged::finish_wc(wqe, q.qpn, WcStatus::RemInvReqErr, received, tm.as_ref()));
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            }
+            wc.invalidated_rkey = Some(ieth.rkey);
+        }
+        ctx.complete(cq, wc);
         Ok(())
     }
 

@@ -1,0 +1,198 @@
+//! Tag matching (rdma-core's TM-SRQ, Documentation/tag_matching.md) between two engines in
+//! the simulator: device 0 sends tagged messages as ordinary SENDs, device 1's QP sits on a
+//! TM-SRQ. Expected eager messages land in their tagged buffer without the TMH, unexpected
+//! ones whole in an ordinary receive and hold back later tags until a SYNC, rendezvous
+//! requests become a READ of the sender's buffer and a FIN back.
+
+mod common;
+
+use common::*;
+use softrdma::engine::mem::{Access, Mr, Pd};
+use softrdma::engine::tm::{self, OpsWr, TagOp};
+use softrdma::engine::verbs::*;
+use softrdma::sim::{Faults, Sim};
+
+struct Tm {
+    sim: Sim,
+    qp: [u32; 2],
+    cq: [u32; 2],
+    srq: u32,
+    mr: [Mr; 2],
+}
+
+/// Path MTU 256: a 600-byte eager message takes three packets.
+fn setup(faults: Faults) -> Tm {
+    let mut sim = sim_pair(faults, 5);
+    let cq = [sim.devices[0].create_cq(256), sim.devices[1].create_cq(256)];
+    let srq = sim.devices[1].create_tm_srq(64, 4, cq[1], 16).unwrap();
+    let qp = connect_qps(&mut sim, QpType::Rc, &Attrs::default(), cq, Some(srq), None);
+    let mr = [
+        sim.devices[0].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap(),
+        sim.devices[1].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap(),
+    ];
+    Tm { sim, qp, cq, srq, mr }
+}
+
+fn tmh(op: u8, app_ctx: u32, tag: u64) -> Vec<u8> {
+    let mut h = vec![op, 0, 0, 0];
+    h.extend_from_slice(&app_ctx.to_be_bytes());
+    h.extend_from_slice(&tag.to_be_bytes());
+    h
+}
+
+fn body(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+impl Tm {
+    fn add(&mut self, tag: u64, id: u64, off: usize, len: usize, cnt: u32) -> u32 {
+        let recv = RecvWr { wr_id: id, sgl: vec![sge(&self.mr[1], off, len)] };
+        let op = OpsWr { wr_id: 900 + id, op: TagOp::Add { recv, tag, mask: !0 }, unexpected_cnt: cnt, signaled: true };
+        let handle = self.sim.devices[1].post_srq_op(self.srq, &op).unwrap().unwrap();
+        let wc = self.wait(1);
+        assert_eq!((wc.wr_id, wc.opcode, wc.status), (900 + id, WcOpcode::TmAdd, WcStatus::Success));
+        handle
+    }
+
+    /// Sends `msg` (written at the start of device 0's region) as one SEND.
+    fn send(&mut self, msg: &[u8]) {
+        self.mr[0].mem.write(0, msg);
+        let w = wr(1, SendOp::Send, vec![sge(&self.mr[0], 0, msg.len())]);
+        self.sim.devices[0].post_send(self.qp[0], w).unwrap();
+        let wc = self.wait(0);
+        assert_eq!((wc.opcode, wc.status), (WcOpcode::Send, WcStatus::Success));
+    }
+
+    fn wait(&mut self, d: usize) -> Wc {
+        for _ in 0..1_000_000 {
+            if let Some(wc) = self.sim.devices[d].poll_cq(self.cq[d], 1).pop() {
+                return wc;
+            }
+            if !self.sim.step() {
+                break;
+            }
+        }
+        panic!("no completion on device {d}");
+    }
+
+    fn tm_of(wc: &Wc) -> (u8, u64, u32) {
+        let t = wc.tm.expect("a tag-matching completion");
+        (t.flags, t.tag, t.app_ctx)
+    }
+}
+
+#[test]
+fn an_expected_eager_message_lands_in_its_tagged_buffer_without_the_header() {
+    for len in [100usize, 600] {
+        let mut t = setup(Faults::none());
+        t.add(0x77, 5, 4096, 2048, 0);
+        let mut msg = tmh(tm::TMH_EAGER, 0xabc, 0x77);
+        msg.extend(body(len));
+        t.send(&msg);
+        let mut wc = t.wait(1);
+        if len > 256 - 16 {
+            // Several packets: the match is reported first, the data when it is all there.
+            assert_eq!((wc.wr_id, wc.opcode), (5, WcOpcode::TmRecv));
+            assert_eq!(Tm::tm_of(&wc), (tm::WC_TM_MATCH, 0x77, 0xabc));
+            wc = t.wait(1);
+            assert_eq!(Tm::tm_of(&wc).0, tm::WC_TM_DATA_VALID);
+        } else {
+            assert_eq!(Tm::tm_of(&wc), (tm::WC_TM_MATCH | tm::WC_TM_DATA_VALID, 0x77, 0xabc));
+        }
+        assert_eq!((wc.wr_id, wc.opcode, wc.status, wc.byte_len), (5, WcOpcode::TmRecv, WcStatus::Success, len as u32));
+        assert_eq!(t.mr[1].mem.to_vec()[4096..4096 + len], body(len)[..], "{len} bytes after the TMH");
+    }
+}
+
+#[test]
+fn an_unexpected_message_lands_whole_and_holds_back_later_tags_until_a_sync() {
+    let mut t = setup(Faults::none());
+    t.add(1, 11, 0, 1024, 0);
+    t.sim.devices[1].post_srq_recv(t.srq, RecvWr { wr_id: 70, sgl: vec![sge(&t.mr[1], 8192, 1024)] }).unwrap();
+    let mut msg = tmh(tm::TMH_EAGER, 0, 2);
+    msg.extend(body(40));
+    t.send(&msg);
+    let wc = t.wait(1);
+    assert_eq!((wc.wr_id, wc.opcode, wc.byte_len, Tm::tm_of(&wc)), (70, WcOpcode::TmRecv, 56, (0, 0, 0)));
+    assert_eq!(t.mr[1].mem.to_vec()[8192..8192 + 56], msg[..], "the whole message, TMH included");
+    // Added before the application reports the unexpected message: not matched yet.
+    let recv = RecvWr { wr_id: 12, sgl: vec![sge(&t.mr[1], 2048, 1024)] };
+    let op = OpsWr { wr_id: 13, op: TagOp::Add { recv, tag: 3, mask: !0 }, unexpected_cnt: 0, signaled: true };
+    t.sim.devices[1].post_srq_op(t.srq, &op).unwrap();
+    assert_eq!(Tm::tm_of(&t.wait(1)).0, tm::WC_TM_SYNC_REQ);
+    t.sim.devices[1].post_srq_recv(t.srq, RecvWr { wr_id: 71, sgl: vec![sge(&t.mr[1], 9216, 1024)] }).unwrap();
+    t.send(&tmh(tm::TMH_EAGER, 0, 3));
+    assert_eq!(t.wait(1).wr_id, 71, "tag 3 is not matched before the sync");
+    let sync = OpsWr { wr_id: 14, op: TagOp::Sync, unexpected_cnt: 2, signaled: true };
+    t.sim.devices[1].post_srq_op(t.srq, &sync).unwrap();
+    assert_eq!(t.wait(1).opcode, WcOpcode::TmSync);
+    t.send(&tmh(tm::TMH_EAGER, 0, 3));
+    let wc = t.wait(1);
+    assert_eq!((wc.wr_id, Tm::tm_of(&wc).0), (12, tm::WC_TM_MATCH | tm::WC_TM_DATA_VALID));
+    // The first tag still matches; a no-tag message goes to an ordinary receive.
+    t.sim.devices[1].post_srq_recv(t.srq, RecvWr { wr_id: 72, sgl: vec![sge(&t.mr[1], 8192, 1024)] }).unwrap();
+    t.send(&tmh(tm::TMH_NO_TAG, 0, 1));
+    let wc = t.wait(1);
+    assert_eq!((wc.wr_id, wc.opcode), (72, WcOpcode::TmNoTag));
+}
+
+#[test]
+fn a_rendezvous_request_is_read_from_the_sender_and_answered_with_a_fin() {
+    let mut t = setup(Faults { loss: 0.05, duplicate: 0.02, ..Faults::none() });
+    t.add(9, 21, 16384, 8192, 0);
+    // The sender's buffer: 5000 bytes at offset 32768 of its region.
+    t.mr[0].mem.write(32768, &body(5000));
+    t.sim.devices[0].post_recv(t.qp[0], RecvWr { wr_id: 40, sgl: vec![sge(&t.mr[0], 60000, 64)] }).unwrap();
+    let mut msg = tmh(tm::TMH_RNDV, 0x55, 9);
+    msg.extend_from_slice(&(t.mr[0].addr + 32768).to_be_bytes());
+    msg.extend_from_slice(&t.mr[0].rkey.to_be_bytes());
+    msg.extend_from_slice(&5000u32.to_be_bytes());
+    msg.extend_from_slice(&[0xee; 32]);
+    t.send(&msg);
+    let wc = t.wait(1);
+    assert_eq!((wc.wr_id, wc.status, Tm::tm_of(&wc)), (21, WcStatus::Success, (tm::WC_TM_MATCH, 9, 0x55)));
+    let fin = t.wait(0);
+    assert_eq!((fin.wr_id, fin.opcode, fin.byte_len), (40, WcOpcode::Recv, 32));
+    let mut want = msg[..32].to_vec();
+    want[0] = tm::TMH_FIN;
+    assert_eq!(t.mr[0].mem.to_vec()[60000..60032], want[..], "the FIN repeats TMH and RVH");
+    let wc = t.wait(1);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (21, WcStatus::Success, 5000));
+    assert_eq!(Tm::tm_of(&wc), (tm::WC_TM_DATA_VALID, 9, 0x55));
+    assert_eq!(t.mr[1].mem.to_vec()[16384..16384 + 5000], body(5000)[..]);
+    assert!(t.sim.devices[1].poll_cq(t.cq[1], 4).is_empty(), "the READ and FIN complete nowhere else");
+}
+
+#[test]
+fn a_rendezvous_larger_than_its_buffer_leaves_the_headers_for_the_application() {
+    let mut t = setup(Faults::none());
+    t.add(4, 31, 0, 100, 0);
+    let mut msg = tmh(tm::TMH_RNDV, 1, 4);
+    msg.extend_from_slice(&t.mr[0].addr.to_be_bytes());
+    msg.extend_from_slice(&t.mr[0].rkey.to_be_bytes());
+    msg.extend_from_slice(&4000u32.to_be_bytes());
+    t.send(&msg);
+    let wc = t.wait(1);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (31, WcStatus::TmRndvIncomplete, 32));
+    assert_eq!(t.mr[1].mem.to_vec()[..32], msg[..]);
+}
+
+#[test]
+fn a_tm_srq_holds_at_most_its_tags_and_the_device_limit() {
+    let mut t = setup(Faults::none());
+    for i in 0..16 {
+        t.add(i, i, 0, 8, 0);
+    }
+    let recv = RecvWr { wr_id: 99, sgl: vec![] };
+    let op = OpsWr { wr_id: 1, op: TagOp::Add { recv, tag: 99, mask: !0 }, unexpected_cnt: 0, signaled: true };
+    assert_eq!(t.sim.devices[1].post_srq_op(t.srq, &op), Err(VerbsError::QueueFull));
+    let cq = t.cq[1];
+    assert!(t.sim.devices[1].create_tm_srq(4, 1, cq, tm::MAX_TAGS + 1).is_err());
+    let big = t.sim.devices[1].create_tm_srq(4, 1, cq, tm::MAX_TAGS).unwrap();
+    for i in 0..tm::MAX_TAGS as u64 {
+        let recv = RecvWr { wr_id: i, sgl: vec![] };
+        let op = OpsWr { wr_id: i, op: TagOp::Add { recv, tag: i, mask: !0 }, unexpected_cnt: 0, signaled: false };
+        t.sim.devices[1].post_srq_op(big, &op).unwrap();
+    }
+    assert_eq!(t.sim.devices[1].post_srq_op(big, &op), Err(VerbsError::QueueFull));
+}
