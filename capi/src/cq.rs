@@ -74,6 +74,8 @@ pub struct SoftCq {
     pub current: Mutex<ffi::ibv_wc>,
     /// When the current completion reached the CQ (the device clock, ns).
     pub current_ts: std::sync::atomic::AtomicU64,
+    /// The current completion's tag and application context (`ibv_wc_read_tm_info`).
+    pub current_tm: Mutex<(u64, u32)>,
     /// The application went elsewhere after its last finds (it polled again only after
     /// [`ELSEWHERE_GAP_NS`]): a find hands the socket back to the poll thread.
     goes_elsewhere: AtomicBool,
@@ -198,6 +200,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         // SAFETY: ibv_wc is plain C data; all-zero is valid.
         current: Mutex::new(unsafe { std::mem::zeroed() }),
         current_ts: std::sync::atomic::AtomicU64::new(0),
+        current_tm: Mutex::new((0, 0)),
     }));
     // SAFETY: a channel pointer from the caller is live (contract).
     if let Some(ch) = unsafe { channel.cast::<SoftChannel>().as_mut() } {
@@ -351,6 +354,9 @@ pub(crate) fn to_ibv_wc(w: &Wc) -> ffi::ibv_wc {
     if w.src_gid.is_some() {
         flags |= ffi::IBV_WC_GRH;
     }
+    if let Some(tm) = w.tm {
+        flags |= crate::tm::wc_flags(tm.flags);
+    }
     ffi::ibv_wc {
         wr_id: w.wr_id,
         status: status_of(w.status),
@@ -380,6 +386,8 @@ fn status_of(s: WcStatus) -> ffi::ibv_wc_status {
         WcStatus::RetryExcErr => ffi::IBV_WC_RETRY_EXC_ERR,
         WcStatus::RnrRetryExcErr => ffi::IBV_WC_RNR_RETRY_EXC_ERR,
         WcStatus::MwBindErr => ffi::IBV_WC_MW_BIND_ERR,
+        WcStatus::TmErr => ffi::IBV_WC_TM_ERR,
+        WcStatus::TmRndvIncomplete => ffi::IBV_WC_TM_RNDV_INCOMPLETE,
         _ => ffi::IBV_WC_GENERAL_ERR,
     }
 }
@@ -396,5 +404,10 @@ fn opcode_of(o: WcOpcode) -> ffi::ibv_wc_opcode {
         WcOpcode::RecvRdmaWithImm => ffi::IBV_WC_RECV_RDMA_WITH_IMM,
         WcOpcode::BindMw => ffi::IBV_WC_BIND_MW,
         WcOpcode::LocalInv => ffi::IBV_WC_LOCAL_INV,
+        WcOpcode::TmAdd => ffi::IBV_WC_TM_ADD,
+        WcOpcode::TmDel => ffi::IBV_WC_TM_DEL,
+        WcOpcode::TmSync => ffi::IBV_WC_TM_SYNC,
+        WcOpcode::TmRecv => ffi::IBV_WC_TM_RECV,
+        WcOpcode::TmNoTag => ffi::IBV_WC_TM_NO_TAG,
     }
 }

@@ -20,7 +20,8 @@ pub const WC_FLAGS_SUPPORTED: u64 = (ffi::IBV_WC_EX_WITH_BYTE_LEN
     | ffi::IBV_WC_EX_WITH_SRC_QP
     | ffi::IBV_WC_EX_WITH_SLID
     | ffi::IBV_WC_EX_WITH_SL
-    | ffi::IBV_WC_EX_WITH_DLID_PATH_BITS) as u64;
+    | ffi::IBV_WC_EX_WITH_DLID_PATH_BITS
+    | ffi::IBV_WC_EX_WITH_TM_INFO) as u64;
 
 /// `verbs_context.create_cq_ex`, which the inline `ibv_create_cq_ex` calls.
 ///
@@ -80,6 +81,7 @@ fn install(ex: &mut ffi::ibv_cq_ex) {
     ex.read_dlid_path_bits = Some(read_dlid_path_bits);
     ex.read_completion_ts = Some(read_completion_ts);
     ex.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
+    ex.read_tm_info = Some(read_tm_info);
 }
 
 /// Takes the next completion into the CQ's current one and its `status` and `wr_id`;
@@ -93,6 +95,7 @@ unsafe fn take_next(cq: *mut ffi::ibv_cq_ex) -> c_int {
     let Some((w, ts)) = c.poll_app_stamped(1).pop() else { return libc::ENOENT };
     let wc = to_ibv_wc(&w);
     *c.current.lock().unwrap_or_else(|e| e.into_inner()) = wc;
+    *c.current_tm.lock().unwrap_or_else(|e| e.into_inner()) = w.tm.map_or((0, 0), |t| (t.tag, t.app_ctx));
     c.current_ts.store(ts, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: the caller's CQ; these two fields are the application's to read.
     unsafe {
@@ -189,4 +192,17 @@ unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ffi::ibv_cq_ex) -> u6
     let age = softrdma::verbs::device_clock_ns().saturating_sub(ts);
     let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     wall.saturating_sub(age)
+}
+
+/// The current completion's tag and the TMH's application context (zero for completions
+/// that carry none: unexpected messages, list operations).
+unsafe extern "C" fn read_tm_info(cq: *mut ffi::ibv_cq_ex, info: *mut ffi::ibv_wc_tm_info) {
+    // SAFETY: as above.
+    let c: Option<&SoftCq> = unsafe { soft_cq(cq.cast()) };
+    let (tag, app_ctx) = c.map_or((0, 0), |c| *c.current_tm.lock().unwrap_or_else(|e| e.into_inner()));
+    // SAFETY: the application's output structure.
+    if let Some(i) = unsafe { info.as_mut() } {
+        i.tag = tag;
+        i.priv_ = app_ctx;
+    }
 }

@@ -294,6 +294,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     vctx.close_xrcd = Some(crate::xrc::close_xrcd);
     vctx.create_srq_ex = Some(crate::xrc::create_srq_ex);
     vctx.get_srq_num = Some(crate::xrc::get_srq_num);
+    vctx.post_srq_ops = Some(crate::tm::post_srq_ops);
     vctx.free_dm = Some(crate::dm::free_dm);
     vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
     vctx.dealloc_td = Some(crate::parent::dealloc_td);

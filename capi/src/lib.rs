@@ -33,6 +33,7 @@ pub mod query;
 pub mod rate;
 pub mod srq;
 mod symver;
+pub mod tm;
 pub mod unsupported;
 pub mod wq;
 pub mod wr;

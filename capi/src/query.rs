@@ -102,7 +102,8 @@ pub unsafe extern "C" fn query_rt_values_op(_ctx: *mut ffi::ibv_context, values:
 }
 
 /// `verbs_context.query_device_ex`: the basic attributes, the device clock's rate, ODP,
-/// device memory, and zero for every other extension (no TSO, RSS, tag matching).
+/// device memory, receive-side scaling, tag matching on RoCEv2, and zero for every other
+/// extension (no TSO).
 ///
 /// # Safety
 /// `ctx` is an open context; `attr` holds `attr_size` bytes.
@@ -136,6 +137,7 @@ pub unsafe extern "C" fn query_device_ex_op(
         rx_hash_function: ffi::IBV_RX_HASH_FUNC_TOEPLITZ as u8,
     };
     full.max_wq_type_rq = OBJECTS_MAX as u32;
+    full.tm_caps = crate::tm::tm_caps(soft.engine().is_ok_and(|e| e.matches_tags()));
     let n = attr_size.min(size_of::<ffi::ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds attr_size bytes; the tail beyond ours is zeroed.
     unsafe {

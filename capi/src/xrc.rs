@@ -104,8 +104,8 @@ pub unsafe extern "C" fn close_xrcd(xrcd: *mut ffi::ibv_xrcd) -> c_int {
 }
 
 /// `verbs_context.create_srq_ex` (the inline `ibv_create_srq_ex` makes basic SRQs
-/// through `ibv_create_srq`): an XRC SRQ with its domain, PD and CQ. EOPNOTSUPP for
-/// other types (tag matching), EINVAL for a missing domain, PD or CQ.
+/// through `ibv_create_srq`): an XRC SRQ with its domain, PD and CQ, or a tag-matching
+/// one ([`crate::tm`]). EINVAL for a missing domain, PD or CQ.
 ///
 /// # Safety
 /// `context` is an open context; `attr` points to a `struct ibv_srq_init_attr_ex` whose
@@ -118,6 +118,10 @@ pub unsafe extern "C" fn create_srq_ex(
     let (Some(soft), Some(a)) = (unsafe { soft_context(context) }, unsafe { attr.as_mut() }) else {
         return fail(libc::EINVAL);
     };
+    if a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0 && a.srq_type == ffi::IBV_SRQT_TM {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::tm::create_tm_srq(soft, a) };
+    }
     let needed = ffi::IBV_SRQ_INIT_ATTR_TYPE
         | ffi::IBV_SRQ_INIT_ATTR_PD
         | ffi::IBV_SRQ_INIT_ATTR_XRCD

@@ -439,6 +439,14 @@ fn device_memory_is_reached_by_copies_and_zero_based_regions() {
     c_program("device_memory", "127.0.29.7", "device memory ok");
 }
 
+/// Tag matching: a TM-SRQ's tagged buffers added and deleted through `ibv_post_srq_ops`,
+/// an eager message matched (tag and context through `ibv_wc_read_tm_info`), a full list
+/// refused, a rendezvous read and answered with a FIN (capi/tests/c/tag_matching.c).
+#[test]
+fn tag_matching_srqs_match_eager_and_rendezvous_messages() {
+    c_program("tag_matching", "127.0.29.12", "tag matching ok");
+}
+
 /// Raw packet QPs and flow steering: a rule on Ethernet, IPv4 and UDP fields takes the
 /// frames another raw QP of the device sends that match it, whole; none once destroyed;
 /// tunnel specs refused (capi/tests/c/raw_flow.c).

@@ -648,6 +648,27 @@ impl Context {
         Ok(SharedReceiveQueue { id, backend: self.backend.clone() })
     }
 
+    /// A tag-matching SRQ (`ibv_create_srq_ex` with `IBV_SRQT_TM`): ordinary receives for
+    /// unexpected messages, at most `max_tags` tagged buffers, every completion on `cq`
+    /// (`engine::tm`). RoCEv2 only: an iWARP device answers `Unsupported`.
+    pub fn create_tm_srq(
+        &self,
+        cq: &CompletionQueue,
+        (max_wr, max_sge): (usize, usize),
+        max_tags: usize,
+    ) -> Result<SharedReceiveQueue, VerbsError> {
+        if matches!(self.backend, Backend::Iwarp(_)) {
+            return Err(VerbsError::Unsupported);
+        }
+        let id = self.backend.with_dev(|d| d.create_tm_srq(max_wr, max_sge, cq.id, max_tags))?;
+        Ok(SharedReceiveQueue { id, backend: self.backend.clone() })
+    }
+
+    /// True when this device matches tags (`tm_caps.flags & IBV_TM_CAP_RC`).
+    pub fn matches_tags(&self) -> bool {
+        matches!(self.backend, Backend::Roce(_))
+    }
+
     /// An XRC initiator (`IBV_QPT_XRC_SEND`): sends only, each request to the target SRQ
     /// its `SendWr::xrc_srqn` names. Brought up as an RC QP is.
     pub fn create_xrc_initiator(
@@ -1202,6 +1223,10 @@ impl SharedReceiveQueue {
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
         self.backend.with_dev(|d| d.post_srq_recv(self.id, wr))
+    }
+    /// One `ibv_post_srq_ops` operation on a tag-matching SRQ; an added buffer's handle.
+    pub fn post_op(&self, op: &crate::engine::tm::OpsWr) -> Result<Option<u32>, VerbsError> {
+        self.backend.with_dev(|d| d.post_srq_op(self.id, op))
     }
     /// Arms the limit event (`ibv_modify_srq` with `srq_limit`).
     pub fn arm_limit(&self, limit: usize) -> Result<(), VerbsError> {

@@ -38,7 +38,7 @@ pub(crate) struct RndvStart {
 #[derive(Debug, Clone)]
 pub enum TmJob {
     /// The READ of a matched rendezvous request: completes the tagged buffer.
-    RndvRead { cq: u32, info: TmWc, fin: [u8; 32] },
+    RndvRead { cq: u32, fin: [u8; 32] },
     /// The FIN that tells the sender its buffer is free: completes nowhere.
     Fin,
 }
@@ -118,7 +118,9 @@ impl Responder {
             info.flags |= tm::WC_TM_DATA_VALID;
         } else {
             ctx.complete(cq, tm_wc(m.recv.wr_id, WcStatus::Success, WcOpcode::TmRecv, q.qpn, 0, info));
-            info.flags = tm::WC_TM_DATA_VALID;
+            // The data's completion carries no TMH fields (mlx5's message completion
+            // does not, and rdma-core's tests expect them zero).
+            info = TmWc { flags: tm::WC_TM_DATA_VALID, ..TmWc::default() };
         }
         let tm = TmRecv { opcode: WcOpcode::TmRecv, info, discard: false, cq };
         self.cur = Some(Inbound::Send { wqe: RecvWqe::new(m.recv), received: 0, tm: Some(tm) });
@@ -189,16 +191,17 @@ impl Requester {
             return;
         }
         if let Some(w) = self.wqes.back_mut() {
-            w.tm = Some(TmJob::RndvRead { cq: s.cq, info: s.info, fin: s.fin });
+            w.tm = Some(TmJob::RndvRead { cq: s.cq, fin: s.fin });
         }
     }
 
     /// A TM-SRQ's request finished with `status`: a rendezvous READ completes its tagged
     /// buffer (data valid) and, if it succeeded, sends the FIN.
     pub(crate) fn finish_tm_job(&mut self, job: TmJob, w: &SendWqe, qpn: u32, status: WcStatus, ctx: &mut Ctx<'_>) {
-        let TmJob::RndvRead { cq, info, fin } = job else { return };
+        let TmJob::RndvRead { cq, fin, .. } = job else { return };
+        // As an eager message's data completion: the match reported the TMH's fields.
         let flags = if status == WcStatus::Success { tm::WC_TM_DATA_VALID } else { 0 };
-        ctx.complete(cq, tm_wc(w.wr.wr_id, status, WcOpcode::TmRecv, qpn, w.len, TmWc { flags, ..info }));
+        ctx.complete(cq, tm_wc(w.wr.wr_id, status, WcOpcode::TmRecv, qpn, w.len, TmWc { flags, ..TmWc::default() }));
         if status == WcStatus::Success {
             self.wqes.push_back(fin_wqe(fin, w.pd));
         }
@@ -236,10 +239,9 @@ fn fin_wqe(fin: [u8; 32], pd: Pd) -> SendWqe {
 pub(crate) fn flushed(w: &SendWqe, qpn: u32) -> Option<(Option<u32>, Wc)> {
     match &w.tm {
         None => Some((None, super::requester::wc(w, qpn, WcStatus::WrFlushErr))),
-        Some(TmJob::RndvRead { cq, info, .. }) => Some((
-            Some(*cq),
-            tm_wc(w.wr.wr_id, WcStatus::WrFlushErr, WcOpcode::TmRecv, qpn, 0, TmWc { flags: 0, ..*info }),
-        )),
+        Some(TmJob::RndvRead { cq, .. }) => {
+            Some((Some(*cq), tm_wc(w.wr.wr_id, WcStatus::WrFlushErr, WcOpcode::TmRecv, qpn, 0, TmWc::default())))
+        }
         Some(TmJob::Fin) => None,
     }
 }
