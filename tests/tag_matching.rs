@@ -196,3 +196,75 @@ fn a_tm_srq_holds_at_most_its_tags_and_the_device_limit() {
     }
     assert_eq!(t.sim.devices[1].post_srq_op(big, &op), Err(VerbsError::QueueFull));
 }
+
+use proptest::prelude::*;
+
+/// A tagged message of `kind` (0 no tag, 1 rendezvous, 2 FIN, 3 eager, 4 an unknown
+/// opcode, 5 shorter than a TMH) for tag `tag`, `len` bytes long; a rendezvous names
+/// `rvh_at` (an offset that may run past the sender's region), `rvh_len` bytes and, when
+/// `good_key`, the region's rkey.
+fn hostile_message(t: &Tm, kind: u8, tag: u64, len: usize, rvh: (u64, u32, bool)) -> Vec<u8> {
+    if kind == 5 {
+        return body(len % 16);
+    }
+    let op = [tm::TMH_NO_TAG, tm::TMH_RNDV, tm::TMH_FIN, tm::TMH_EAGER, 9][kind as usize];
+    let mut m = tmh(op, 1, tag);
+    if kind == 1 {
+        let key = if rvh.2 { t.mr[0].rkey } else { t.mr[0].rkey ^ 0x5a5a };
+        m.extend_from_slice(&(t.mr[0].addr + rvh.0).to_be_bytes());
+        m.extend_from_slice(&key.to_be_bytes());
+        m.extend_from_slice(&rvh.1.to_be_bytes());
+    }
+    m.extend(body(len));
+    m
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Whatever a peer puts in its SENDs (the TM headers are application data to the
+    /// transport): no panic, nothing written outside the tagged and ordinary buffers, at
+    /// most two receive completions per tagged buffer, and every SEND completed at the
+    /// sender unless the receiving QP ended in error (a rendezvous READ refused).
+    #[test]
+    fn hostile_tagged_payloads_stay_inside_the_buffers(
+        msgs in proptest::collection::vec((0u8..6, 0u64..6, 0usize..900, 0u64..70_000, 0u32..12_000, any::<bool>()), 1..8)
+    ) {
+        let mut t = setup(Faults::none());
+        // Tags 0..4, 4 KiB each in [0, 16 KiB); ordinary receives 1 KiB each in [16, 24 KiB);
+        // [24 KiB, 64 KiB) of the receiver's region must stay as it was.
+        t.mr[1].mem.fill(24 << 10, 40 << 10, 0xa5);
+        for tag in 0..4u64 {
+            t.add(tag, 100 + tag, tag as usize * 4096, 4096, 0);
+        }
+        for i in 0..8usize {
+            let recv = RecvWr { wr_id: 200 + i as u64, sgl: vec![sge(&t.mr[1], (16 << 10) + i * 1024, 1024)] };
+            t.sim.devices[1].post_srq_recv(t.srq, recv).unwrap();
+        }
+        let mut sent = 0;
+        for (kind, tag, len, at, rvh_len, good) in msgs {
+            let m = hostile_message(&t, kind, tag, len, (at, rvh_len, good));
+            t.mr[0].mem.write(0, &m);
+            let w = wr(sent, SendOp::Send, vec![sge(&t.mr[0], 0, m.len())]);
+            if t.sim.devices[0].post_send(t.qp[0], w).is_err() {
+                break;
+            }
+            sent += 1;
+            for _ in 0..200_000 {
+                if !t.sim.step() {
+                    break;
+                }
+            }
+        }
+        let mut per_buffer = std::collections::HashMap::new();
+        for wc in t.sim.devices[1].poll_cq(t.cq[1], 4096) {
+            *per_buffer.entry(wc.wr_id).or_insert(0) += 1;
+        }
+        prop_assert!(per_buffer.iter().all(|(id, n)| *n <= 2 || *id >= 900), "{per_buffer:?}");
+        prop_assert!(t.mr[1].mem.to_vec()[24 << 10..].iter().all(|b| *b == 0xa5), "bytes outside the buffers changed");
+        let done = t.sim.devices[0].poll_cq(t.cq[0], 4096).iter().filter(|w| w.opcode == WcOpcode::Send).count();
+        let errored = t.sim.devices[1].qp_state(t.qp[1]) == Some(QpState::Err)
+            || t.sim.devices[0].qp_state(t.qp[0]) == Some(QpState::Err);
+        prop_assert!(done as u64 == sent || errored, "{done} of {sent} SENDs completed");
+    }
+}
