@@ -256,28 +256,30 @@ fn a_raw_packet_qp_on_a_raw_device_sends_and_receives_frames_on_the_wire() {
     assert_eq!(got, inbound, "whole, as it came off the wire");
 }
 
+/// A packet-socket device sends to the group; the receiver takes its frames through a packet
+/// socket, or through AF_XDP, whose program hands it RoCEv2 to any group.
 #[test]
 fn raw_devices_carry_multicast_to_the_group_mac_over_ipv4_and_ipv6() {
     use softrdma::transport::headers::ip_to_gid;
-    for (net, group) in [(["10.9.0.1/24", "10.9.0.2/24"], "239.9.0.1"), (["fd00:9::1/64", "fd00:9::2/64"], "ff0e::9:2")]
-    {
+    let nets = [(["10.9.0.1/24", "10.9.0.2/24"], "239.9.0.1"), (["fd00:9::1/64", "fd00:9::2/64"], "ff0e::9:2")];
+    for ((net, group), io) in nets.into_iter().flat_map(|n| [(n, FrameIo::PacketSocket), (n, FrameIo::Xdp)]) {
         let Some(pair) = pair_or_skip("raw multicast") else { return };
         let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, net[0], FrameIo::PacketSocket)), 1 << 16);
-        let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, net[1], FrameIo::PacketSocket)), 1 << 16);
+        let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, net[1], io)), 1 << 16);
         let mgid = ip_to_gid(group.parse().unwrap());
         let (qa, _ca) = ud_qp(&a, RDMA_UDP_QKEY);
         let (qb, cb) = ud_qp(&b, RDMA_UDP_QKEY);
         qb.attach_mcast(mgid).unwrap();
         qb.post_recv(RecvWr { wr_id: 7, sgl: vec![b.mr.sge(0, 40 + 64)] }).unwrap();
         let wc = multicast_arrives(&a, &qa, &b, &cb, mgid, b"to the group's MAC");
-        assert_eq!(wc.src_gid, Some(a.ctx.gid(0).unwrap()), "{group}");
+        assert_eq!(wc.src_gid, Some(a.ctx.gid(0).unwrap()), "{group} {io:?}");
         // Detached, B takes no more of the group's frames.
         qb.detach_mcast(mgid).unwrap();
         qb.post_recv(RecvWr { wr_id: 8, sgl: vec![b.mr.sge(0, 40 + 64)] }).unwrap();
         let mut wr = SendWr::new(2, SendOp::Send, vec![a.mr.sge(0, 8)]);
         wr.ud = Some(UdDest { gid: mgid, qpn: 0xff_ffff, qkey: RDMA_UDP_QKEY });
         qa.post_send(wr).unwrap();
-        assert!(cb.wait(Duration::from_millis(300)).is_none(), "{group}: detached");
+        assert!(cb.wait(Duration::from_millis(300)).is_none(), "{group} {io:?}: detached");
         assert_eq!(b.ctx.stats().rx_icrc_bad, 0);
     }
 }

@@ -40,6 +40,8 @@ const BPF_PSEUDO_MAP_FD: u8 = 1;
 // Opcodes: class | size or operation | source (linux/bpf_common.h, linux/bpf.h).
 const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
 const LDX_H: u8 = 0x69; // BPF_LDX | BPF_MEM | BPF_H
+const LDX_B: u8 = 0x71; // BPF_LDX | BPF_MEM | BPF_B
+const AND32_K: u8 = 0x54; // BPF_ALU | BPF_AND | BPF_K
 const LD_IMM64: u8 = 0x18; // BPF_LD | BPF_IMM | BPF_DW
 const MOV64_X: u8 = 0xbf; // BPF_ALU64 | BPF_MOV | BPF_X
 const MOV64_K: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
@@ -66,6 +68,19 @@ const ARP_TPA_AT: i16 = 14 + 24;
 const ARP_TPA_END: i32 = 14 + 28;
 const IPV6_DST_AT: i16 = 14 + 24;
 const IPV6_DST_END: i32 = 14 + 40;
+/// IPv4's version and header length byte, its protocol, and the UDP destination port
+/// behind a 20-byte header; IPv6's next header, and the UDP destination port behind it.
+const IPV4_VIHL_AT: i16 = 14;
+const IPV4_PROTO_AT: i16 = 14 + 9;
+const IPV4_UDP_DPORT_AT: i16 = 14 + 20 + 2;
+const IPV4_UDP_END: i32 = 14 + 20 + 4;
+const IPV6_NEXT_AT: i16 = 14 + 6;
+const IPV6_UDP_DPORT_AT: i16 = 14 + 40 + 2;
+const IPV6_UDP_END: i32 = 14 + 40 + 4;
+/// RoCEv2's UDP port (IBTA Annex A17.2.1), as it is on the wire.
+const ROCE_PORT_WIRE: [u8; 2] = 4791u16.to_be_bytes();
+/// UDP's protocol number.
+const IPPROTO_UDP: i32 = 17;
 
 /// Registers: r0 the return value, r1-r5 arguments (clobbered by a call), r6-r9 kept.
 #[derive(Clone, Copy)]
@@ -90,6 +105,7 @@ enum Label {
     Redirect,
     Ipv4,
     Solicited,
+    Multicast,
 }
 
 /// Instructions with jumps to labels, resolved by [`Asm::finish`].
@@ -188,7 +204,16 @@ fn ipv4_matches(a: &mut Asm, ip: [u8; 4]) {
     a.need(IPV4_DST_END, Label::Pass); // the IPv4 header is whole up to the destination
     a.load(LDX_W, Reg::R5, Reg::R2, IPV4_DST_AT); // r5 = destination address
     a.jump(JEQ32_K, Reg::R5, 0, wire_u32(ip), Label::Redirect); // ours: redirect
-    a.jump(JA, Reg::R0, 0, 0, Label::Pass); // another's: pass
+    a.op(AND32_K, Reg::R5, 0, 0, wire_u32([0xf0, 0, 0, 0])); // r5 = its first four bits
+    a.jump(JNE32_K, Reg::R5, 0, wire_u32([0xe0, 0, 0, 0]), Label::Pass); // not 224/4: pass
+    a.need(IPV4_UDP_END, Label::Pass); // a 20-byte header and a UDP one up to its port
+    a.load(LDX_B, Reg::R5, Reg::R2, IPV4_VIHL_AT); // r5 = version and header length
+    a.jump(JNE32_K, Reg::R5, 0, 0x45, Label::Pass); // options (RoCEv2 has none): pass
+    a.load(LDX_B, Reg::R5, Reg::R2, IPV4_PROTO_AT); // r5 = protocol
+    a.jump(JNE32_K, Reg::R5, 0, IPPROTO_UDP, Label::Pass); // not UDP: pass
+    a.load(LDX_H, Reg::R5, Reg::R2, IPV4_UDP_DPORT_AT); // r5 = UDP destination port
+    a.jump(JEQ32_K, Reg::R5, 0, wire_u16(ROCE_PORT_WIRE), Label::Redirect); // RoCEv2
+    a.jump(JA, Reg::R0, 0, 0, Label::Pass); // another group's traffic: the kernel's
 }
 
 /// IPv6 to `ip` or to its solicited-node group go to Redirect; the rest to Pass. r5
@@ -210,10 +235,18 @@ fn ipv6_matches(a: &mut Asm, ip: [u8; 16]) {
     a.jump(JEQ32_K, regs[3], 0, own[3], Label::Redirect); // all four match: ours
     a.label(Label::Solicited);
     for i in 0..3 {
-        a.jump(JNE32_K, regs[i], 0, sol[i], Label::Pass); // not our group either: pass
+        a.jump(JNE32_K, regs[i], 0, sol[i], Label::Multicast); // not our group either
     }
     a.jump(JEQ32_K, regs[3], 0, sol[3], Label::Redirect); // our solicited-node group
-    a.jump(JA, Reg::R0, 0, 0, Label::Pass);
+    a.label(Label::Multicast);
+    a.op(AND32_K, Reg::R5, 0, 0, wire_u32([0xff, 0, 0, 0])); // r5 = the first byte
+    a.jump(JNE32_K, Reg::R5, 0, wire_u32([0xff, 0, 0, 0]), Label::Pass); // unicast: pass
+    a.need(IPV6_UDP_END, Label::Pass); // the UDP header up to its port
+    a.load(LDX_B, Reg::R5, Reg::R2, IPV6_NEXT_AT); // r5 = next header
+    a.jump(JNE32_K, Reg::R5, 0, IPPROTO_UDP, Label::Pass); // not UDP: pass
+    a.load(LDX_H, Reg::R5, Reg::R2, IPV6_UDP_DPORT_AT); // r5 = UDP destination port
+    a.jump(JEQ32_K, Reg::R5, 0, wire_u16(ROCE_PORT_WIRE), Label::Redirect); // RoCEv2
+    a.jump(JA, Reg::R0, 0, 0, Label::Pass); // another group's traffic: the kernel's
 }
 
 #[cfg(test)]
@@ -257,6 +290,8 @@ mod tests {
                 }
                 LDX_W => r[dst] = load(r[src].wrapping_add(i.off as u64), 4),
                 LDX_H => r[dst] = load(r[src].wrapping_add(i.off as u64), 2),
+                LDX_B => r[dst] = load(r[src].wrapping_add(i.off as u64), 1),
+                AND32_K => r[dst] = u64::from(r[dst] as u32 & i.imm as u32),
                 LD_IMM64 => pc += 1,
                 MOV64_X => r[dst] = r[src],
                 MOV64_K => r[dst] = i.imm as i64 as u64,
@@ -284,6 +319,14 @@ mod tests {
         let mut h = vec![0x45, 0, 0, 20, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 9, 0, 1];
         h.extend_from_slice(&dst);
         eth([8, 0], &h)
+    }
+
+    /// `frame` (from [`ipv4_to`] or [`ipv6_to`]) with a UDP header to `port` after it.
+    fn with_udp(mut frame: Vec<u8>, port: u16) -> Vec<u8> {
+        frame.extend_from_slice(&[0xc0, 0x00]);
+        frame.extend_from_slice(&port.to_be_bytes());
+        frame.extend_from_slice(&[0, 8, 0, 0]);
+        frame
     }
 
     fn arp_for(target: [u8; 4]) -> Vec<u8> {
@@ -342,6 +385,40 @@ mod tests {
         let f = ipv6_to(me);
         for len in 0..f.len() {
             assert_eq!(run(&prog, &f[..len], 0), XDP_PASS, "cut to {len}");
+        }
+    }
+
+    #[test]
+    fn rocev2_to_multicast_groups_is_redirected_and_other_multicast_passed() {
+        if cfg!(target_endian = "big") {
+            return;
+        }
+        let prog = build(IpAddr::from([10, 9, 0, 200]), 7);
+        let roce = with_udp(ipv4_to([239, 1, 2, 3]), 4791);
+        assert_eq!(run(&prog, &roce, 0), XDP_REDIRECT);
+        assert_eq!(run(&prog, &with_udp(ipv4_to([239, 1, 2, 3]), 5353), 0), XDP_PASS);
+        assert_eq!(run(&prog, &with_udp(ipv4_to([10, 9, 0, 7]), 4791), 0), XDP_PASS, "another's unicast");
+        let mut options = roce.clone();
+        options[14] = 0x46;
+        assert_eq!(run(&prog, &options, 0), XDP_PASS, "a header with options");
+        let mut tcp = roce.clone();
+        tcp[14 + 9] = 6;
+        assert_eq!(run(&prog, &tcp, 0), XDP_PASS);
+        // Cut before the port, a frame is passed, and nothing past its end is read.
+        for len in 0..IPV4_UDP_END as usize {
+            assert_eq!(run(&prog, &roce[..len], 0), XDP_PASS, "cut to {len}");
+        }
+        let me6: [u8; 16] = "fd00:9::a:bcde:f012".parse::<std::net::Ipv6Addr>().unwrap().octets();
+        let prog6 = build(IpAddr::from(me6), 7);
+        let group6: [u8; 16] = "ff0e::9:1".parse::<std::net::Ipv6Addr>().unwrap().octets();
+        let roce6 = with_udp(ipv6_to(group6), 4791);
+        assert_eq!(run(&prog6, &roce6, 0), XDP_REDIRECT);
+        assert_eq!(run(&prog6, &with_udp(ipv6_to(group6), 53), 0), XDP_PASS);
+        let mut next_tcp = roce6.clone();
+        next_tcp[14 + 6] = 6;
+        assert_eq!(run(&prog6, &next_tcp, 0), XDP_PASS);
+        for len in 0..IPV6_UDP_END as usize {
+            assert_eq!(run(&prog6, &roce6[..len], 0), XDP_PASS, "cut to {len}");
         }
     }
 }
