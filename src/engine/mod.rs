@@ -182,7 +182,7 @@ pub struct Device {
     /// Scratch lists, kept to spare allocations per visit: QPNs to visit, and each one's
     /// turn at sending (packets, next deadline).
     visit: Vec<u32>,
-    turns: Vec<(u32, usize, Option<u64>)>,
+    turns: Vec<(u32, bool, Option<u64>)>,
     /// RC QPs with a loss window and requests outstanding: they share the device's
     /// loss-window budget, idle ones take none of it.
     window_busy_qps: u32,
@@ -999,23 +999,23 @@ impl Device {
         let (qps, mut ctx) = self.split(now);
         for &qpn in &order {
             let Some(qp) = qps.get_mut(&qpn) else {
-                turns.push((qpn, 0, None));
+                turns.push((qpn, false, None));
                 continue;
             };
-            let sent = pump_qp(qp, &mut ctx);
-            turns.push((qpn, sent, qp.deadline()));
+            let more = pump_qp(qp, &mut ctx);
+            turns.push((qpn, more, qp.deadline()));
             if ctx.out.len() >= FILL_PACKETS {
                 break;
             }
         }
         self.schedule.put_back(&order[turns.len()..]);
-        for (qpn, sent, deadline) in turns.drain(..) {
+        for (qpn, more, deadline) in turns.drain(..) {
             self.schedule.file(qpn, deadline);
             self.note_window_busy(qpn);
-            if sent == 0 {
-                self.schedule.idle(qpn);
-            } else {
+            if more {
                 self.schedule.requeue(qpn);
+            } else {
+                self.schedule.idle(qpn);
             }
         }
         self.visit = order;
@@ -1040,17 +1040,23 @@ fn draw_qpn(rng: &mut Rng, tag: Option<u8>, taken: impl Fn(u32) -> bool) -> u32 
     }
 }
 
-/// One QP's turn: its responder's replies, then (in RTS) its requester's packets.
-fn pump_qp(qp: &mut Qp, ctx: &mut Ctx<'_>) -> usize {
-    let mut n = qp.resp.pump(&qp.path, ctx, BURST);
+/// One QP's turn: a burst of its responder's replies, then (in RTS) a burst of its
+/// requester's packets; true if it may have more.
+/// A side that sent less than its burst stopped for want of something to send or of an
+/// event that touches the QP again (an ACK freeing the ORD or the window, the pacer's or
+/// the RNR timer), so the QP leaves the ready set at once rather than after another,
+/// empty turn.
+fn pump_qp(qp: &mut Qp, ctx: &mut Ctx<'_>) -> bool {
+    let replies = qp.resp.pump(&qp.path, ctx, BURST);
+    let mut requests = 0;
     if matches!(qp.state, QpState::Rts) {
-        n += qp.req.pump(&qp.path, ctx, BURST);
+        requests = qp.req.pump(&qp.path, ctx, BURST);
         // A request whose memory could not be read as it was sent is finished at once.
         if qp.init.qp_type != QpType::Rc || qp.req.wqes.front().is_some_and(|w| w.done.is_some()) {
             settle(qp, ctx);
         }
     }
-    n
+    replies >= BURST || requests >= BURST
 }
 
 /// The BTH opcode of a Congestion Notification Packet (Annex A17.9.3).

@@ -45,7 +45,7 @@ pub struct SendWqe {
     pub done: Option<WcStatus>,
     /// A request a TM-SRQ made (a rendezvous READ, a FIN), not the application: it
     /// completes as [`super::tagged::TmJob`] says, never on the send CQ.
-    pub tm: Option<super::tagged::TmJob>,
+    pub tm: Option<Box<super::tagged::TmJob>>,
 }
 
 impl SendWqe {

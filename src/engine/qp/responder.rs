@@ -51,7 +51,7 @@ impl RecvWqe {
 /// A message being received over several packets.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    Send { wqe: RecvWqe, received: usize, tm: Option<super::tagged::TmRecv> },
+    Send { wqe: RecvWqe, received: usize, tm: Option<Box<super::tagged::TmRecv>> },
     Write { mem: Arc<SharedMem>, offset: usize, remaining: usize },
 }
 
@@ -90,7 +90,7 @@ pub struct Responder {
     access: Access,
     caps: QpCaps,
     /// A rendezvous request a TM-SRQ matched, for the requester to read.
-    pub(crate) rndv: Option<super::tagged::RndvStart>,
+    pub(crate) rndv: Option<Box<super::tagged::RndvStart>>,
 }
 
 impl Responder {
@@ -359,7 +359,7 @@ impl Responder {
         let Some(Inbound::Send { wqe, received, tm }) = &mut self.cur else {
             return Err(Refusal::Drop);
         };
-        let discard = tm.is_some_and(|t| t.discard);
+        let discard = tm.as_ref().is_some_and(|t| t.discard);
         // IBTA 9.7.5.1.4: a message longer than the receive buffers is a local length error
         // (the requester's fault: Invalid Request); a receive buffer the WQE's keys do not
         // grant is a local protection error (ours: Remote Operational Error, 9.9.3.1.2).
@@ -374,8 +374,8 @@ impl Responder {
         };
         if let Some((status, nak)) = refusal {
             if let Some(Inbound::Send { wqe, tm, .. }) = self.cur.take() {
-                let cq = tm.map_or(q.recv_cq, |t| t.cq);
-                ctx.complete(cq, super::tagged::finish_wc(&wqe, q.qpn, status, 0, tm.as_ref()));
+                let cq = tm.as_ref().map_or(q.recv_cq, |t| t.cq);
+                ctx.complete(cq, super::tagged::finish_wc(&wqe, q.qpn, status, 0, tm.as_deref()));
             }
             return Err(Refusal::Nak(nak));
         }
@@ -399,12 +399,12 @@ impl Responder {
         r: &RoceRepr<'_>,
         wqe: &RecvWqe,
         received: usize,
-        tm: Option<super::tagged::TmRecv>,
+        tm: Option<Box<super::tagged::TmRecv>>,
         q: &QpView,
         ctx: &mut Ctx<'_>,
     ) -> Check {
-        let cq = tm.map_or(q.recv_cq, |t| t.cq);
-        let mut wc = super::tagged::finish_wc(wqe, q.qpn, WcStatus::Success, received, tm.as_ref());
+        let cq = tm.as_ref().map_or(q.recv_cq, |t| t.cq);
+        let mut wc = super::tagged::finish_wc(wqe, q.qpn, WcStatus::Success, received, tm.as_deref());
         wc.imm = r.immdt.map(|i| i.imm);
         wc.solicited = r.bth.solicited;
         if let Some(ieth) = r.ieth {
@@ -412,7 +412,7 @@ impl Responder {
             // refusal completes the receive in error and ends the QP (rxe's class J),
             // and the requester is told with a NAK.
             if ctx.mrs.remote_invalidate(ieth.rkey, q.pd, q.qpn).is_err() {
-                ctx.complete(cq, super::tagged::finish_wc(wqe, q.qpn, WcStatus::RemInvReqErr, received, tm.as_ref()));
+                ctx.complete(cq, super::tagged::finish_wc(wqe, q.qpn, WcStatus::RemInvReqErr, received, tm.as_deref()));
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
             wc.invalidated_rkey = Some(ieth.rkey);

@@ -107,7 +107,7 @@ impl Responder {
             }
         }
         let tm = TmRecv { opcode, info: TmWc::default(), discard: false, cq };
-        self.cur = Some(Inbound::Send { wqe, received: 0, tm: Some(tm) });
+        self.cur = Some(Inbound::Send { wqe, received: 0, tm: Some(Box::new(tm)) });
         Ok(0)
     }
 
@@ -123,7 +123,7 @@ impl Responder {
             info = TmWc { flags: tm::WC_TM_DATA_VALID, ..TmWc::default() };
         }
         let tm = TmRecv { opcode: WcOpcode::TmRecv, info, discard: false, cq };
-        self.cur = Some(Inbound::Send { wqe: RecvWqe::new(m.recv), received: 0, tm: Some(tm) });
+        self.cur = Some(Inbound::Send { wqe: RecvWqe::new(m.recv), received: 0, tm: Some(Box::new(tm)) });
         TMH_BYTES
     }
 
@@ -149,11 +149,11 @@ impl Responder {
             ctx.complete(cq, tm_wc(m.recv.wr_id, status, WcOpcode::TmRecv, q.qpn, headers.len(), info));
         } else {
             ctx.complete(cq, tm_wc(m.recv.wr_id, WcStatus::Success, WcOpcode::TmRecv, q.qpn, 0, info));
-            self.rndv = Some(RndvStart { recv: m.recv, rvh, info, fin: tm::fin_payload(payload), cq });
+            self.rndv = Some(Box::new(RndvStart { recv: m.recv, rvh, info, fin: tm::fin_payload(payload), cq }));
         }
         let tm = TmRecv { opcode: WcOpcode::TmRecv, info, discard: true, cq };
         let nothing = RecvWqe::new(RecvWr { wr_id: 0, sgl: Vec::new() });
-        self.cur = Some(Inbound::Send { wqe: nothing, received: 0, tm: Some(tm) });
+        self.cur = Some(Inbound::Send { wqe: nothing, received: 0, tm: Some(Box::new(tm)) });
         payload.len()
     }
 }
@@ -176,7 +176,7 @@ impl Requester {
     /// Reads a matched rendezvous request's data into its tagged buffer (the READ goes
     /// on this QP's send queue, which the TM-SRQ owns); a READ that cannot be posted
     /// completes the tagged buffer in error at once.
-    pub(crate) fn post_rndv_read(&mut self, s: RndvStart, pd: Pd, path: &Path, ctx: &mut Ctx<'_>) {
+    pub(crate) fn post_rndv_read(&mut self, s: Box<RndvStart>, pd: Pd, path: &Path, ctx: &mut Ctx<'_>) {
         let wr = SendWr {
             wr_id: s.recv.wr_id,
             op: SendOp::Read(Remote { addr: s.rvh.va, rkey: s.rvh.rkey }),
@@ -191,14 +191,21 @@ impl Requester {
             return;
         }
         if let Some(w) = self.wqes.back_mut() {
-            w.tm = Some(TmJob::RndvRead { cq: s.cq, fin: s.fin });
+            w.tm = Some(Box::new(TmJob::RndvRead { cq: s.cq, fin: s.fin }));
         }
     }
 
     /// A TM-SRQ's request finished with `status`: a rendezvous READ completes its tagged
     /// buffer (data valid) and, if it succeeded, sends the FIN.
-    pub(crate) fn finish_tm_job(&mut self, job: TmJob, w: &SendWqe, qpn: u32, status: WcStatus, ctx: &mut Ctx<'_>) {
-        let TmJob::RndvRead { cq, fin, .. } = job else { return };
+    pub(crate) fn finish_tm_job(
+        &mut self,
+        job: Box<TmJob>,
+        w: &SendWqe,
+        qpn: u32,
+        status: WcStatus,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let TmJob::RndvRead { cq, fin } = *job else { return };
         // As an eager message's data completion: the match reported the TMH's fields.
         let flags = if status == WcStatus::Success { tm::WC_TM_DATA_VALID } else { 0 };
         ctx.complete(cq, tm_wc(w.wr.wr_id, status, WcOpcode::TmRecv, qpn, w.len, TmWc { flags, ..TmWc::default() }));
@@ -230,14 +237,14 @@ fn fin_wqe(fin: [u8; 32], pd: Pd) -> SendWqe {
         next_pkt: 0,
         done_pkts: 0,
         done: None,
-        tm: Some(TmJob::Fin),
+        tm: Some(Box::new(TmJob::Fin)),
     }
 }
 
 /// The completion a flushed request gives, with the CQ it goes to when that is not the
 /// send CQ; a FIN gives none.
 pub(crate) fn flushed(w: &SendWqe, qpn: u32) -> Option<(Option<u32>, Wc)> {
-    match &w.tm {
+    match w.tm.as_deref() {
         None => Some((None, super::requester::wc(w, qpn, WcStatus::WrFlushErr))),
         Some(TmJob::RndvRead { cq, .. }) => {
             Some((Some(*cq), tm_wc(w.wr.wr_id, WcStatus::WrFlushErr, WcOpcode::TmRecv, qpn, 0, TmWc::default())))
