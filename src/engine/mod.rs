@@ -1126,7 +1126,7 @@ fn dispatch(qp: &mut Qp, r: &RoceRepr<'_>, src: Gid, ctx: &mut Ctx<'_>) {
                 responder_failed(qp, nak, ctx);
             }
             if let Some(start) = qp.resp.rndv.take() {
-                qp.req.post_rndv_read(start, pd, &qp.path, ctx);
+                qp.req.post_rndv_read(*start, pd, &qp.path, ctx);
             }
             return;
         }

@@ -26,7 +26,7 @@ impl Requester {
                 break;
             };
             self.send_idx = self.send_idx.saturating_sub(1);
-            if let Some(job) = w.tm.clone() {
+            if let Some(job) = w.tm.as_deref() {
                 self.finish_tm_job(job, &w, qpn, status, ctx);
             } else if w.wr.signaled || status != WcStatus::Success {
                 ctx.complete(send_cq, wc(&w, qpn, status));

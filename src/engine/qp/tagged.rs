@@ -176,7 +176,7 @@ impl Requester {
     /// Reads a matched rendezvous request's data into its tagged buffer (the READ goes
     /// on this QP's send queue, which the TM-SRQ owns); a READ that cannot be posted
     /// completes the tagged buffer in error at once.
-    pub(crate) fn post_rndv_read(&mut self, s: Box<RndvStart>, pd: Pd, path: &Path, ctx: &mut Ctx<'_>) {
+    pub(crate) fn post_rndv_read(&mut self, s: RndvStart, pd: Pd, path: &Path, ctx: &mut Ctx<'_>) {
         let wr = SendWr {
             wr_id: s.recv.wr_id,
             op: SendOp::Read(Remote { addr: s.rvh.va, rkey: s.rvh.rkey }),
@@ -197,14 +197,7 @@ impl Requester {
 
     /// A TM-SRQ's request finished with `status`: a rendezvous READ completes its tagged
     /// buffer (data valid) and, if it succeeded, sends the FIN.
-    pub(crate) fn finish_tm_job(
-        &mut self,
-        job: Box<TmJob>,
-        w: &SendWqe,
-        qpn: u32,
-        status: WcStatus,
-        ctx: &mut Ctx<'_>,
-    ) {
+    pub(crate) fn finish_tm_job(&mut self, job: &TmJob, w: &SendWqe, qpn: u32, status: WcStatus, ctx: &mut Ctx<'_>) {
         let TmJob::RndvRead { cq, fin } = *job else { return };
         // As an eager message's data completion: the match reported the TMH's fields.
         let flags = if status == WcStatus::Success { tm::WC_TM_DATA_VALID } else { 0 };
