@@ -231,27 +231,49 @@ pub unsafe extern "C" fn rdma_create_srq(
     0
 }
 
-/// `rdma_create_srq_ex`: basic SRQs only (XRC and tag matching answer EOPNOTSUPP).
+/// `rdma_create_srq_ex`: a basic SRQ as `rdma_create_srq` makes it; a typed one (XRC with
+/// its domain, tag matching) through `ibv_create_srq_ex`, in the id's PD and with the id's
+/// receive CQ unless `attr` names others, as librdmacm fills them. An XRC SRQ without a
+/// domain answers EOPNOTSUPP (librdmacm would open one for the device).
 ///
 /// # Safety
 /// `id` is a live id bound to a device; `attr` valid.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_srq_ex(id: *mut ffi::rdma_cm_id, attr: *mut ffi::ibv_srq_init_attr_ex) -> c_int {
     // SAFETY: the caller's contract.
-    let Some(a) = (unsafe { attr.as_mut() }) else { return einval() };
-    let typed = a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0;
-    if (typed && a.srq_type != ffi::IBV_SRQT_BASIC)
-        || a.comp_mask & !(ffi::IBV_SRQ_INIT_ATTR_TYPE | ffi::IBV_SRQ_INIT_ATTR_PD) != 0
-    {
+    let (Some(s), Some(a)) = (unsafe { soft_id(id) }, unsafe { attr.as_mut() }) else { return einval() };
+    let typed = a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0 && a.srq_type != ffi::IBV_SRQT_BASIC;
+    if !typed {
+        if a.comp_mask & !(ffi::IBV_SRQ_INIT_ATTR_TYPE | ffi::IBV_SRQ_INIT_ATTR_PD) != 0 {
+            crate::set_errno(libc::EOPNOTSUPP);
+            return -1;
+        }
+        let pd = if a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
+        let mut basic = ffi::ibv_srq_init_attr { srq_context: a.srq_context, attr: a.attr };
+        // SAFETY: the caller's contract; `basic` is ours.
+        let made = unsafe { rdma_create_srq(id, pd, &mut basic) };
+        a.attr = basic.attr;
+        return made;
+    }
+    if a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_PD == 0 {
+        a.comp_mask |= ffi::IBV_SRQ_INIT_ATTR_PD;
+        a.pd = s.ibv.pd;
+    }
+    if a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_CQ == 0 || a.cq.is_null() {
+        a.comp_mask |= ffi::IBV_SRQ_INIT_ATTR_CQ;
+        a.cq = s.ibv.recv_cq;
+    }
+    if a.srq_type == ffi::IBV_SRQT_XRC && a.xrcd.is_null() {
         crate::set_errno(libc::EOPNOTSUPP);
         return -1;
     }
-    let pd = if a.comp_mask & ffi::IBV_SRQ_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
-    let mut basic = ffi::ibv_srq_init_attr { srq_context: a.srq_context, attr: a.attr };
-    // SAFETY: the caller's contract; `basic` is ours.
-    let made = unsafe { rdma_create_srq(id, pd, &mut basic) };
-    a.attr = basic.attr;
-    made
+    // SAFETY: the id's device context; `a` the caller's, its objects this library's.
+    let srq = unsafe { crate::xrc::create_srq_ex(s.ibv.verbs, a) };
+    if srq.is_null() {
+        return -1;
+    }
+    s.ibv.srq = srq;
+    0
 }
 
 /// `rdma_destroy_srq`.

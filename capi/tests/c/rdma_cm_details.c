@@ -6,13 +6,15 @@
  * rdma_init_qp_attr and rdma_establish, and carries a SEND; and a child forked after its
  * parent used the device connects on its own (a forked process has none of its parent's
  * threads); rdma_destroy_id waits until the application's event thread has acknowledged
- * the id's last event, and drops the events of the id nobody took yet. Built against rdma-core's headers and run on softrdma's library by
+ * the id's last event, and drops the events of the id nobody took yet; rdma_create_srq_ex
+ * makes a tag-matching SRQ in the id's PD. Built against rdma-core's headers and run on softrdma's library by
  * capi/tests/apps.rs, on the device SOFTRDMA_DEVICES names. Prints "rdma_cm details ok". */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,6 +229,15 @@ int main(void)
 	CHECK(ch && !rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP), "the listener's id");
 	CHECK(!rdma_bind_addr(listener, (struct sockaddr *)&server_addr), "rdma_bind_addr");
 	CHECK(listener->pd, "a bound id has its device's PD");
+	/* A tag-matching SRQ through rdma_create_srq_ex, in the id's PD. */
+	struct ibv_cq *tcq = ibv_create_cq(listener->verbs, 16, NULL, NULL, 0);
+	struct ibv_srq_init_attr_ex sx = { .attr = { .max_wr = 8, .max_sge = 1 },
+		.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM,
+		.srq_type = IBV_SRQT_TM, .cq = tcq, .tm_cap = { .max_num_tags = 8, .max_ops = 8 } };
+	CHECK(tcq && !rdma_create_srq_ex(listener, &sx) && listener->srq, "rdma_create_srq_ex(IBV_SRQT_TM)");
+	CHECK(sx.pd == listener->pd, "the SRQ is in the id's PD");
+	rdma_destroy_srq(listener);
+	CHECK(!listener->srq && !ibv_destroy_cq(tcq), "rdma_destroy_srq");
 	CHECK(!rdma_listen(listener, 8), "rdma_listen");
 
 	/* Rejected with private data. */
