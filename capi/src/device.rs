@@ -268,9 +268,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ffi::ibv_device) -> *mut ffi:
     // A semaphore: one count per event queued ([`crate::event`]).
     let async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
     // A descriptor where rdma-core has the kernel's uverbs file: applications dup and
-    // poll it (pyverbs hands it to ibv_import_device, which refuses). It never reads.
-    // SAFETY: eventfd with valid flags.
-    let cmd_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    // poll it, and hand it to ibv_import_device ([`crate::import`]). It is never read.
+    let cmd_fd = crate::import::open_cmd_fd(dev);
     if async_fd < 0 || cmd_fd < 0 {
         // SAFETY: closing what was opened above, if it was.
         unsafe {
@@ -351,7 +350,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ffi::ibv_context) -> c_int {
     // SAFETY: the eventfds opened with the context.
     unsafe {
         libc::close(soft.vctx.context.async_fd);
-        libc::close(soft.vctx.context.cmd_fd);
     }
+    crate::import::close_cmd_fd(soft.vctx.context.cmd_fd);
     0
 }

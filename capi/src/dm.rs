@@ -15,8 +15,8 @@ use std::ffi::{c_int, c_uint, c_void};
 pub struct SoftDm {
     /// What applications see.
     pub ibv: ffi::ibv_dm,
-    /// The device's memory.
-    pub dm: DeviceMemory,
+    /// The device's memory (shared with the `ibv_dm`s that import it, [`crate::import`]).
+    pub dm: std::sync::Arc<DeviceMemory>,
 }
 
 /// Copies move words of this many bytes, at offsets that are multiples of it.
@@ -48,7 +48,26 @@ pub unsafe extern "C" fn alloc_dm(
         memcpy_to_dm: Some(memcpy_to_dm),
         memcpy_from_dm: Some(memcpy_from_dm),
         comp_mask: 0,
-        handle: 0,
+        handle: crate::import::next_handle(),
+    };
+    let made = Box::into_raw(Box::new(SoftDm { ibv, dm: std::sync::Arc::new(dm) }));
+    // SAFETY: just made.
+    crate::import::register_dm(std::ptr::from_ref(soft.device) as usize, unsafe { &*made }, made);
+    made.cast()
+}
+
+/// An imported `ibv_dm` on `context`: the same memory under a new structure.
+pub(crate) fn imported_dm(
+    context: *mut ffi::ibv_context,
+    handle: u32,
+    dm: std::sync::Arc<DeviceMemory>,
+) -> *mut ffi::ibv_dm {
+    let ibv = ffi::ibv_dm {
+        context,
+        memcpy_to_dm: Some(memcpy_to_dm),
+        memcpy_from_dm: Some(memcpy_from_dm),
+        comp_mask: 0,
+        handle,
     };
     Box::into_raw(Box::new(SoftDm { ibv, dm })).cast()
 }
@@ -62,7 +81,9 @@ pub unsafe extern "C" fn free_dm(dm: *mut ffi::ibv_dm) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: allocated by Box in alloc_dm, given back once.
-    drop(unsafe { Box::from_raw(dm.cast::<SoftDm>()) });
+    let owned = unsafe { Box::from_raw(dm.cast::<SoftDm>()) };
+    crate::import::forget_dm(owned.ibv.handle, dm.cast());
+    drop(owned);
     0
 }
 
@@ -162,9 +183,9 @@ pub unsafe extern "C" fn reg_dm_mr(
         pd,
         addr: std::ptr::null_mut(),
         length,
-        handle: 0,
+        handle: crate::import::next_handle(),
         lkey: mr.lkey(),
         rkey: mr.rkey(),
     };
-    Box::into_raw(Box::new(SoftMr { ibv, mr })).cast()
+    crate::objects::publish(SoftMr { ibv, mr: std::sync::Arc::new(mr) })
 }

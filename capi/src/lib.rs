@@ -22,6 +22,7 @@ pub mod device;
 pub mod dm;
 pub mod event;
 pub mod flow;
+pub mod import;
 pub mod mcast;
 pub mod mw;
 pub mod objects;

@@ -41,8 +41,11 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::i
         Err(e) => return fail(e),
     };
     let pd = engine.alloc_pd();
-    let ibv = ffi::ibv_pd { context: ctx, handle: 0 };
-    Box::into_raw(Box::new(SoftPd { ibv, pd, parent: None })).cast()
+    let ibv = ffi::ibv_pd { context: ctx, handle: crate::import::next_handle() };
+    let made = Box::into_raw(Box::new(SoftPd { ibv, pd, parent: None }));
+    // SAFETY: just made.
+    crate::import::register_pd(unsafe { (*made).ibv.handle }, std::ptr::from_ref(soft.device) as usize, made);
+    made.cast()
 }
 
 /// `ibv_dealloc_pd`.
@@ -55,7 +58,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: allocated by Box in ibv_alloc_pd, given back once.
-    drop(unsafe { Box::from_raw(pd.cast::<SoftPd>()) });
+    let owned = unsafe { Box::from_raw(pd.cast::<SoftPd>()) };
+    crate::import::forget_pd(owned.ibv.handle, pd.cast());
+    drop(owned);
     0
 }
 
@@ -70,8 +75,9 @@ pub(crate) fn fail<T>(e: c_int) -> *mut T {
 pub struct SoftMr {
     /// What applications see.
     pub ibv: ffi::ibv_mr,
-    /// The engine's region over the application's buffer.
-    pub mr: MemoryRegion,
+    /// The engine's region over the application's buffer (shared with the `ibv_mr`s that
+    /// import it, [`crate::import`]).
+    pub mr: std::sync::Arc<MemoryRegion>,
 }
 
 /// Access flags (`enum ibv_access_flags`) to softrdma's; EINVAL for a remote write or
@@ -120,7 +126,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 ) -> *mut ffi::ibv_mr {
     // SAFETY: the caller's contract.
     match unsafe { register(pd, addr, length, iova, access) } {
-        Ok(soft) => Box::into_raw(Box::new(soft)).cast(),
+        Ok(soft) => publish(soft),
         Err(e) => fail(e),
     }
 }
@@ -156,8 +162,21 @@ unsafe fn register(
         // valid, until ibv_dereg_mr.
         unsafe { engine.reg_user_mr(&spd.pd, ptr, length, iova, access) }.map_err(|_| libc::ENOMEM)?
     };
-    let ibv = ffi::ibv_mr { context: spd.ibv.context, pd, addr, length, handle: 0, lkey: mr.lkey(), rkey: mr.rkey() };
-    Ok(SoftMr { ibv, mr })
+    let handle = crate::import::next_handle();
+    let ibv = ffi::ibv_mr { context: spd.ibv.context, pd, addr, length, handle, lkey: mr.lkey(), rkey: mr.rkey() };
+    Ok(SoftMr { ibv, mr: std::sync::Arc::new(mr) })
+}
+
+/// The `ibv_mr` of a new region, which other contexts of its device may import.
+pub(crate) fn publish(soft: SoftMr) -> *mut ffi::ibv_mr {
+    let made = Box::into_raw(Box::new(soft));
+    // SAFETY: just made; its context is open.
+    unsafe {
+        if let Some(ctx) = soft_context((*made).ibv.context) {
+            crate::import::register_mr(std::ptr::from_ref(ctx.device) as usize, &*made, made);
+        }
+    }
+    made.cast()
 }
 
 /// `verbs_context.advise_mr`, which the inline `ibv_advise_mr` calls: a prefetch maps
@@ -246,7 +265,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     };
     // SAFETY: the caller's contract for a new buffer; peers name it by its address.
     let on_demand = has(ffi::IBV_REREG_MR_CHANGE_ACCESS).then_some(access as c_uint & ffi::IBV_ACCESS_ON_DEMAND != 0);
-    let done = unsafe { old.mr.rereg(new_pd, new_access, buffer.map(|p| (p, length, addr as u64)), on_demand) };
+    // An imported region is shared: it cannot change under its other users.
+    let Some(region) = std::sync::Arc::get_mut(&mut old.mr) else { return rereg_failed(libc::EBUSY, false) };
+    let done = unsafe { region.rereg(new_pd, new_access, buffer.map(|p| (p, length, addr as u64)), on_demand) };
     if let Err(e) = done {
         return rereg_failed(crate::post::errno_of(e), false);
     }
@@ -310,7 +331,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: allocated by Box in ibv_reg_mr_iova2, given back once.
-    drop(unsafe { Box::from_raw(mr.cast::<SoftMr>()) });
+    let owned = unsafe { Box::from_raw(mr.cast::<SoftMr>()) };
+    crate::import::forget_mr(owned.ibv.handle, mr.cast());
+    drop(owned);
     0
 }
 

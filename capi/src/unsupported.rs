@@ -138,11 +138,7 @@ unsupported!("IBVERBS_1.0", *mut c_void, null(), [ibv_get_sysfs_path]);
 unsupported!("IBVERBS_1.1", (), (), [ibv_copy_ah_attr_from_kern]);
 unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_resolve_eth_l2_from_gid]);
 unsupported!("IBVERBS_1.10", c_int, eopnotsupp(), [ibv_query_ece, ibv_set_ece]);
-// Importing another process's objects, dma-buf memory, re-registration, resizing a CQ.
-unsupported!("IBVERBS_1.10", *mut c_void, null(), [ibv_import_device, ibv_import_mr, ibv_import_pd]);
-unsupported!("IBVERBS_1.10", (), (), [ibv_unimport_mr, ibv_unimport_pd]);
-unsupported!("IBVERBS_1.13", *mut c_void, null(), [ibv_import_dm]);
-unsupported!("IBVERBS_1.13", (), (), [ibv_unimport_dm]);
+// Dma-buf memory.
 unsupported!("IBVERBS_1.12", *mut c_void, null(), [ibv_reg_dmabuf_mr]);
 // rsockets (rdma/rsocket.h): sockets over RDMA are not built; each call fails with
 // ENOSYS, as a socket call the system lacks, so rstream and riostream exit cleanly.

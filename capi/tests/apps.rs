@@ -439,6 +439,13 @@ fn device_memory_is_reached_by_copies_and_zero_based_regions() {
     c_program("device_memory", "127.0.29.7", "device memory ok");
 }
 
+/// Importing a context, PD, region and device memory into a second context of the
+/// process, and a QP there writing through them (capi/tests/c/import.c).
+#[test]
+fn objects_import_into_a_second_context() {
+    c_program("import", "127.0.29.13", "import ok");
+}
+
 /// Tag matching: a TM-SRQ's tagged buffers added and deleted through `ibv_post_srq_ops`,
 /// an eager message matched (tag and context through `ibv_wc_read_tm_info`), a full list
 /// refused, a rendezvous read and answered with a FIN (capi/tests/c/tag_matching.c).
