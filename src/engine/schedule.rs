@@ -5,8 +5,9 @@
 //!
 //! The device touches a QP after every operation on it (a packet, a post, a modify, a
 //! timer, a turn at sending): the QP goes into the ready set and its deadline is filed
-//! again. A QP leaves the ready set when a turn finds it with nothing to send; only an
-//! operation on it can give it something again. The ready set is a line: a QP joins at
+//! again. A QP leaves the ready set after a turn that sent less than a burst (it ran out
+//! of things to send, or waits for an ACK, a timer or its pacer); only an operation on it
+//! can give it something again. The ready set is a line: a QP joins at
 //! the back, takes its turn at the front, and goes to the back again if it sent, so that
 //! touching one costs a hash lookup however many QPs the device has (an ordered set's
 //! search was the largest per-QP cost with a thousand QPs).
