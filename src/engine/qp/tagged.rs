@@ -93,7 +93,8 @@ impl Responder {
                 None => Ok(self.start_eager(m, info, q, ctx, cq, only)),
             };
         }
-        // IBTA-neutral: what the TM-SRQ does not match lands whole in an ordinary receive.
+        // Not matched (no tag, no buffer for it, or no TMH at all): the whole message, headers
+        // included, goes to an ordinary receive, for the application to match.
         let Some(wqe) = self.take_recv(ctx) else { return Err(Refusal::Rnr) };
         let opcode = match tmh {
             Some(h) if h.op == tm::TMH_NO_TAG => WcOpcode::TmNoTag,
