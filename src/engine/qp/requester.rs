@@ -434,7 +434,6 @@ impl Requester {
         }
     }
 
-    /// Completions for everything still queued, flushed (IBTA 10.3.1.7).
     /// Flushes every request (IBTA 10.3.1.7): the completions, each with the CQ it goes
     /// to when that is not the send CQ (a TM-SRQ's requests).
     pub fn flush(&mut self, qpn: u32) -> Vec<(Option<u32>, Wc)> {

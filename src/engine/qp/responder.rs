@@ -273,8 +273,7 @@ impl Responder {
             || (op == Operation::Write && r.immdt.is_some());
         // A TM-SRQ decides when it has seen the tag (`start_tagged`): a tagged buffer or
         // an ordinary receive.
-        let tagged_send = op == Operation::Send && self.srq_is_tagged(ctx);
-        if needs_wqe && !tagged_send && !self.has_recv(ctx) {
+        if needs_wqe && !self.has_recv(ctx) && !(op == Operation::Send && self.srq_is_tagged(ctx)) {
             return Err(Refusal::Rnr);
         }
         if matches!(op, Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd) {
