@@ -197,6 +197,57 @@ fn a_tm_srq_holds_at_most_its_tags_and_the_device_limit() {
     assert_eq!(t.sim.devices[1].post_srq_op(big, &op), Err(VerbsError::QueueFull));
 }
 
+/// Every tagged buffer at once: the peer's rendezvous requests fill the whole matching
+/// list, so the QP's send queue (sized by the application at its default) holds a READ per
+/// tag and then a FIN per tag; all of them complete, each data completion once.
+#[test]
+fn a_full_list_of_rendezvous_requests_is_read_and_finished() {
+    let mut t = setup(Faults::none());
+    for tag in 0..16u64 {
+        t.add(tag, 300 + tag, tag as usize * 2048, 2048, 0);
+    }
+    t.mr[0].mem.write(32768, &body(2000));
+    for i in 0..16usize {
+        let recv = RecvWr { wr_id: 500 + i as u64, sgl: vec![sge(&t.mr[0], 40960 + i * 64, 64)] };
+        t.sim.devices[0].post_recv(t.qp[0], recv).unwrap();
+    }
+    for tag in 0..16u64 {
+        let mut msg = tmh(tm::TMH_RNDV, 0, tag);
+        msg.extend_from_slice(&(t.mr[0].addr + 32768).to_be_bytes());
+        msg.extend_from_slice(&t.mr[0].rkey.to_be_bytes());
+        msg.extend_from_slice(&2000u32.to_be_bytes());
+        let at = tag as usize * 64;
+        t.mr[0].mem.write(at, &msg);
+        t.sim.devices[0].post_send(t.qp[0], wr(600 + tag, SendOp::Send, vec![sge(&t.mr[0], at, msg.len())])).unwrap();
+    }
+    let (mut matched, mut data, mut sends, mut fins) = (0, 0, 0, 0);
+    for _ in 0..1_000_000 {
+        for wc in t.sim.devices[1].poll_cq(t.cq[1], 64) {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            match Tm::tm_of(&wc).0 {
+                tm::WC_TM_MATCH => matched += 1,
+                tm::WC_TM_DATA_VALID => data += 1,
+                f => panic!("flags {f:#x}"),
+            }
+        }
+        for wc in t.sim.devices[0].poll_cq(t.cq[0], 64) {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            if wc.opcode == WcOpcode::Recv {
+                fins += 1;
+            } else {
+                sends += 1;
+            }
+        }
+        if !t.sim.step() {
+            break;
+        }
+    }
+    assert_eq!((matched, data, sends, fins), (16, 16, 16, 16));
+    for tag in 0..16usize {
+        assert_eq!(t.mr[1].mem.to_vec()[tag * 2048..tag * 2048 + 2000], body(2000)[..], "tag {tag}");
+    }
+}
+
 use proptest::prelude::*;
 
 /// A tagged message of `kind` (0 no tag, 1 rendezvous, 2 FIN, 3 eager, 4 an unknown
