@@ -162,18 +162,24 @@ impl Harness {
         }
     }
 
-    /// Brings the XRC target to RTR expecting PSN `psn` first, its SRQ stocked.
-    fn bring_up_xrc(&mut self, psn: u32) {
-        let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
-        let rtr = QpAttr {
+    /// An RC QP's RTR attributes towards the fuzzer's side, expecting PSN `psn` first.
+    fn rc_rtr(&self, psn: u32) -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Rtr),
             dest_gid: Some(self.peer),
             dest_qpn: Some(PEER_QPN),
             rq_psn: Some(psn),
             path_mtu: Some(Mtu::M1024),
             max_dest_rd_atomic: Some(4),
             min_rnr_timer: Some(12),
-            ..st(QpState::Rtr)
-        };
+            ..QpAttr::default()
+        }
+    }
+
+    /// Brings the XRC target to RTR expecting PSN `psn` first, its SRQ stocked.
+    fn bring_up_xrc(&mut self, psn: u32) {
+        let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+        let rtr = self.rc_rtr(psn);
         for attr in [QpAttr { access: Some(Access::ALL), ..st(QpState::Init) }, rtr] {
             self.dev.modify_qp(self.xrc.0, &attr).expect("a valid transition");
         }
@@ -304,15 +310,7 @@ impl Harness {
     /// go to the fuzzer's side), with tagged buffers and ordinary receives posted.
     fn bring_up_tm(&mut self, psn: u32) {
         let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
-        let rtr = QpAttr {
-            dest_gid: Some(self.peer),
-            dest_qpn: Some(PEER_QPN),
-            rq_psn: Some(psn),
-            path_mtu: Some(Mtu::M1024),
-            max_dest_rd_atomic: Some(4),
-            min_rnr_timer: Some(12),
-            ..st(QpState::Rtr)
-        };
+        let rtr = self.rc_rtr(psn);
         let rts = QpAttr {
             sq_psn: Some(0),
             timeout: Some(14),
