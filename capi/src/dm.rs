@@ -43,25 +43,14 @@ pub unsafe extern "C" fn alloc_dm(
         Err(e) => return fail(e),
     };
     let Ok(dm) = engine.alloc_dm(a.length) else { return fail(libc::ENOMEM) };
-    let ibv = ffi::ibv_dm {
-        context,
-        memcpy_to_dm: Some(memcpy_to_dm),
-        memcpy_from_dm: Some(memcpy_from_dm),
-        comp_mask: 0,
-        handle: crate::import::next_handle(),
-    };
-    let made = Box::into_raw(Box::new(SoftDm { ibv, dm: std::sync::Arc::new(dm) }));
-    // SAFETY: just made.
-    crate::import::register_dm(std::ptr::from_ref(soft.device) as usize, unsafe { &*made }, made);
+    let handle = crate::import::next_handle();
+    let made = wrap_dm(context, handle, std::sync::Arc::new(dm));
+    crate::import::register_dm(handle, std::ptr::from_ref(soft.device) as usize, made);
     made.cast()
 }
 
-/// An imported `ibv_dm` on `context`: the same memory under a new structure.
-pub(crate) fn imported_dm(
-    context: *mut ffi::ibv_context,
-    handle: u32,
-    dm: std::sync::Arc<DeviceMemory>,
-) -> *mut ffi::ibv_dm {
+/// A new `ibv_dm` on `context` for `dm` (allocated, or imported: the same memory).
+pub(crate) fn wrap_dm(context: *mut ffi::ibv_context, handle: u32, dm: std::sync::Arc<DeviceMemory>) -> *mut SoftDm {
     let ibv = ffi::ibv_dm {
         context,
         memcpy_to_dm: Some(memcpy_to_dm),
@@ -69,7 +58,7 @@ pub(crate) fn imported_dm(
         comp_mask: 0,
         handle,
     };
-    Box::into_raw(Box::new(SoftDm { ibv, dm })).cast()
+    Box::into_raw(Box::new(SoftDm { ibv, dm }))
 }
 
 /// `verbs_context.free_dm`: the memory goes back to the device once no region uses it.

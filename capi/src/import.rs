@@ -79,9 +79,9 @@ pub fn forget_pd(handle: u32, pd: *mut SoftPd) {
     });
 }
 
-/// Region `mr` (on `device`) can be imported.
-pub fn register_mr(device: usize, mr: &SoftMr, owner: *const SoftMr) {
-    with(&MRS, |m| m.insert(mr.ibv.handle, (device, owner as usize)));
+/// Region `owner` (handle `handle`, on `device`) can be imported.
+pub fn register_mr(handle: u32, device: usize, owner: *const SoftMr) {
+    with(&MRS, |m| m.insert(handle, (device, owner as usize)));
 }
 
 /// Region `mr` is deregistered.
@@ -184,9 +184,9 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ffi::ibv_mr) {
     }
 }
 
-/// Device memory `dm` (on `device`) can be imported.
-pub fn register_dm(device: usize, dm: &crate::dm::SoftDm, owner: *const crate::dm::SoftDm) {
-    with(&DMS, |m| m.insert(dm.ibv.handle, (device, owner as usize)));
+/// Device memory `owner` (handle `handle`, on `device`) can be imported.
+pub fn register_dm(handle: u32, device: usize, owner: *const crate::dm::SoftDm) {
+    with(&DMS, |m| m.insert(handle, (device, owner as usize)));
 }
 
 /// Device memory `dm` is freed.
@@ -216,7 +216,7 @@ pub unsafe extern "C" fn ibv_import_dm(context: *mut ffi::ibv_context, handle: u
     if dev != device {
         return fail(libc::EINVAL);
     }
-    crate::dm::imported_dm(context, handle, dm)
+    crate::dm::wrap_dm(context, handle, dm).cast()
 }
 
 /// `ibv_unimport_dm`: the imported `ibv_dm` goes; the memory stays its owner's.

@@ -41,10 +41,9 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::i
         Err(e) => return fail(e),
     };
     let pd = engine.alloc_pd();
-    let ibv = ffi::ibv_pd { context: ctx, handle: crate::import::next_handle() };
-    let made = Box::into_raw(Box::new(SoftPd { ibv, pd, parent: None }));
-    // SAFETY: just made.
-    crate::import::register_pd(unsafe { (*made).ibv.handle }, std::ptr::from_ref(soft.device) as usize, made);
+    let handle = crate::import::next_handle();
+    let made = Box::into_raw(Box::new(SoftPd { ibv: ffi::ibv_pd { context: ctx, handle }, pd, parent: None }));
+    crate::import::register_pd(handle, std::ptr::from_ref(soft.device) as usize, made);
     made.cast()
 }
 
@@ -169,12 +168,11 @@ unsafe fn register(
 
 /// The `ibv_mr` of a new region, which other contexts of its device may import.
 pub(crate) fn publish(soft: SoftMr) -> *mut ffi::ibv_mr {
+    let (handle, context) = (soft.ibv.handle, soft.ibv.context);
     let made = Box::into_raw(Box::new(soft));
-    // SAFETY: just made; its context is open.
-    unsafe {
-        if let Some(ctx) = soft_context((*made).ibv.context) {
-            crate::import::register_mr(std::ptr::from_ref(ctx.device) as usize, &*made, made);
-        }
+    // SAFETY: the region's context is open.
+    if let Some(ctx) = unsafe { soft_context(context) } {
+        crate::import::register_mr(handle, std::ptr::from_ref(ctx.device) as usize, made);
     }
     made.cast()
 }
