@@ -32,6 +32,7 @@ pub mod post;
 pub mod qp;
 pub mod query;
 pub mod rate;
+pub mod rsocket;
 pub mod srq;
 mod symver;
 pub mod tm;
