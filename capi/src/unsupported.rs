@@ -140,36 +140,9 @@ unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_resolve_eth_l2_from_gid]);
 unsupported!("IBVERBS_1.10", c_int, eopnotsupp(), [ibv_query_ece, ibv_set_ece]);
 // Dma-buf memory.
 unsupported!("IBVERBS_1.12", *mut c_void, null(), [ibv_reg_dmabuf_mr]);
-// rsockets (rdma/rsocket.h): sockets over RDMA are not built; each call fails with
-// ENOSYS, as a socket call the system lacks, so rstream and riostream exit cleanly.
-unsupported!(
-    "RDMACM_1.0",
-    c_int,
-    enosys(),
-    [
-        rsocket,
-        rbind,
-        rlisten,
-        raccept,
-        rconnect,
-        rshutdown,
-        rclose,
-        rpoll,
-        rselect,
-        rgetpeername,
-        rgetsockname,
-        rsetsockopt,
-        rgetsockopt,
-        rfcntl,
-        riounmap,
-    ]
-);
-unsupported!(
-    "RDMACM_1.0",
-    isize,
-    enosys() as isize,
-    [rrecv, rrecvfrom, rrecvmsg, rsend, rsendto, rsendmsg, rread, rreadv, rwrite, rwritev]
-);
+// rsockets' memory-mapped writes (riomap, riowrite) are not built: ENOSYS, as a call
+// the system lacks. The stream calls are in `crate::rsocket`.
+unsupported!("RDMACM_1.0", c_int, enosys(), [riounmap]);
 unsupported!("RDMACM_1.0", i64, i64::from(enosys()), [riomap]);
 // Nothing written: `size_t` has no -1.
 unsupported!("RDMACM_1.0", usize, enosys().max(0) as usize, [riowrite]);

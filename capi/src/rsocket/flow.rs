@@ -131,10 +131,11 @@ pub struct Sizes {
 }
 
 impl Flow {
-    /// A connected flow with `sizes`, after the peer's connection data `peer`.
+    /// A connected flow with `sizes`, after the peer's connection data `peer`. The target
+    /// list's other entry (zeroed when it was made) is left alone: the peer's first grant
+    /// may already be in it.
     pub fn new(sizes: Sizes, msg_send: bool, peer: &ConnPeer, targets: &mut impl Targets) -> Flow {
         targets.set(0, peer.data_buf);
-        targets.set(1, Sge::default());
         Flow {
             msg_send,
             sq_size: u32::from(sizes.sq_size),

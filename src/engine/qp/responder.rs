@@ -428,6 +428,13 @@ impl Responder {
             if (pos == Position::Only && r.payload.len() != remaining) || r.payload.len() > remaining {
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
+            if remaining == 0 {
+                // C9-88: a zero-length WRITE names no memory, so neither its R_Key nor its
+                // VA is checked (rsockets sends its credits as zero-length WRITEs with
+                // immediate data and a zero key).
+                self.cur = None;
+                return self.finish_write(r, true, q, ctx);
+            }
             // IBTA 9.7.5.1.5 (C9-88): rkey, PD, access and bounds; nothing is written otherwise.
             if !self.access.remote_write {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError));
@@ -455,6 +462,14 @@ impl Responder {
         *remaining -= r.payload.len();
         if last {
             self.cur = None;
+        }
+        self.finish_write(r, last, q, ctx)
+    }
+
+    /// A WRITE packet placed: the last one of a WRITE with immediate data consumes a
+    /// receive and completes it.
+    fn finish_write(&mut self, r: &RoceRepr<'_>, last: bool, q: &QpView, ctx: &mut Ctx<'_>) -> Check {
+        if last {
             if let Some(imm) = r.immdt {
                 let Some(wqe) = self.take_recv(ctx) else {
                     return Err(Refusal::Rnr);

@@ -1,0 +1,680 @@
+//! The rsocket calls of `rdma/rsocket.h`, exported with librdmacm's symbol version. A socket
+//! is named by its rdma_cm id's channel fd, as librdmacm names it, so its numbers never
+//! collide with the process's other fds and `rpoll` can take both kinds at once.
+//!
+//! Stream sockets only: `SOCK_DGRAM` (rsockets over UD, librdmacm's own datagram
+//! protocol) and the `riomap` family answer as the C header's callers expect of a missing
+//! feature (ENOTSUP, ENOSYS).
+
+use super::socket::{RSocket, State, Step, Wait};
+use crate::ffi;
+use libc::{c_int, c_void, socklen_t};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// `SOL_RDMA` (rsocket.h) and its options.
+const SOL_RDMA: c_int = 0x10000;
+const RDMA_SQSIZE: c_int = 0;
+const RDMA_RQSIZE: c_int = 1;
+const RDMA_INLINE: c_int = 2;
+const RDMA_IOMAPSIZE: c_int = 3;
+const RDMA_ROUTE: c_int = 4;
+
+/// The longest a waiting call sleeps before it looks again: another thread of the same
+/// socket may have taken the completion event it waited for.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+type Shared = Arc<Mutex<RSocket>>;
+
+fn table() -> MutexGuard<'static, BTreeMap<c_int, Shared>> {
+    static T: Mutex<BTreeMap<c_int, Shared>> = Mutex::new(BTreeMap::new());
+    T.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lookup(fd: c_int) -> Result<Shared, c_int> {
+    table().get(&fd).cloned().ok_or(libc::EBADF)
+}
+
+fn lock(s: &Shared) -> MutexGuard<'_, RSocket> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn fail<T: From<i8>>(e: c_int) -> T {
+    crate::set_errno(e);
+    T::from(-1)
+}
+
+fn int(r: Result<(), c_int>) -> c_int {
+    r.map_or_else(fail, |()| 0)
+}
+
+fn size(r: Result<usize, c_int>) -> isize {
+    r.map_or_else(fail, |n| n as isize)
+}
+
+fn sleep_on(w: Wait) {
+    let Wait::Readable(fd) = w;
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, WAIT_SLICE.as_millis() as c_int) };
+}
+
+/// Runs `f` on socket `fd` until it is done, sleeping (unlocked) whenever it waits.
+fn run<T>(fd: c_int, mut f: impl FnMut(&mut RSocket) -> Step<T>) -> Result<T, c_int> {
+    let s = lookup(fd)?;
+    loop {
+        let step = f(&mut lock(&s));
+        match step {
+            Step::Done(r) => return r,
+            Step::Wait(w) => sleep_on(w),
+        }
+    }
+}
+
+/// `rsocket`: a stream socket over RDMA (IPv4 or IPv6).
+#[no_mangle]
+pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int {
+    if (domain != libc::AF_INET && domain != libc::AF_INET6) || kind != libc::SOCK_STREAM {
+        return fail(libc::ENOTSUP);
+    }
+    if protocol != 0 && protocol != libc::IPPROTO_TCP {
+        return fail(libc::ENOTSUP);
+    }
+    match RSocket::new() {
+        Ok(s) => {
+            let fd = s.fd();
+            table().insert(fd, Arc::new(Mutex::new(s)));
+            fd
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `rbind`.
+///
+/// # Safety
+/// `addr` points at a socket address of `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn rbind(fd: c_int, addr: *const ffi::sockaddr, _len: socklen_t) -> c_int {
+    int(lookup(fd).and_then(|s| lock(&s).bind(addr)))
+}
+
+/// `rlisten`.
+#[no_mangle]
+pub extern "C" fn rlisten(fd: c_int, backlog: c_int) -> c_int {
+    int(lookup(fd).and_then(|s| lock(&s).listen(backlog)))
+}
+
+/// `raccept`: the next connection, set up and accepted.
+///
+/// # Safety
+/// `addr`/`len` are NULL or a buffer for the peer's address and its size.
+#[no_mangle]
+pub unsafe extern "C" fn raccept(fd: c_int, addr: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+    match run(fd, RSocket::accept) {
+        Ok(child) => {
+            let new_fd = child.fd();
+            table().insert(new_fd, Arc::new(Mutex::new(child)));
+            if !addr.is_null() && !len.is_null() {
+                // SAFETY: the caller's buffers.
+                unsafe { rgetpeername(new_fd, addr, len) };
+            }
+            new_fd
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `rconnect`: EINPROGRESS on a non-blocking socket until `rpoll` reports POLLOUT.
+///
+/// # Safety
+/// `addr` points at a socket address.
+#[no_mangle]
+pub unsafe extern "C" fn rconnect(fd: c_int, addr: *const ffi::sockaddr, _len: socklen_t) -> c_int {
+    int(lookup(fd).and_then(|s| lock(&s).connect(addr)))
+}
+
+fn nonblocking(s: &RSocket, flags: c_int) -> bool {
+    s.nonblock || flags & libc::MSG_DONTWAIT != 0
+}
+
+/// Sends all of `data` (a blocking socket) or what fits now (non-blocking).
+fn send_all(fd: c_int, data: &[u8], flags: c_int) -> Result<usize, c_int> {
+    let s = lookup(fd)?;
+    lock(&s).new_send();
+    let mut done = 0;
+    while done < data.len() {
+        let step = {
+            let mut g = lock(&s);
+            let nb = nonblocking(&g, flags);
+            g.send(&data[done..], nb)
+        };
+        match step {
+            Step::Done(Ok(n)) => done += n,
+            Step::Done(Err(e)) if done == 0 => return Err(e),
+            Step::Done(Err(_)) => break,
+            Step::Wait(w) => sleep_on(w),
+        }
+    }
+    Ok(done)
+}
+
+/// Receives into `out`: what has come (waiting for something unless non-blocking), or all
+/// of it with MSG_WAITALL; 0 at the end of the stream.
+fn recv_some(fd: c_int, out: &mut [u8], flags: c_int) -> Result<usize, c_int> {
+    let s = lookup(fd)?;
+    let peek = flags & libc::MSG_PEEK != 0;
+    let mut got = 0;
+    loop {
+        let step = {
+            let mut g = lock(&s);
+            let nb = nonblocking(&g, flags);
+            g.recv(&mut out[got..], nb, peek)
+        };
+        match step {
+            Step::Done(Ok(n)) => {
+                got += n;
+                if n == 0 || got == out.len() || peek || flags & libc::MSG_WAITALL == 0 {
+                    return Ok(got);
+                }
+            }
+            Step::Done(Err(e)) if got == 0 => return Err(e),
+            Step::Done(Err(_)) => return Ok(got),
+            Step::Wait(w) => sleep_on(w),
+        }
+    }
+}
+
+/// # Safety
+/// `buf` holds `len` bytes (or `len` is 0).
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
+    if len == 0 || buf.is_null() {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(buf.cast(), len) }
+}
+
+/// # Safety
+/// `buf` has room for `len` bytes (or `len` is 0).
+unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> &'a mut [u8] {
+    if len == 0 || buf.is_null() {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(buf.cast(), len) }
+}
+
+/// `rsend`.
+///
+/// # Safety
+/// `buf` holds `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn rsend(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize {
+    // SAFETY: the caller's contract.
+    size(send_all(fd, unsafe { bytes(buf, len) }, flags))
+}
+
+/// `rrecv`.
+///
+/// # Safety
+/// `buf` has room for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn rrecv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
+    // SAFETY: the caller's contract.
+    size(recv_some(fd, unsafe { bytes_mut(buf, len) }, flags))
+}
+
+/// `rread`.
+///
+/// # Safety
+/// As [`rrecv`].
+#[no_mangle]
+pub unsafe extern "C" fn rread(fd: c_int, buf: *mut c_void, len: usize) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { rrecv(fd, buf, len, 0) }
+}
+
+/// `rwrite`.
+///
+/// # Safety
+/// As [`rsend`].
+#[no_mangle]
+pub unsafe extern "C" fn rwrite(fd: c_int, buf: *const c_void, len: usize) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { rsend(fd, buf, len, 0) }
+}
+
+/// `rsendto`: a connected stream takes no address.
+///
+/// # Safety
+/// As [`rsend`].
+#[no_mangle]
+pub unsafe extern "C" fn rsendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    to: *const ffi::sockaddr,
+    to_len: socklen_t,
+) -> isize {
+    if !to.is_null() || to_len != 0 {
+        return fail(libc::EISCONN);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { rsend(fd, buf, len, flags) }
+}
+
+/// `rrecvfrom`: as `rrecv`; a stream reports no source.
+///
+/// # Safety
+/// As [`rrecv`].
+#[no_mangle]
+pub unsafe extern "C" fn rrecvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    _from: *mut ffi::sockaddr,
+    _from_len: *mut socklen_t,
+) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { rrecv(fd, buf, len, flags) }
+}
+
+/// # Safety
+/// `iov` holds `n` valid iovecs (or `n` is 0).
+unsafe fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> &'a [libc::iovec] {
+    if iov.is_null() || n <= 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(iov, n as usize) }
+}
+
+/// Gathers `iov` and sends it.
+///
+/// # Safety
+/// `iov` holds `n` iovecs naming readable memory.
+unsafe fn sendv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize {
+    let mut all = Vec::new();
+    // SAFETY: the caller's contract.
+    for v in unsafe { iovecs(iov, n) } {
+        // SAFETY: as above.
+        all.extend_from_slice(unsafe { bytes(v.iov_base, v.iov_len) });
+    }
+    size(send_all(fd, &all, flags))
+}
+
+/// Receives and scatters into `iov`.
+///
+/// # Safety
+/// `iov` holds `n` iovecs naming writable memory.
+unsafe fn recvv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize {
+    // SAFETY: the caller's contract.
+    let iov = unsafe { iovecs(iov, n) };
+    let mut all = vec![0u8; iov.iter().map(|v| v.iov_len).sum()];
+    let got = match recv_some(fd, &mut all, flags) {
+        Ok(g) => g,
+        Err(e) => return fail(e),
+    };
+    let mut at = 0;
+    for v in iov {
+        let n = v.iov_len.min(got - at);
+        // SAFETY: the caller's contract; `n` within both.
+        unsafe { bytes_mut(v.iov_base, n) }.copy_from_slice(&all[at..at + n]);
+        at += n;
+    }
+    got as isize
+}
+
+/// `rwritev`.
+///
+/// # Safety
+/// `iov` holds `n` iovecs.
+#[no_mangle]
+pub unsafe extern "C" fn rwritev(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { sendv(fd, iov, n, 0) }
+}
+
+/// `rreadv`.
+///
+/// # Safety
+/// `iov` holds `n` iovecs.
+#[no_mangle]
+pub unsafe extern "C" fn rreadv(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { recvv(fd, iov, n, 0) }
+}
+
+/// `rsendmsg` (no control data on a stream rsocket).
+///
+/// # Safety
+/// `msg` is a valid msghdr.
+#[no_mangle]
+pub unsafe extern "C" fn rsendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
+    // SAFETY: the caller's contract.
+    let Some(m) = (unsafe { msg.as_ref() }) else { return fail(libc::EINVAL) };
+    // SAFETY: the message's iovecs.
+    unsafe { sendv(fd, m.msg_iov, m.msg_iovlen as c_int, flags) }
+}
+
+/// `rrecvmsg`.
+///
+/// # Safety
+/// `msg` is a valid msghdr.
+#[no_mangle]
+pub unsafe extern "C" fn rrecvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
+    // SAFETY: the caller's contract.
+    let Some(m) = (unsafe { msg.as_mut() }) else { return fail(libc::EINVAL) };
+    m.msg_controllen = 0;
+    m.msg_flags = 0;
+    // SAFETY: the message's iovecs.
+    unsafe { recvv(fd, m.msg_iov, m.msg_iovlen as c_int, flags) }
+}
+
+/// `rshutdown`.
+#[no_mangle]
+pub extern "C" fn rshutdown(fd: c_int, how: c_int) -> c_int {
+    int(run(fd, |s| s.shutdown(how)))
+}
+
+/// `rclose`: shuts a connected socket down (the peer hears it), then frees it.
+#[no_mangle]
+pub extern "C" fn rclose(fd: c_int) -> c_int {
+    let Some(s) = table().remove(&fd) else { return fail(libc::EBADF) };
+    let connected = lock(&s).ep.as_ref().and_then(|e| e.flow.as_ref()).is_some_and(|f| f.connected);
+    if connected {
+        loop {
+            let step = lock(&s).shutdown(libc::SHUT_RDWR);
+            match step {
+                Step::Done(_) => break,
+                Step::Wait(w) => sleep_on(w),
+            }
+        }
+    }
+    drop(s);
+    0
+}
+
+/// One pass of `rpoll` over `fds`: rsockets looked at, the kernel's fds and what the
+/// rsockets wait on polled for at most `wait_ms`. The count of entries with events.
+fn poll_pass(fds: &mut [libc::pollfd], wait_ms: c_int) -> c_int {
+    let mut kernel = Vec::with_capacity(fds.len());
+    let mut ready = 0;
+    let mut is_rs = Vec::with_capacity(fds.len());
+    for p in fds.iter_mut() {
+        p.revents = 0;
+        let Ok(s) = lookup(p.fd) else {
+            is_rs.push(false);
+            kernel.push(libc::pollfd { fd: p.fd, events: p.events, revents: 0 });
+            continue;
+        };
+        is_rs.push(true);
+        let events = lock(&s).poll_events(p.events);
+        match events {
+            Ok(r) => {
+                p.revents = r;
+                ready += c_int::from(r != 0);
+                kernel.push(libc::pollfd { fd: -1, events: 0, revents: 0 });
+            }
+            Err(wait_fd) => kernel.push(libc::pollfd { fd: wait_fd, events: libc::POLLIN, revents: 0 }),
+        }
+    }
+    let wait = if ready > 0 { 0 } else { wait_ms };
+    // SAFETY: `kernel` is a valid array of its length.
+    unsafe { libc::poll(kernel.as_mut_ptr(), kernel.len() as libc::nfds_t, wait) };
+    for (i, p) in fds.iter_mut().enumerate() {
+        if !is_rs[i] && kernel[i].revents != 0 {
+            p.revents = kernel[i].revents;
+            ready += 1;
+        }
+    }
+    ready
+}
+
+/// `rpoll`: rsockets and other fds together.
+///
+/// # Safety
+/// `fds` holds `n` pollfds.
+#[no_mangle]
+pub unsafe extern "C" fn rpoll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout_ms: c_int) -> c_int {
+    let fds: &mut [libc::pollfd] = if n == 0 || fds.is_null() {
+        &mut []
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
+    };
+    let deadline = (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    loop {
+        let left = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(Instant::now()).min(WAIT_SLICE));
+        let ready = poll_pass(fds, left.as_millis() as c_int);
+        if ready > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            return ready;
+        }
+    }
+}
+
+fn fd_isset(fd: c_int, set: *mut libc::fd_set) -> bool {
+    // SAFETY: a valid fd_set (or NULL, checked) and an fd below FD_SETSIZE.
+    !set.is_null() && unsafe { libc::FD_ISSET(fd, set) }
+}
+
+/// `rselect`, through `rpoll`.
+///
+/// # Safety
+/// The sets are NULL or valid fd_sets; `timeout` NULL or a timeval.
+#[no_mangle]
+pub unsafe extern "C" fn rselect(
+    nfds: c_int,
+    readfds: *mut libc::fd_set,
+    writefds: *mut libc::fd_set,
+    exceptfds: *mut libc::fd_set,
+    timeout: *mut libc::timeval,
+) -> c_int {
+    let mut polls = Vec::new();
+    for fd in 0..nfds.clamp(0, libc::FD_SETSIZE as c_int) {
+        let mut events = 0;
+        if fd_isset(fd, readfds) {
+            events |= libc::POLLIN;
+        }
+        if fd_isset(fd, writefds) {
+            events |= libc::POLLOUT;
+        }
+        if events != 0 || fd_isset(fd, exceptfds) {
+            polls.push(libc::pollfd { fd, events, revents: 0 });
+        }
+    }
+    // SAFETY: the caller's timeval, if any.
+    let ms = unsafe { timeout.as_ref() }.map_or(-1, |t| (t.tv_sec * 1000 + t.tv_usec / 1000) as c_int);
+    // SAFETY: a valid array of its length.
+    let r = unsafe { rpoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        return r;
+    }
+    let mut count = 0;
+    for set in [readfds, writefds, exceptfds] {
+        if !set.is_null() {
+            // SAFETY: a valid fd_set.
+            unsafe { libc::FD_ZERO(set) };
+        }
+    }
+    for p in &polls {
+        for (set, bits) in
+            [(readfds, libc::POLLIN | libc::POLLHUP), (writefds, libc::POLLOUT), (exceptfds, libc::POLLERR)]
+        {
+            if !set.is_null() && p.revents & bits != 0 {
+                // SAFETY: a valid fd_set and an fd below FD_SETSIZE.
+                unsafe { libc::FD_SET(p.fd, set) };
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// Writes `addr` into the caller's buffer, truncating as getsockname(2) does.
+///
+/// # Safety
+/// `out` has room for `*len` bytes.
+unsafe fn copy_addr(from: *const libc::sockaddr_storage, out: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+    if out.is_null() || len.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: a storage this library filled.
+    let family = c_int::from(unsafe { (*from).ss_family });
+    let size = if family == libc::AF_INET6 {
+        std::mem::size_of::<libc::sockaddr_in6>()
+    } else {
+        std::mem::size_of::<libc::sockaddr_in>()
+    };
+    // SAFETY: the caller's contract; at most the smaller of both.
+    unsafe {
+        let n = size.min(*len as usize);
+        std::ptr::copy_nonoverlapping(from.cast::<u8>(), out.cast::<u8>(), n);
+        *len = size as socklen_t;
+    }
+    0
+}
+
+/// `rgetpeername`.
+///
+/// # Safety
+/// As getpeername(2).
+#[no_mangle]
+pub unsafe extern "C" fn rgetpeername(fd: c_int, addr: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+    let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
+    let g = lock(&s);
+    // SAFETY: a live id's route; its storage member is what this library writes.
+    unsafe { copy_addr((&raw const (*g.id).route.addr.__bindgen_anon_2.dst_storage).cast(), addr, len) }
+}
+
+/// `rgetsockname`.
+///
+/// # Safety
+/// As getsockname(2).
+#[no_mangle]
+pub unsafe extern "C" fn rgetsockname(fd: c_int, addr: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+    let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
+    let g = lock(&s);
+    // SAFETY: as in rgetpeername.
+    unsafe { copy_addr((&raw const (*g.id).route.addr.__bindgen_anon_1.src_storage).cast(), addr, len) }
+}
+
+/// `rfcntl`: F_GETFL and F_SETFL (O_NONBLOCK). The C prototype is variadic; on the
+/// platforms this library builds for, an `int` third argument arrives as a fixed one does.
+#[no_mangle]
+pub extern "C" fn rfcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int {
+    let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
+    let mut g = lock(&s);
+    match cmd {
+        libc::F_GETFL => libc::O_RDWR | if g.nonblock { libc::O_NONBLOCK } else { 0 },
+        libc::F_SETFL => {
+            g.nonblock = arg & libc::O_NONBLOCK != 0;
+            0
+        }
+        _ => fail(libc::ENOTSUP),
+    }
+}
+
+/// # Safety
+/// `val` holds at least `len` bytes.
+unsafe fn read_int(val: *const c_void, len: socklen_t) -> Result<c_int, c_int> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract; an unaligned read of an int.
+    Ok(unsafe { val.cast::<c_int>().read_unaligned() })
+}
+
+/// `rsetsockopt`: sizes (SO_SNDBUF, SO_RCVBUF doubled as librdmacm does; SOL_RDMA queue
+/// depths and inline size) before connecting; socket and TCP flags kept for
+/// `rgetsockopt` (a reliable connection needs no TCP tuning).
+///
+/// # Safety
+/// `val` holds `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn rsetsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
+    let mut g = lock(&s);
+    if level == libc::SOL_SOCKET && name == libc::SO_LINGER {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    let v = match unsafe { read_int(val, len) } {
+        Ok(v) => v,
+        Err(e) => return fail(e),
+    };
+    let unconnected = g.ep.is_none();
+    let to_u16 = |v: c_int| v.clamp(0, c_int::from(u16::MAX)) as u16;
+    match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) if unconnected => g.sizes.rbuf_size = (v.max(0) as u32).saturating_mul(2),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) if unconnected => g.sizes.sbuf_size = (v.max(0) as u32).saturating_mul(2),
+        (libc::SOL_SOCKET, libc::SO_RCVBUF | libc::SO_SNDBUF) => {}
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE)
+        | (
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY | libc::TCP_KEEPIDLE | libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL | libc::TCP_MAXSEG,
+        )
+        | (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
+            g.flags.retain(|(k, _)| *k != (level, name));
+            g.flags.push(((level, name), v));
+        }
+        (SOL_RDMA, _) if !unconnected || g.state != State::Idle => return fail(libc::EINVAL),
+        (SOL_RDMA, RDMA_SQSIZE) => g.sizes.sq_size = to_u16(v),
+        (SOL_RDMA, RDMA_RQSIZE) => g.sizes.rq_size = to_u16(v),
+        (SOL_RDMA, RDMA_INLINE) => g.inline = v.clamp(0, c_int::from(u16::MAX)) as u32,
+        (SOL_RDMA, RDMA_IOMAPSIZE) if v == 0 => {}
+        (SOL_RDMA, RDMA_ROUTE) => {}
+        _ => return fail(libc::ENOTSUP),
+    }
+    0
+}
+
+/// `rgetsockopt`.
+///
+/// # Safety
+/// `val` has room for `*len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn rgetsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
+    let mut g = lock(&s);
+    let v = match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_ERROR) => std::mem::take(&mut g.err),
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) => (g.sizes.rbuf_size / 2) as c_int,
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => (g.sizes.sbuf_size / 2) as c_int,
+        (SOL_RDMA, RDMA_SQSIZE) => c_int::from(g.sizes.sq_size),
+        (SOL_RDMA, RDMA_RQSIZE) => c_int::from(g.sizes.rq_size),
+        (SOL_RDMA, RDMA_INLINE) => g.inline as c_int,
+        (SOL_RDMA, RDMA_IOMAPSIZE) => 0,
+        (libc::SOL_SOCKET | libc::IPPROTO_TCP | libc::IPPROTO_IPV6, _) => {
+            g.flags.iter().find(|(k, _)| *k == (level, name)).map_or(0, |(_, v)| *v)
+        }
+        _ => return fail(libc::ENOTSUP),
+    };
+    if val.is_null() || len.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: the caller's buffer of *len bytes.
+    unsafe {
+        let bytes = v.to_ne_bytes();
+        let n = (*len as usize).min(bytes.len());
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), val.cast::<u8>(), n);
+        *len = n as socklen_t;
+    }
+    0
+}

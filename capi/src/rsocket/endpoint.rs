@@ -1,0 +1,517 @@
+//! A stream rsocket's RDMA resources: the CQ and its completion channel, the QP (made
+//! through rdma_cm), and the three registered buffers librdmacm's scheme needs (send ring,
+//! receive ring, target list), driven through this library's own verbs as an application
+//! drives them. [`super::flow::Flow`] decides; this posts and polls.
+
+use super::flow::{self, Credit, DataWrite, Flow, Sizes, Targets, CTRL_SLOTS, RECV_FLAG};
+use super::wire::{self, ConnData, Sge, SGE_LEN, SGL_SIZE};
+use crate::ffi;
+use libc::c_int;
+use std::ptr::null_mut;
+
+/// Bytes of a message carried by a SEND (iWARP).
+const MSG_BYTES: usize = 4;
+
+/// Memory the peer may write while this side runs: never seen through a Rust reference.
+pub(crate) struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Region {
+    fn zeroed(len: usize) -> Region {
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        Region { len, ptr: Box::into_raw(b).cast() }
+    }
+
+    pub(crate) fn addr(&self, offset: u32) -> u64 {
+        self.ptr as u64 + u64::from(offset)
+    }
+
+    /// Copies `out.len()` bytes from `offset` (in bounds: the flow's ranges are).
+    fn read(&self, offset: u32, out: &mut [u8]) {
+        let end = (offset as usize).saturating_add(out.len());
+        assert!(end <= self.len, "a range outside the region");
+        // SAFETY: in bounds (checked); the region outlives the call; bytes only.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset as usize), out.as_mut_ptr(), out.len()) };
+    }
+
+    fn write(&self, offset: u32, data: &[u8]) {
+        let end = (offset as usize).saturating_add(data.len());
+        assert!(end <= self.len, "a range outside the region");
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: made by Box::into_raw of a boxed slice of `len` bytes in `zeroed`.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+/// The target list in registered memory, written by the peer's RDMA WRITEs: read fresh.
+struct TargetMem<'a>(&'a Region);
+
+impl Targets for TargetMem<'_> {
+    fn get(&self, i: usize) -> Sge {
+        let mut b = [0u8; SGE_LEN];
+        let at = (i * SGE_LEN) as u32;
+        // SAFETY: entry i < SGL_SIZE of a region of SGL_SIZE entries; a volatile read,
+        // since the peer's WRITE changes it behind the compiler's back.
+        for (k, byte) in b.iter_mut().enumerate() {
+            *byte = unsafe { std::ptr::read_volatile(self.0.ptr.add(at as usize + k)) };
+        }
+        let _ = &self.0.len;
+        Sge::from_bytes(&b)
+    }
+
+    fn set(&mut self, i: usize, s: Sge) {
+        self.0.write((i * SGE_LEN) as u32, &s.to_bytes(false));
+    }
+}
+
+/// The resources of one connection, and its flow once connected.
+pub(crate) struct Endpoint {
+    pub(crate) id: *mut ffi::rdma_cm_id,
+    pub(crate) channel: *mut ffi::ibv_comp_channel,
+    pub(crate) cq: *mut ffi::ibv_cq,
+    pub(crate) sizes: Sizes,
+    pub(crate) msg_send: bool,
+    sbuf: Region,
+    rbuf: Region,
+    targets: Region,
+    mrs: [*mut ffi::ibv_mr; 3],
+    pub(crate) flow: Option<Flow>,
+    peer_big_endian: bool,
+    /// The CQ is armed for one event.
+    pub(crate) armed: bool,
+    rbuf_msg_index: u32,
+    msg_slot: u32,
+    ctrl_slot: u32,
+    /// Why the connection ended on a peer's or a transport's fault (errno).
+    pub(crate) fault: Option<c_int>,
+}
+
+// SAFETY: the raw pointers name this library's objects, which are used from any thread
+// (the C API's rule); an endpoint is only reached under its socket's lock.
+unsafe impl Send for Endpoint {}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+impl Endpoint {
+    /// Makes the CQ, QP and buffers of `id` (address and route resolved, or a request's
+    /// id) and posts the receives.
+    ///
+    /// # Safety
+    /// `id` is a live rdma_cm id bound to a device.
+    pub(crate) unsafe fn create(id: *mut ffi::rdma_cm_id, sizes: Sizes, inline: u32) -> Result<Endpoint, c_int> {
+        // SAFETY: the caller's contract: a bound id has its context.
+        let ctx = unsafe { (*id).verbs };
+        // SAFETY: an open context's device.
+        let msg_send = unsafe { (*(*ctx).device).transport_type } == ffi::IBV_TRANSPORT_IWARP;
+        // SAFETY: an open context.
+        let channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+        if channel.is_null() {
+            return Err(errno());
+        }
+        // Waits happen in poll(2) on the fd; reads of it must never block.
+        // SAFETY: the channel's own fd.
+        unsafe { set_nonblocking((*channel).fd, true) };
+        let cqe = c_int::from(sizes.sq_size) + c_int::from(sizes.rq_size);
+        // SAFETY: an open context and its channel.
+        let cq = unsafe { crate::cq::ibv_create_cq(ctx, cqe, null_mut(), channel, 0) };
+        let mut ep = Endpoint {
+            id,
+            channel,
+            cq,
+            sizes,
+            msg_send,
+            sbuf: Region::zeroed(
+                sizes.sbuf_size as usize + CTRL_SLOTS as usize * SGE_LEN + usize::from(sizes.sq_size) * MSG_BYTES,
+            ),
+            rbuf: Region::zeroed(sizes.rbuf_size as usize + usize::from(sizes.rq_size) * MSG_BYTES),
+            targets: Region::zeroed(SGL_SIZE * SGE_LEN),
+            mrs: [null_mut(); 3],
+            flow: None,
+            peer_big_endian: false,
+            armed: false,
+            rbuf_msg_index: 0,
+            msg_slot: 0,
+            ctrl_slot: 0,
+            fault: None,
+        };
+        if cq.is_null() {
+            return Err(errno());
+        }
+        // SAFETY: the endpoint's own live objects.
+        unsafe { ep.create_qp(inline)? };
+        ep.register()?;
+        for _ in 0..sizes.rq_size {
+            ep.post_recv()?;
+        }
+        ep.arm();
+        Ok(ep)
+    }
+
+    /// # Safety
+    /// `self.id` is live and `self.cq` made.
+    unsafe fn create_qp(&mut self, inline: u32) -> Result<(), c_int> {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut attr: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = self.cq;
+        attr.recv_cq = self.cq;
+        attr.qp_type = ffi::IBV_QPT_RC;
+        attr.sq_sig_all = 1;
+        attr.cap.max_send_wr = u32::from(self.sizes.sq_size);
+        attr.cap.max_recv_wr = u32::from(self.sizes.rq_size);
+        attr.cap.max_send_sge = 2;
+        attr.cap.max_recv_sge = 1;
+        attr.cap.max_inline_data = inline;
+        // SAFETY: a live id; the id's own PD is used (NULL).
+        if unsafe { crate::cm::rdma_create_qp(self.id, null_mut(), &mut attr) } != 0 {
+            return Err(errno());
+        }
+        Ok(())
+    }
+
+    fn register(&mut self) -> Result<(), c_int> {
+        // SAFETY: a live id with a QP has its PD.
+        let pd = unsafe { (*self.id).pd };
+        let local = ffi::IBV_ACCESS_LOCAL_WRITE as c_int;
+        let remote = local | ffi::IBV_ACCESS_REMOTE_WRITE as c_int;
+        for (i, (r, access)) in
+            [(&self.sbuf, local), (&self.rbuf, remote), (&self.targets, remote)].into_iter().enumerate()
+        {
+            // SAFETY: the region lives as long as the endpoint, which deregisters first.
+            let mr = unsafe { crate::objects::ibv_reg_mr(pd, r.ptr.cast(), r.len, access) };
+            if mr.is_null() {
+                return Err(errno());
+            }
+            self.mrs[i] = mr;
+        }
+        Ok(())
+    }
+
+    fn lkey(&self, i: usize) -> u32 {
+        // SAFETY: registered in `register`, deregistered only in drop.
+        unsafe { (*self.mrs[i]).lkey }
+    }
+
+    fn rkey(&self, i: usize) -> u32 {
+        // SAFETY: as in `lkey`.
+        unsafe { (*self.mrs[i]).rkey }
+    }
+
+    /// This side's connection data.
+    pub(crate) fn conn_data(&self) -> ConnData {
+        ConnData {
+            version: wire::VERSION,
+            flags: wire::FLAG_IOMAP,
+            credits: self.sizes.rq_size,
+            target_iomap_size: 0,
+            target_sgl: Sge { addr: self.targets.addr(0), key: self.rkey(2), length: SGL_SIZE as u32 },
+            data_buf: Sge { addr: self.rbuf.addr(0), key: self.rkey(1), length: self.sizes.rbuf_size >> 1 },
+        }
+    }
+
+    /// Connected: the flow starts from the peer's connection data.
+    pub(crate) fn connected(&mut self, peer: &ConnData) {
+        let peer = flow::ConnPeer::from(peer);
+        self.peer_big_endian = peer.big_endian;
+        let mut t = TargetMem(&self.targets);
+        self.flow = Some(Flow::new(self.sizes, self.msg_send, &peer, &mut t));
+    }
+
+    /// Room to send a message now.
+    pub(crate) fn can_send(&self) -> bool {
+        self.flow.as_ref().is_some_and(|f| f.can_send(&TargetMem(&self.targets)))
+    }
+
+    fn qp(&self) -> *mut ffi::ibv_qp {
+        // SAFETY: a live id.
+        unsafe { (*self.id).qp }
+    }
+
+    fn post_recv(&mut self) -> Result<(), c_int> {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut wr: ffi::ibv_recv_wr = unsafe { std::mem::zeroed() };
+        let i = self.rbuf_msg_index;
+        let mut sge = ffi::ibv_sge {
+            addr: self.rbuf.addr(self.sizes.rbuf_size + i * MSG_BYTES as u32),
+            length: MSG_BYTES as u32,
+            lkey: self.lkey(1),
+        };
+        wr.wr_id = RECV_FLAG;
+        if self.msg_send {
+            wr.wr_id |= u64::from(i);
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
+            self.rbuf_msg_index = (i + 1) % u32::from(self.sizes.rq_size);
+        }
+        let mut bad = null_mut();
+        // SAFETY: a live QP; `wr` and `sge` live through the call.
+        match unsafe { crate::post::post_recv(self.qp(), &mut wr, &mut bad) } {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    /// Posts one send WR: `sges` of the send buffer (or none), as `opcode`.
+    fn post(
+        &self,
+        opcode: ffi::ibv_wr_opcode,
+        sges: &mut [ffi::ibv_sge],
+        remote: (u64, u32),
+        imm: u32,
+        wr_id: u64,
+    ) -> Result<(), c_int> {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = opcode;
+        wr.sg_list = if sges.is_empty() { null_mut() } else { sges.as_mut_ptr() };
+        wr.num_sge = sges.len() as c_int;
+        wr.__bindgen_anon_1.imm_data = imm.to_be();
+        wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.0, rkey: remote.1 };
+        let mut bad = null_mut();
+        // SAFETY: a live QP; `wr` and the SGEs live through the call (posting copies).
+        match unsafe { crate::post::post_send(self.qp(), &mut wr, &mut bad) } {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    /// A message alone: an immediate-only zero-length WRITE, or a SEND of its 4 bytes.
+    fn post_msg(&mut self, m: u32, wr_id: u64) -> Result<(), c_int> {
+        if !self.msg_send {
+            return self.post(ffi::IBV_WR_RDMA_WRITE_WITH_IMM, &mut [], (0, 0), m, wr_id);
+        }
+        // Slots cycle through as many as send WRs, so one in flight is never reused.
+        let at = self.sizes.sbuf_size + CTRL_SLOTS * SGE_LEN as u32 + self.msg_slot * MSG_BYTES as u32;
+        self.msg_slot = (self.msg_slot + 1) % u32::from(self.sizes.sq_size);
+        // rsockets sends the message in host order (it is not converted).
+        self.sbuf.write(at, &m.to_ne_bytes());
+        let mut sge = [ffi::ibv_sge { addr: self.sbuf.addr(at), length: MSG_BYTES as u32, lkey: self.lkey(0) }];
+        self.post(ffi::IBV_WR_SEND, &mut sge, (0, 0), 0, wr_id)
+    }
+
+    /// Data or an SGE written to `remote` with message `m` (two WRs on iWARP).
+    fn post_write_msg(&mut self, sges: &mut [ffi::ibv_sge], remote: (u64, u32), m: u32) -> Result<(), c_int> {
+        let wr_id = Flow::send_wr_id(m, false);
+        if !self.msg_send {
+            return self.post(ffi::IBV_WR_RDMA_WRITE_WITH_IMM, sges, remote, m, wr_id);
+        }
+        self.post(ffi::IBV_WR_RDMA_WRITE, sges, remote, 0, wr_id)?;
+        let (op, _) = wire::parse_msg(m);
+        self.post_msg(m, Flow::send_wr_id(wire::msg(op, 0), true))
+    }
+
+    /// Sends what it can of `data` now; the bytes taken (0 when there is no room).
+    pub(crate) fn send_now(&mut self, data: &[u8], olen: &mut u32) -> Result<usize, c_int> {
+        let mut done = 0;
+        while done < data.len() {
+            let Some(flow) = self.flow.as_mut() else { return Err(libc::ENOTCONN) };
+            let want = ((data.len() - done) as u32).min(*olen);
+            let mut t = TargetMem(&self.targets);
+            let Some(w) = flow.next_write(want, &mut t) else { break };
+            if *olen < flow::MAX_TRANSFER {
+                *olen <<= 1;
+            }
+            self.write_data(&w, &data[done..])?;
+            done += w.bytes() as usize;
+        }
+        Ok(done)
+    }
+
+    fn write_data(&mut self, w: &DataWrite, data: &[u8]) -> Result<(), c_int> {
+        let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
+        let mut n = 0;
+        let mut from = 0usize;
+        for (off, len) in w.local {
+            if len == 0 {
+                continue;
+            }
+            self.sbuf.write(off, &data[from..from + len as usize]);
+            sges[n] = ffi::ibv_sge { addr: self.sbuf.addr(off), length: len, lkey: self.lkey(0) };
+            n += 1;
+            from += len as usize;
+        }
+        self.post_write_msg(&mut sges[..n], (w.remote_addr, w.rkey), w.imm)
+    }
+
+    /// Gives the peer credits (and space) if due.
+    pub(crate) fn update_credits(&mut self) -> Result<(), c_int> {
+        let Some(due) = self.flow.as_mut().and_then(Flow::credits_due) else { return Ok(()) };
+        match due {
+            Credit::Msg(m) => self.post_msg(m, Flow::send_wr_id(m, false)),
+            Credit::Grant { rbuf_offset, len, slot, imm } => {
+                let sge = Sge { addr: self.rbuf.addr(rbuf_offset), key: self.rkey(1), length: len };
+                let at = self.sizes.sbuf_size + self.ctrl_slot * SGE_LEN as u32;
+                self.ctrl_slot = (self.ctrl_slot + 1) % CTRL_SLOTS;
+                self.sbuf.write(at, &sge.to_bytes(self.peer_big_endian));
+                let mut sges = [ffi::ibv_sge { addr: self.sbuf.addr(at), length: SGE_LEN as u32, lkey: self.lkey(0) }];
+                let remote = self.flow.as_ref().map_or((0, 0), |f| f.remote_slot(slot));
+                self.post_write_msg(&mut sges, remote, imm)
+            }
+        }
+    }
+
+    /// Posts a control message if a slot is free; whether it went.
+    pub(crate) fn send_ctrl(&mut self, what: u32) -> Result<bool, c_int> {
+        let Some(m) = self.flow.as_mut().and_then(|f| f.ctrl(what)) else { return Ok(false) };
+        self.post_msg(m, Flow::send_wr_id(m, false))?;
+        Ok(true)
+    }
+
+    /// Copies up to `out.len()` received bytes out; `peek` leaves them unread.
+    pub(crate) fn read_into(&mut self, out: &mut [u8], peek: bool) -> usize {
+        let Some(flow) = self.flow.as_mut() else { return 0 };
+        let mut n = 0;
+        for (off, len) in flow.take(out.len(), peek) {
+            self.rbuf.read(off, &mut out[n..n + len as usize]);
+            n += len as usize;
+        }
+        n
+    }
+
+    /// Takes every completion and event waiting; reposts the receives consumed.
+    pub(crate) fn poll(&mut self) -> Result<(), c_int> {
+        self.take_events();
+        // SAFETY: plain C data; all-zero is valid.
+        let mut wcs: [ffi::ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        let mut received = 0;
+        loop {
+            // SAFETY: a live CQ and room for 16 completions.
+            let n = unsafe { crate::cq::poll_cq(self.cq, 16, wcs.as_mut_ptr()) };
+            if n <= 0 {
+                break;
+            }
+            for wc in &wcs[..n as usize] {
+                received += self.completed(wc);
+            }
+        }
+        if self.flow.as_ref().is_some_and(|f| f.connected) {
+            for _ in 0..received {
+                self.post_recv()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One completion; 1 for a receive consumed.
+    fn completed(&mut self, wc: &ffi::ibv_wc) -> u32 {
+        let ok = wc.status == ffi::IBV_WC_SUCCESS;
+        let Some(flow) = self.flow.as_mut() else { return 0 };
+        if wc.wr_id & RECV_FLAG == 0 {
+            flow.send_done(wc.wr_id, ok);
+            if !ok && self.fault.is_none() {
+                self.fault = Some(libc::EIO);
+            }
+            return 0;
+        }
+        if !ok {
+            return 0;
+        }
+        let m = if wc.wc_flags & ffi::IBV_WC_WITH_IMM != 0 {
+            // SAFETY: completions with immediate data carry it in this member.
+            u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })
+        } else {
+            let slot = (wc.wr_id as u32) % u32::from(self.sizes.rq_size);
+            let mut b = [0u8; MSG_BYTES];
+            self.rbuf.read(self.sizes.rbuf_size + slot * MSG_BYTES as u32, &mut b);
+            u32::from_ne_bytes(b)
+        };
+        if let Err(e) = flow.received(m) {
+            // The peer broke the protocol: the connection ends here, as on a transport error.
+            flow.connected = false;
+            flow.readable = false;
+            flow.writable = false;
+            self.fault = Some(match e {
+                flow::PeerError::TooManyMessages | flow::PeerError::DataTooLong => libc::EPROTO,
+                flow::PeerError::UnknownOp => libc::EPROTO,
+            });
+        }
+        1
+    }
+
+    /// Arms the CQ for one completion event, if it is not armed.
+    pub(crate) fn arm(&mut self) {
+        if !self.armed {
+            // SAFETY: a live CQ.
+            unsafe { crate::cq::req_notify_cq(self.cq, 0) };
+            self.armed = true;
+        }
+    }
+
+    /// Reads the channel's events (never blocking: its fd is non-blocking).
+    fn take_events(&mut self) {
+        // Only an armed CQ raises an event; and `ibv_get_cq_event` tells the poll thread
+        // the caller is about to sleep, which a look that finds nothing must not do.
+        // SAFETY: the endpoint's live channel.
+        if !self.armed || !super::socket::readable_now(unsafe { (*self.channel).fd }) {
+            return;
+        }
+        let mut cq = null_mut();
+        let mut ctx = null_mut();
+        // SAFETY: the endpoint's channel; pointers to locals.
+        while unsafe { crate::cq::ibv_get_cq_event(self.channel, &mut cq, &mut ctx) } == 0 {
+            // SAFETY: the endpoint's CQ, the one the event named.
+            unsafe { crate::cq::ibv_ack_cq_events(self.cq, 1) };
+            self.armed = false;
+        }
+    }
+
+    /// The fd to wait on for this endpoint's next completion, after arming.
+    pub(crate) fn wait_fd(&mut self) -> c_int {
+        self.arm();
+        // SAFETY: the endpoint's live channel.
+        unsafe { (*self.channel).fd }
+    }
+
+    /// Lets the device's poll thread receive for a caller about to sleep.
+    pub(crate) fn before_sleep(&self) {
+        // SAFETY: a live id's context is open.
+        if let Some(engine) = unsafe { crate::device::soft_context((*self.id).verbs) }.and_then(|s| s.engine().ok()) {
+            engine.stop_polling();
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: the endpoint's own objects, each destroyed once, the QP before what it
+        // uses.
+        unsafe {
+            if !(*self.id).qp.is_null() {
+                crate::cm::rdma_destroy_qp(self.id);
+            }
+            for mr in self.mrs {
+                if !mr.is_null() {
+                    crate::objects::ibv_dereg_mr(mr);
+                }
+            }
+            if !self.cq.is_null() {
+                self.take_events();
+                crate::cq::ibv_destroy_cq(self.cq);
+            }
+            crate::cq::ibv_destroy_comp_channel(self.channel);
+        }
+    }
+}
+
+/// Sets or clears O_NONBLOCK on `fd`.
+///
+/// # Safety
+/// `fd` is an open file descriptor.
+pub(crate) unsafe fn set_nonblocking(fd: c_int, on: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+        libc::fcntl(fd, libc::F_SETFL, flags);
+    }
+}
