@@ -649,3 +649,18 @@ fn on_demand_regions_place_where_memory_is_and_refuse_where_it_is_not() {
     assert_eq!(got[..4096], msg[..4096], "the first response was placed");
     assert_eq!(b.ctx.stats().engine.naks_sent, 1, "{:?}", b.ctx.stats());
 }
+
+// C9-88: a zero-length WRITE names no memory, so its R_Key and VA go unchecked; with
+// immediate data it still consumes a receive (rsockets' credit messages are such WRITEs,
+// with key 0). A non-zero length under the same key is refused.
+#[test]
+fn a_zero_length_write_with_immediate_needs_no_key() {
+    let (a, b) = pair([127, 10, 9], 4096);
+    b.qp.post_recv(RecvWr { wr_id: 21, sgl: vec![] }).unwrap();
+    let nowhere = Remote { addr: 0, rkey: 0 };
+    a.qp.post_send(SendWr::new(5, SendOp::WriteImm(nowhere, 0xA000_0180), vec![])).unwrap();
+    assert_eq!(wait_ok(&a.cq, 5).status, WcStatus::Success);
+    let wc = wait_ok(&b.cq, 21);
+    assert_eq!((wc.opcode, wc.imm, wc.byte_len), (WcOpcode::RecvRdmaWithImm, Some(0xA000_0180), 0));
+    assert_eq!(write_through(&a, 0, 0, b"x", 6), WcStatus::RemAccessErr, "one byte does need a key");
+}
