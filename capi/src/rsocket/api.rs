@@ -72,9 +72,14 @@ fn run<T>(fd: c_int, mut f: impl FnMut(&mut RSocket) -> Step<T>) -> Result<T, c_
     }
 }
 
-/// `rsocket`: a stream socket over RDMA (IPv4 or IPv6).
+/// `rsocket`: a stream socket over RDMA (IPv4 or IPv6). Unlike librdmacm's, it takes
+/// `SOCK_NONBLOCK` and `SOCK_CLOEXEC` in the type as socket(2) does, so programs that
+/// always pass them (Python's socket module does) get RDMA through librspreload rather
+/// than its fallback to TCP.
 #[no_mangle]
 pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int {
+    let nonblock = kind & libc::SOCK_NONBLOCK != 0;
+    let kind = kind & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
     if (domain != libc::AF_INET && domain != libc::AF_INET6) || kind != libc::SOCK_STREAM {
         return fail(libc::ENOTSUP);
     }
@@ -82,7 +87,8 @@ pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int 
         return fail(libc::ENOTSUP);
     }
     match RSocket::new() {
-        Ok(s) => {
+        Ok(mut s) => {
+            s.nonblock = nonblock;
             let fd = s.fd();
             table().insert(fd, Arc::new(Mutex::new(s)));
             fd
