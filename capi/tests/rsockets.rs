@@ -69,3 +69,46 @@ fn rcopy_copies_a_file() {
     assert!(copy == data, "the copy differs ({} bytes of {})", copy.len(), data.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether the kernel has a TCP socket listening on `port` (any address).
+fn kernel_listens_on(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    // Columns: sl local_address rem_address st ...; LISTEN is state 0A.
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[1].ends_with(&format!(":{port:04X}")) && f[3] == "0A"
+    })
+}
+
+/// A plain socket program (no RDMA in it) under librdmacm's `librspreload.so`: its socket
+/// calls become rsockets on softrdma. 4 MiB go one way, their sum comes back; no kernel
+/// TCP socket listens meanwhile, so nothing fell back to TCP.
+#[test]
+fn a_plain_socket_program_runs_over_rsockets_through_librspreload() {
+    let preload = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
+    assert!(std::path::Path::new(preload).exists(), "librdmacm1 ships {preload}");
+    let dir = std::env::temp_dir().join(format!("softrdma-preload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let exe = dir.join("plain_sockets");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/plain_sockets.c");
+    let cc = std::process::Command::new("cc").args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).output();
+    let cc = cc.expect("a C compiler (cc) runs");
+    assert!(cc.status.success(), "plain_sockets.c builds:\n{}", text(&cc));
+    let exe = exe.to_str().unwrap_or_default();
+    let run = |addr: &str, args: &[&str]| {
+        let mut c = tool_on(exe, "rocev2", addr, args);
+        c.env("LD_PRELOAD", preload);
+        c.spawn().expect("the program runs")
+    };
+    let server = run("127.0.97.1", &["server", "127.0.97.1", "7591"]);
+    std::thread::sleep(Duration::from_millis(400));
+    let tcp_listener = kernel_listens_on(7591);
+    let client = run("127.0.97.2", &["client", "127.0.97.1", "7591"]);
+    let (c, s) = (finish(client, Duration::from_secs(30)), finish(server, Duration::from_secs(10)));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (who, out) in [("client", &c), ("server", &s)] {
+        assert!(out.status.success() && text(out).contains("plain sockets: ok"), "{who}:\n{}", text(out));
+    }
+    assert!(!tcp_listener, "the server listened on kernel TCP: librspreload fell back");
+}

@@ -333,7 +333,13 @@ impl Core {
         if let Some(s) = Arc::get_mut(&mut stream) {
             let _ = self.registry.deregister(s);
         }
-        let _ = stream.shutdown(Shutdown::Both);
+        match Arc::try_unwrap(stream) {
+            Ok(s) => linger(s),
+            // A busy poller still holds it: it reads no more once it is shut.
+            Err(shared) => {
+                let _ = shared.shutdown(Shutdown::Both);
+            }
+        }
     }
 
     fn add_stream(&mut self, t: ConnId, mut stream: TcpStream) -> io::Result<()> {
@@ -453,5 +459,46 @@ impl IwarpPort for IwarpTcp {
             self.resync.store(true, Ordering::Release);
             let _ = self.waker.wake();
         }
+    }
+}
+
+/// Connections closing gracefully at once; past this a close resets (a peer cannot make
+/// the device hold more sockets, or threads, than this by connecting and leaving).
+pub const LINGERING_MAX: usize = 64;
+/// How long a closing connection's last bytes may take to leave, its peer's dropped.
+pub const LINGER: Duration = Duration::from_secs(2);
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
+
+/// Closes `s` as TCP's orderly release: what the socket holds still goes, then a FIN, while
+/// what the peer sends meanwhile (its last credits, its own close) is read and dropped.
+/// Closing with unread bytes would make the kernel reset the connection and throw away
+/// the data not yet sent, which a peer that completes its sends when they are in its
+/// socket (as siw does, and this device) counts as delivered.
+fn linger(s: TcpStream) {
+    if LINGERING.fetch_add(1, Ordering::AcqRel) >= LINGERING_MAX {
+        LINGERING.fetch_sub(1, Ordering::AcqRel);
+        let _ = s.shutdown(Shutdown::Both);
+        return;
+    }
+    let _ = s.shutdown(Shutdown::Write);
+    let spawned = std::thread::Builder::new().name("softrdma-linger".into()).spawn(move || {
+        let fd: std::os::fd::OwnedFd = s.into();
+        let std_stream = std::net::TcpStream::from(fd);
+        let _ = std_stream.set_nonblocking(false);
+        let _ = std_stream.set_read_timeout(Some(Duration::from_millis(100)));
+        let deadline = Instant::now() + LINGER;
+        let mut buf = [0u8; 16 * 1024];
+        while Instant::now() < deadline {
+            match (&std_stream).read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+                Err(_) => break,
+            }
+        }
+        LINGERING.fetch_sub(1, Ordering::AcqRel);
+    });
+    if spawned.is_err() {
+        LINGERING.fetch_sub(1, Ordering::AcqRel);
     }
 }

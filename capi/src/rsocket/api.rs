@@ -521,12 +521,14 @@ pub unsafe extern "C" fn rselect(
     count
 }
 
-/// Writes `addr` into the caller's buffer, truncating as getsockname(2) does.
+/// Writes `addr` into the caller's buffer, truncating as getsockname(2) does; a
+/// zero length asks only for the size (librspreload asks so with no buffer).
 ///
 /// # Safety
 /// `out` has room for `*len` bytes.
 unsafe fn copy_addr(from: *const libc::sockaddr_storage, out: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
-    if out.is_null() || len.is_null() {
+    // SAFETY: the caller's length, if any.
+    if len.is_null() || (out.is_null() && unsafe { *len } != 0) {
         return fail(libc::EFAULT);
     }
     // SAFETY: a storage this library filled.
@@ -539,7 +541,9 @@ unsafe fn copy_addr(from: *const libc::sockaddr_storage, out: *mut ffi::sockaddr
     // SAFETY: the caller's contract; at most the smaller of both.
     unsafe {
         let n = size.min(*len as usize);
-        std::ptr::copy_nonoverlapping(from.cast::<u8>(), out.cast::<u8>(), n);
+        if n > 0 {
+            std::ptr::copy_nonoverlapping(from.cast::<u8>(), out.cast::<u8>(), n);
+        }
         *len = size as socklen_t;
     }
     0

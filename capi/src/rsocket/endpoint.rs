@@ -414,6 +414,15 @@ impl Endpoint {
             return 0;
         }
         if !ok {
+            // Receives are flushed when the QP fails: a connection that ended without the
+            // peer's disconnect message (a reset, a transport error) ends reads with
+            // ECONNRESET once what came before is read.
+            if flow.connected {
+                flow.connected = false;
+                flow.readable = false;
+                flow.writable = false;
+                self.fault.get_or_insert(libc::ECONNRESET);
+            }
             return 0;
         }
         let m = if wc.wc_flags & ffi::IBV_WC_WITH_IMM != 0 {

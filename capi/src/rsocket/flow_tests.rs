@@ -235,3 +235,32 @@ fn shutdown_and_disconnect_end_the_directions() {
     assert!(!a.flow.connected && !a.flow.writable);
     assert_eq!(MSG_SEND_FLAG, 1 << 62);
 }
+
+proptest! {
+    /// Whatever a hostile peer sends (any message, any target entries), the flow never
+    /// panics, hands out only ranges inside its buffers, and refuses before it queues more
+    /// than its receive queue holds.
+    #[test]
+    fn a_hostile_peer_cannot_push_the_flow_outside_its_buffers(
+        msgs in proptest::collection::vec((any::<u32>(), 0usize..100_000, any::<u64>(), any::<u32>()), 1..300),
+    ) {
+        let mut a = Side::new(false);
+        let s = sizes();
+        for (m, want, addr, len) in msgs {
+            if a.flow.received(m).is_err() {
+                break;
+            }
+            for (off, n) in a.flow.take(want, want % 3 == 0) {
+                prop_assert!(u64::from(off) + u64::from(n) <= u64::from(s.rbuf_size), "{off}+{n}");
+            }
+            a.targets.0[(addr % 2) as usize] = Sge { addr, key: 7, length: len };
+            if let Some(w) = a.flow.next_write((want % 70_000) as u32, &mut a.targets) {
+                for (off, n) in w.local {
+                    prop_assert!(u64::from(off) + u64::from(n) <= u64::from(s.sbuf_size), "{off}+{n}");
+                }
+                a.flow.send_done(Flow::send_wr_id(w.imm, false), true);
+            }
+            let _ = a.flow.credits_due();
+        }
+    }
+}
