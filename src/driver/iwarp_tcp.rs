@@ -475,6 +475,8 @@ static LINGERING: AtomicUsize = AtomicUsize::new(0);
 /// the data not yet sent, which a peer that completes its sends when they are in its
 /// socket (as siw does, and this device) counts as delivered.
 fn linger(s: TcpStream) {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(wait_for_lingering_at_exit);
     if LINGERING.fetch_add(1, Ordering::AcqRel) >= LINGERING_MAX {
         LINGERING.fetch_sub(1, Ordering::AcqRel);
         let _ = s.shutdown(Shutdown::Both);
@@ -492,7 +494,11 @@ fn linger(s: TcpStream) {
             match (&std_stream).read(&mut buf) {
                 Ok(0) => break,
                 Ok(_) => {}
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    ) => {}
                 Err(_) => break,
             }
         }
@@ -501,4 +507,20 @@ fn linger(s: TcpStream) {
     if spawned.is_err() {
         LINGERING.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A process that exits right after closing (rstream does) would close its sockets with
+/// the peer's last bytes unread, which resets them and loses what they still held: at
+/// exit, wait (at most [`LINGER`]) for the closing connections to end.
+#[allow(unsafe_code)]
+fn wait_for_lingering_at_exit() {
+    extern "C" fn wait() {
+        let deadline = Instant::now() + LINGER;
+        while LINGERING.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // SAFETY: registers a plain function with no arguments, which touches only an atomic
+    // and the clock, to run at exit.
+    unsafe { libc::atexit(wait) };
 }
