@@ -140,12 +140,6 @@ unsupported!("IBVERBS_1.1", c_int, eopnotsupp(), [ibv_resolve_eth_l2_from_gid]);
 unsupported!("IBVERBS_1.10", c_int, eopnotsupp(), [ibv_query_ece, ibv_set_ece]);
 // Dma-buf memory.
 unsupported!("IBVERBS_1.12", *mut c_void, null(), [ibv_reg_dmabuf_mr]);
-// rsockets' memory-mapped writes (riomap, riowrite) are not built: ENOSYS, as a call
-// the system lacks. The stream calls are in `crate::rsocket`.
-unsupported!("RDMACM_1.0", c_int, enosys(), [riounmap]);
-unsupported!("RDMACM_1.0", i64, i64::from(enosys()), [riomap]);
-// Nothing written: `size_t` has no -1.
-unsupported!("RDMACM_1.0", usize, enosys().max(0) as usize, [riowrite]);
 // librdmacm beyond what `cm.rs` implements.
 // ECE (enhanced connection establishment): none, as librdmacm answers over a device without it.
 unsupported!("RDMACM_1.3", c_int, minus_eopnotsupp(), [rdma_get_remote_ece, rdma_set_local_ece]);

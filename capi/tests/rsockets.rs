@@ -112,3 +112,30 @@ fn a_plain_socket_program_runs_over_rsockets_through_librspreload() {
     }
     assert!(!tcp_listener, "the server listened on kernel TCP: librspreload fell back");
 }
+
+/// riostream: each side maps its buffer (riomap, RDMA_IOMAPSIZE) and the other writes
+/// into it directly (riowrite), then spins on the buffer's last byte; data verified.
+#[test]
+fn riostream_writes_into_mapped_buffers_on_both_transports() {
+    for (transport, net, port) in [("rocev2", "127.0.98", "7601"), ("iwarp", "127.0.99", "7602")] {
+        for args in [
+            &["-S", "65536", "-C", "100", "-T", "v"][..],
+            &["-S", "64", "-C", "1000"],
+            &["-S", "4096", "-C", "1", "-I", "50"],
+        ] {
+            let server_addr = format!("{net}.1");
+            let mut sargs = vec!["-b", &server_addr, "-p", port];
+            sargs.extend_from_slice(args);
+            let server = tool_on("riostream", transport, &server_addr, &sargs).spawn().expect("riostream runs");
+            std::thread::sleep(Duration::from_millis(300));
+            let mut cargs = vec!["-s", &server_addr, "-p", port];
+            cargs.extend_from_slice(args);
+            let client = tool_on("riostream", transport, &format!("{net}.2"), &cargs).spawn().expect("riostream runs");
+            let (c, s) = (finish(client, Duration::from_secs(60)), finish(server, Duration::from_secs(10)));
+            for (who, out) in [("client", &c), ("server", &s)] {
+                let ok = out.status.success() && text(out).contains("custom");
+                assert!(ok, "riostream {transport} {args:?} {who}:\n{}", text(out));
+            }
+        }
+    }
+}

@@ -764,6 +764,17 @@ impl Context {
         }
     }
 
+    /// Receives once on the caller's thread without claiming the socket from the poll
+    /// thread (as [`Context::progress_now`] does for a loop polling a CQ): for a library
+    /// on top of the verbs (rsockets) whose callers return to the application between
+    /// calls, and may spin on memory there.
+    pub fn progress_once(&self) -> usize {
+        match &self.backend {
+            Backend::Roce(s) => s.progress(Poller::Application),
+            Backend::Iwarp(s) => s.progress(),
+        }
+    }
+
     /// The caller stopped polling and is about to block (for a completion event): the
     /// poll thread receives for it again from now ([`Context::progress_now`] had it leave
     /// the socket to the caller for a while).

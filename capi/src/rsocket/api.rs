@@ -638,11 +638,17 @@ pub unsafe extern "C" fn rsetsockopt(
             g.flags.retain(|(k, _)| *k != (level, name));
             g.flags.push(((level, name), v));
         }
-        (SOL_RDMA, _) if !unconnected || g.state != State::Idle => return fail(libc::EINVAL),
+        // Before connecting; a listener's settings pass to the sockets it accepts.
+        (SOL_RDMA, _) if !unconnected || !matches!(g.state, State::Idle | State::Listening) => {
+            return fail(libc::EINVAL)
+        }
         (SOL_RDMA, RDMA_SQSIZE) => g.sizes.sq_size = to_u16(v),
         (SOL_RDMA, RDMA_RQSIZE) => g.sizes.rq_size = to_u16(v),
         (SOL_RDMA, RDMA_INLINE) => g.inline = v.clamp(0, c_int::from(u16::MAX)) as u32,
-        (SOL_RDMA, RDMA_IOMAPSIZE) if v == 0 => {}
+        (SOL_RDMA, RDMA_IOMAPSIZE) => {
+            let v = v.clamp(0, c_int::from(super::socket::IOMAP_ENTRIES_MAX)) as u32;
+            g.iomap_entries = super::wire::scale_to_value(super::wire::value_to_scale(v)) as u16;
+        }
         (SOL_RDMA, RDMA_ROUTE) => {}
         _ => return fail(libc::ENOTSUP),
     }
@@ -670,7 +676,7 @@ pub unsafe extern "C" fn rgetsockopt(
         (SOL_RDMA, RDMA_SQSIZE) => c_int::from(g.sizes.sq_size),
         (SOL_RDMA, RDMA_RQSIZE) => c_int::from(g.sizes.rq_size),
         (SOL_RDMA, RDMA_INLINE) => g.inline as c_int,
-        (SOL_RDMA, RDMA_IOMAPSIZE) => 0,
+        (SOL_RDMA, RDMA_IOMAPSIZE) => c_int::from(g.iomap_entries),
         (libc::SOL_SOCKET | libc::IPPROTO_TCP | libc::IPPROTO_IPV6, _) => {
             g.flags.iter().find(|(k, _)| *k == (level, name)).map_or(0, |(_, v)| *v)
         }
@@ -687,4 +693,75 @@ pub unsafe extern "C" fn rgetsockopt(
         *len = n as socklen_t;
     }
     0
+}
+
+/// `riomap`: maps `len` bytes at `buf` for the peer's direct writes (`PROT_WRITE`) at
+/// `offset` (-1: the buffer's address); the offset, or -1.
+///
+/// # Safety
+/// `buf` holds `len` bytes that stay valid until `riounmap` or `rclose`.
+#[no_mangle]
+pub unsafe extern "C" fn riomap(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    prot: c_int,
+    _flags: c_int,
+    offset: i64,
+) -> i64 {
+    if prot & !(libc::PROT_WRITE | libc::PROT_NONE) != 0 || prot & libc::PROT_WRITE == 0 {
+        // A read-only mapping serves nothing here: the peer only ever writes.
+        return fail(libc::EINVAL);
+    }
+    let offset = (offset != -1).then_some(offset as u64);
+    // SAFETY: the caller's contract.
+    match lookup(fd).and_then(|s| unsafe { lock(&s).map(buf, len, offset) }) {
+        Ok(o) => o as i64,
+        Err(e) => fail(e),
+    }
+}
+
+/// `riounmap`.
+///
+/// # Safety
+/// As `riomap`.
+#[no_mangle]
+pub unsafe extern "C" fn riounmap(fd: c_int, buf: *mut c_void, len: usize) -> c_int {
+    int(lookup(fd).and_then(|s| lock(&s).unmap(buf, len)))
+}
+
+/// `riowrite`: writes into the peer's mapping at `offset` with no message to it; the bytes
+/// written ((size_t) -1 on error).
+///
+/// # Safety
+/// `buf` holds `count` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn riowrite(fd: c_int, buf: *const c_void, count: usize, offset: i64, flags: c_int) -> usize {
+    // SAFETY: the caller's contract.
+    let data = unsafe { bytes(buf, count) };
+    let r = (|| {
+        let s = lookup(fd)?;
+        lock(&s).new_send();
+        let mut done = 0;
+        while done < data.len() {
+            let step = {
+                let mut g = lock(&s);
+                let nb = nonblocking(&g, flags);
+                g.write_direct(&data[done..], offset as u64 + done as u64, nb)
+            };
+            match step {
+                // No mapping covers the offset: librdmacm writes nothing and says 0.
+                Step::Done(Ok(0)) => break,
+                Step::Done(Ok(n)) => done += n,
+                Step::Done(Err(e)) if done == 0 => return Err(e),
+                Step::Done(Err(_)) => break,
+                Step::Wait(w) => sleep_on(w),
+            }
+        }
+        Ok(done)
+    })();
+    r.unwrap_or_else(|e| {
+        crate::set_errno(e);
+        usize::MAX
+    })
 }

@@ -4,7 +4,7 @@
 //! drives them. [`super::flow::Flow`] decides; this posts and polls.
 
 use super::flow::{self, Credit, DataWrite, Flow, Sizes, Targets, CTRL_SLOTS, RECV_FLAG};
-use super::wire::{self, ConnData, Sge, SGE_LEN, SGL_SIZE};
+use super::wire::{self, ConnData, Iomap, Sge, IOMAP_LEN, SGE_LEN, SGL_SIZE};
 use crate::ffi;
 use libc::c_int;
 use std::ptr::null_mut;
@@ -85,6 +85,10 @@ pub(crate) struct Endpoint {
     mrs: [*mut ffi::ibv_mr; 3],
     pub(crate) flow: Option<Flow>,
     peer_big_endian: bool,
+    /// Entries of this side's iomap list (after the target list), which the peer fills.
+    iomap_entries: usize,
+    /// The peer's iomap list: where, its key, how many entries.
+    pub(crate) remote_iomap: (u64, u32, usize),
     /// The CQ is armed for one event.
     pub(crate) armed: bool,
     rbuf_msg_index: u32,
@@ -108,7 +112,12 @@ impl Endpoint {
     ///
     /// # Safety
     /// `id` is a live rdma_cm id bound to a device.
-    pub(crate) unsafe fn create(id: *mut ffi::rdma_cm_id, sizes: Sizes, inline: u32) -> Result<Endpoint, c_int> {
+    pub(crate) unsafe fn create(
+        id: *mut ffi::rdma_cm_id,
+        sizes: Sizes,
+        inline: u32,
+        iomap_entries: usize,
+    ) -> Result<Endpoint, c_int> {
         // SAFETY: the caller's contract: a bound id has its context.
         let ctx = unsafe { (*id).verbs };
         // SAFETY: an open context's device.
@@ -134,10 +143,12 @@ impl Endpoint {
                 sizes.sbuf_size as usize + CTRL_SLOTS as usize * SGE_LEN + usize::from(sizes.sq_size) * MSG_BYTES,
             ),
             rbuf: Region::zeroed(sizes.rbuf_size as usize + usize::from(sizes.rq_size) * MSG_BYTES),
-            targets: Region::zeroed(SGL_SIZE * SGE_LEN),
+            targets: Region::zeroed(SGL_SIZE * SGE_LEN + iomap_entries * IOMAP_LEN),
             mrs: [null_mut(); 3],
             flow: None,
             peer_big_endian: false,
+            iomap_entries,
+            remote_iomap: (0, 0, 0),
             armed: false,
             rbuf_msg_index: 0,
             msg_slot: 0,
@@ -212,7 +223,7 @@ impl Endpoint {
             version: wire::VERSION,
             flags: wire::FLAG_IOMAP,
             credits: self.sizes.rq_size,
-            target_iomap_size: 0,
+            target_iomap_size: wire::value_to_scale(self.iomap_entries as u32),
             target_sgl: Sge { addr: self.targets.addr(0), key: self.rkey(2), length: SGL_SIZE as u32 },
             data_buf: Sge { addr: self.rbuf.addr(0), key: self.rkey(1), length: self.sizes.rbuf_size >> 1 },
         }
@@ -220,6 +231,12 @@ impl Endpoint {
 
     /// Connected: the flow starts from the peer's connection data.
     pub(crate) fn connected(&mut self, peer: &ConnData) {
+        if peer.flags & wire::FLAG_IOMAP != 0 {
+            // Its iomap list follows its target list, under the same key.
+            let t = peer.target_sgl;
+            let at = t.addr.wrapping_add(u64::from(t.length) * SGE_LEN as u64);
+            self.remote_iomap = (at, t.key, wire::scale_to_value(peer.target_iomap_size) as usize);
+        }
         let peer = flow::ConnPeer::from(peer);
         self.peer_big_endian = peer.big_endian;
         let mut t = TargetMem(&self.targets);
@@ -328,19 +345,79 @@ impl Endpoint {
     }
 
     fn write_data(&mut self, w: &DataWrite, data: &[u8]) -> Result<(), c_int> {
-        let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
-        let mut n = 0;
-        let mut from = 0usize;
-        for (off, len) in w.local {
-            if len == 0 {
-                continue;
+        let mut sges = self.fill_sbuf(&w.local, &data[..w.bytes() as usize]);
+        let n = w.local.iter().filter(|r| r.1 > 0).count();
+        self.post_write_msg(&mut sges[..n], (w.remote_addr, w.rkey), w.imm)
+    }
+
+    /// Writes mapping `m` into the peer's iomap entry `index`; false if there is no room
+    /// now.
+    pub(crate) fn send_iomap(&mut self, index: usize, m: Iomap) -> Result<bool, c_int> {
+        let t = TargetMem(&self.targets);
+        let Some(local) = self.flow.as_mut().and_then(|f| f.next_iomap_write(&t)) else { return Ok(false) };
+        let bytes = m.to_bytes(self.peer_big_endian);
+        let mut sges = self.fill_sbuf(&local, &bytes);
+        let (base, key, _) = self.remote_iomap;
+        let remote = (base.wrapping_add((index * IOMAP_LEN) as u64), key);
+        let n = local.iter().filter(|r| r.1 > 0).count();
+        self.post_write_msg(&mut sges[..n], remote, wire::msg(wire::Op::IomapSgl, index as u32))?;
+        Ok(true)
+    }
+
+    /// The peer's mapping (in this side's iomap list) that covers `offset`.
+    fn iomap_covering(&self, offset: u64) -> Option<Iomap> {
+        (0..self.iomap_entries)
+            .map(|i| self.iomap_entry(i))
+            .find(|m| m.sge.length > 0 && offset >= m.offset && offset - m.offset < u64::from(m.sge.length))
+    }
+
+    fn iomap_entry(&self, i: usize) -> Iomap {
+        let at = SGL_SIZE * SGE_LEN + i * IOMAP_LEN;
+        let mut b = [0u8; IOMAP_LEN];
+        // SAFETY: entry i < iomap_entries lies inside the target region; volatile, as the
+        // peer's WRITE changes it.
+        for (k, byte) in b.iter_mut().enumerate() {
+            *byte = unsafe { std::ptr::read_volatile(self.targets.ptr.add(at + k)) };
+        }
+        Iomap::from_bytes(&b)
+    }
+
+    /// Writes what it can of `data` straight into the peer's mapping at `offset`
+    /// (`riowrite`): the bytes taken, 0 when there is no room now, EINVAL... none when no
+    /// mapping covers `offset`.
+    pub(crate) fn write_direct(&mut self, data: &[u8], offset: u64, olen: &mut u32) -> Result<usize, c_int> {
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let Some(m) = self.iomap_covering(at) else { break };
+            let room = u64::from(m.sge.length) - (at - m.offset);
+            let want = ((data.len() - done) as u32).min(*olen);
+            let t = TargetMem(&self.targets);
+            let Some(local) = self.flow.as_mut().and_then(|f| f.next_direct_write(want, room, &t)) else { break };
+            if *olen < flow::MAX_TRANSFER {
+                *olen <<= 1;
             }
+            let len = (local[0].1 + local[1].1) as usize;
+            let mut sges = self.fill_sbuf(&local, &data[done..done + len]);
+            let n = local.iter().filter(|r| r.1 > 0).count();
+            let remote = (m.sge.addr.wrapping_add(at - m.offset), m.sge.key);
+            let wr_id = Flow::send_wr_id(wire::msg(wire::Op::Write, len as u32), false);
+            self.post(ffi::IBV_WR_RDMA_WRITE, &mut sges[..n], remote, 0, wr_id)?;
+            done += len;
+        }
+        Ok(done)
+    }
+
+    /// Copies `data` into the send-ring ranges `local`: their SGEs.
+    fn fill_sbuf(&self, local: &[(u32, u32); 2], data: &[u8]) -> [ffi::ibv_sge; 2] {
+        let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
+        let mut from = 0usize;
+        for (i, &(off, len)) in local.iter().enumerate().filter(|(_, r)| r.1 > 0) {
             self.sbuf.write(off, &data[from..from + len as usize]);
-            sges[n] = ffi::ibv_sge { addr: self.sbuf.addr(off), length: len, lkey: self.lkey(0) };
-            n += 1;
+            sges[i] = ffi::ibv_sge { addr: self.sbuf.addr(off), length: len, lkey: self.lkey(0) };
             from += len as usize;
         }
-        self.post_write_msg(&mut sges[..n], (w.remote_addr, w.rkey), w.imm)
+        sges
     }
 
     /// Gives the peer credits (and space) if due.
@@ -381,17 +458,30 @@ impl Endpoint {
     /// Takes every completion and event waiting; reposts the receives consumed.
     pub(crate) fn poll(&mut self) -> Result<(), c_int> {
         self.take_events();
-        // SAFETY: plain C data; all-zero is valid.
-        let mut wcs: [ffi::ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        // The engine's queue, not `ibv_poll_cq`: that one receives on the caller's thread
+        // and, called in a loop, keeps the poll thread off the socket for a while, which
+        // suits an application spinning on its CQ but not one that returns from an
+        // rsocket call to spin on its own memory (riostream waits so for direct writes).
+        // SAFETY: the endpoint's live CQ, made by this library.
+        let Some(cq) = (unsafe { crate::cq::soft_cq(self.cq) }) else { return Err(libc::EBADF) };
+        // SAFETY: a live id's context is open.
+        let engine = unsafe { crate::device::soft_context((*self.id).verbs) }.and_then(|s| s.engine().ok());
         let mut received = 0;
+        let mut looked = false;
         loop {
-            // SAFETY: a live CQ and room for 16 completions.
-            let n = unsafe { crate::cq::poll_cq(self.cq, 16, wcs.as_mut_ptr()) };
-            if n <= 0 {
+            let mut got = cq.cq.poll(16);
+            if got.is_empty() && !looked {
+                // Receive once here rather than wait for the poll thread's wake-up.
+                looked = true;
+                if engine.is_some_and(|e| e.progress_once() > 0) {
+                    got = cq.cq.poll(16);
+                }
+            }
+            if got.is_empty() {
                 break;
             }
-            for wc in &wcs[..n as usize] {
-                received += self.completed(wc);
+            for wc in &got {
+                received += self.completed(&crate::cq::to_ibv_wc(wc));
             }
         }
         if self.flow.as_ref().is_some_and(|f| f.connected) {

@@ -181,13 +181,9 @@ impl Flow {
         }
         let mut target = t.get(self.target_sge);
         let len = want.min(self.sbuf_bytes_avail).min(target.length);
-        let to_end = self.sbuf_size - self.sbuf_head;
-        let first = (self.sbuf_head, len.min(to_end));
-        let second = (0, len - first.1);
-        self.sbuf_head = (self.sbuf_head + len) % self.sbuf_size;
+        let local = self.take_sbuf(len);
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= if self.msg_send { 2 } else { 1 };
-        self.sbuf_bytes_avail -= len;
         let (remote_addr, rkey) = (target.addr, target.key);
         target.addr = target.addr.wrapping_add(u64::from(len));
         target.length -= len;
@@ -195,7 +191,39 @@ impl Flow {
         if target.length == 0 {
             self.target_sge = (self.target_sge + 1) % SGL_SIZE;
         }
-        Some(DataWrite { local: [first, second], remote_addr, rkey, imm: wire::msg(Op::Data, len) })
+        Some(DataWrite { local, remote_addr, rkey, imm: wire::msg(Op::Data, len) })
+    }
+
+    /// `len` bytes (at most what is free) of the send ring, as one or two ranges.
+    fn take_sbuf(&mut self, len: u32) -> [(u32, u32); 2] {
+        let to_end = self.sbuf_size - self.sbuf_head;
+        let first = (self.sbuf_head, len.min(to_end));
+        self.sbuf_head = (self.sbuf_head + len) % self.sbuf_size;
+        self.sbuf_bytes_avail -= len;
+        [first, (0, len - first.1)]
+    }
+
+    /// Room for an iomap entry to the peer (`rs_send_iomaps`): the send-ring ranges its
+    /// 24 bytes go in; it costs a message like data.
+    pub fn next_iomap_write(&mut self, t: &impl Targets) -> Option<[(u32, u32); 2]> {
+        if !self.can_send(t) {
+            return None;
+        }
+        self.sseq_no = self.sseq_no.wrapping_add(1);
+        self.sqe_avail -= if self.msg_send { 2 } else { 1 };
+        Some(self.take_sbuf(wire::IOMAP_LEN as u32))
+    }
+
+    /// Room for a direct write (`riowrite`) of at most `want` bytes into a mapping with
+    /// `room` bytes left: the send-ring ranges. It costs a send slot and ring space but
+    /// no message (the peer is not told).
+    pub fn next_direct_write(&mut self, want: u32, room: u64, t: &impl Targets) -> Option<[(u32, u32); 2]> {
+        if !self.can_send(t) || want == 0 || room == 0 {
+            return None;
+        }
+        let len = u64::from(want.min(self.sbuf_bytes_avail)).min(room) as u32;
+        self.sqe_avail -= 1;
+        Some(self.take_sbuf(len))
     }
 
     /// A send work request completed: `wr_id` as [`Flow::send_wr_id`] made it.
@@ -208,6 +236,12 @@ impl Flow {
                 self.ctrl_max_seqno = self.ctrl_max_seqno.wrapping_add(1);
                 if data == wire::CTRL_DISCONNECT {
                     self.disconnected();
+                }
+            }
+            Op::IomapSgl => {
+                self.sqe_avail += 1;
+                if !trailing_send {
+                    self.sbuf_bytes_avail = (self.sbuf_bytes_avail + wire::IOMAP_LEN as u32).min(self.sbuf_size);
                 }
             }
             _ => {
@@ -236,7 +270,9 @@ impl Flow {
         let (op, data) = wire::parse_msg(m);
         match op {
             Op::Sgl => self.sseq_comp = data as u16,
-            Op::IomapSgl => {}
+            // An iomap entry was written: only a notice (librdmacm's too), as is a direct
+            // write's operation, which a peer never sends.
+            Op::IomapSgl | Op::Write => {}
             Op::Ctrl if data == wire::CTRL_DISCONNECT => self.disconnected(),
             Op::Ctrl if data == wire::CTRL_SHUTDOWN => {
                 if self.writable {

@@ -33,6 +33,9 @@ std::arch::global_asm!(
     ".symver rsetsockopt, rsetsockopt@@RDMACM_1.0",
     ".symver rgetsockopt, rgetsockopt@@RDMACM_1.0",
     ".symver rfcntl, rfcntl@@RDMACM_1.0",
+    ".symver riomap, riomap@@RDMACM_1.0",
+    ".symver riounmap, riounmap@@RDMACM_1.0",
+    ".symver riowrite, riowrite@@RDMACM_1.0",
 );
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use super::endpoint::{set_nonblocking, Endpoint};
 use super::flow::{self, Sizes};
-use super::wire::{self, ConnData};
+use super::wire::{self, ConnData, Iomap, Sge};
 use crate::ffi;
 use libc::c_int;
 use std::ptr::null_mut;
@@ -55,6 +55,16 @@ pub enum Step<T> {
     Wait(Wait),
 }
 
+impl<T> Step<T> {
+    /// The same outcome with a finished value mapped.
+    fn map_done<U>(self, f: impl FnOnce(T) -> U) -> Step<U> {
+        match self {
+            Step::Done(r) => Step::Done(r.map(f)),
+            Step::Wait(w) => Step::Wait(w),
+        }
+    }
+}
+
 /// One stream rsocket.
 pub struct RSocket {
     pub(crate) id: *mut ffi::rdma_cm_id,
@@ -69,7 +79,24 @@ pub struct RSocket {
     pub(crate) flags: Vec<((c_int, c_int), c_int)>,
     /// The transfer-size ramp of the send in progress.
     olen: u32,
+    /// Entries of the iomap list this side offers the peer (`RDMA_IOMAPSIZE`).
+    pub(crate) iomap_entries: u16,
+    /// Buffers mapped for the peer's direct writes (`riomap`).
+    maps: Vec<Mapping>,
 }
+
+/// A buffer `riomap` registered: the peer writes `offset..` into it once told.
+struct Mapping {
+    mr: *mut ffi::ibv_mr,
+    offset: u64,
+    /// The peer's iomap entry it goes in.
+    index: usize,
+    /// The peer has been sent the entry.
+    sent: bool,
+}
+
+/// The most entries an iomap list may have (librdmacm's scale reaches 32,512).
+pub const IOMAP_ENTRIES_MAX: u16 = 1024;
 
 // SAFETY: the id is this library's, usable from any thread; reached only under the lock.
 unsafe impl Send for RSocket {}
@@ -112,6 +139,8 @@ impl RSocket {
             ep: None,
             flags: like.map_or_else(Vec::new, |l| l.flags.clone()),
             olen: flow::OLAP_START,
+            iomap_entries: like.map_or(0, |l| l.iomap_entries),
+            maps: Vec::new(),
         }
     }
 
@@ -177,7 +206,7 @@ impl RSocket {
         };
         self.clamp_sizes();
         // SAFETY: the request's id, bound to its device.
-        let mut ep = unsafe { Endpoint::create(self.id, self.sizes, self.inline)? };
+        let mut ep = unsafe { Endpoint::create(self.id, self.sizes, self.inline, usize::from(self.iomap_entries))? };
         let mine = ep.conn_data().emit();
         param.private_data = mine.as_ptr().cast();
         param.private_data_len = mine.len() as u8;
@@ -224,7 +253,7 @@ impl RSocket {
         }
         self.clamp_sizes();
         // SAFETY: a resolved id.
-        let ep = unsafe { Endpoint::create(self.id, self.sizes, self.inline)? };
+        let ep = unsafe { Endpoint::create(self.id, self.sizes, self.inline, usize::from(self.iomap_entries))? };
         let mine = ep.conn_data().emit();
         // SAFETY: plain C data; all-zero is valid.
         let mut param: ffi::rdma_conn_param = unsafe { std::mem::zeroed() };
@@ -332,11 +361,78 @@ impl RSocket {
             Step::Done(Err(e)) => return Step::Done(Err(e)),
             Step::Wait(w) => return Step::Wait(w),
         }
+        if let Err(e) = self.send_maps() {
+            return Step::Done(Err(e));
+        }
         let Some(ep) = self.ep.as_mut() else { return Step::Done(Err(libc::ENOTCONN)) };
         if !ep.flow.as_ref().is_some_and(|f| f.writable) {
             return Step::Done(Err(ep.fault.unwrap_or(libc::ECONNRESET)));
         }
         Step::Done(ep.send_now(data, &mut self.olen))
+    }
+
+    /// Tells the peer of the mappings it has not heard of, as room allows.
+    fn send_maps(&mut self) -> Result<(), c_int> {
+        let Some(ep) = self.ep.as_mut() else { return Ok(()) };
+        for m in self.maps.iter_mut().filter(|m| !m.sent) {
+            // SAFETY: a region this socket registered and has not deregistered.
+            let (addr, length, rkey) = unsafe { ((*m.mr).addr as u64, (*m.mr).length as u32, (*m.mr).rkey) };
+            let entry = Iomap { offset: m.offset, sge: Sge { addr, key: rkey, length } };
+            if !ep.send_iomap(m.index, entry)? {
+                break;
+            }
+            m.sent = true;
+        }
+        Ok(())
+    }
+
+    /// `riomap`: registers `len` bytes at `buf` for the peer's direct writes at `offset`
+    /// (`None`: the buffer's address); the offset.
+    ///
+    /// # Safety
+    /// `buf` holds `len` bytes that stay valid until [`RSocket::unmap`] or the close.
+    pub unsafe fn map(&mut self, buf: *mut libc::c_void, len: usize, offset: Option<u64>) -> Result<u64, c_int> {
+        let Some(ep) = self.ep.as_ref() else { return Err(libc::EINVAL) };
+        let slots = ep.remote_iomap.2;
+        let index = (0..slots).find(|i| !self.maps.iter().any(|m| m.index == *i)).ok_or(libc::ENOMEM)?;
+        let access = (ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_WRITE) as c_int;
+        // SAFETY: the id's PD; the caller's buffer, which stays registered until riounmap
+        // or the socket's close.
+        let mr = unsafe { crate::objects::ibv_reg_mr((*self.id).pd, buf, len, access) };
+        if mr.is_null() {
+            return Err(errno());
+        }
+        let offset = offset.unwrap_or(buf as u64);
+        self.maps.push(Mapping { mr, offset, index, sent: false });
+        Ok(offset)
+    }
+
+    /// `riounmap`.
+    pub fn unmap(&mut self, buf: *mut libc::c_void, len: usize) -> Result<(), c_int> {
+        // SAFETY: regions this socket registered.
+        let at = self.maps.iter().position(|m| unsafe { (*m.mr).addr == buf && (*m.mr).length == len });
+        let m = self.maps.remove(at.ok_or(libc::EINVAL)?);
+        // SAFETY: registered in `map`, deregistered once (it has left the list).
+        unsafe { crate::objects::ibv_dereg_mr(m.mr) };
+        Ok(())
+    }
+
+    /// `riowrite`: what it can of `data` into the peer's mapping at `offset` (after
+    /// waiting for room unless `nonblock`).
+    pub fn write_direct(&mut self, data: &[u8], offset: u64, nonblock: bool) -> Step<usize> {
+        let can = |e: &Endpoint| e.can_send() || !e.flow.as_ref().is_some_and(|f| f.writable);
+        match self.progress(nonblock, can) {
+            Step::Done(Ok(())) => {}
+            other => return other.map_done(|()| 0),
+        }
+        if let Err(e) = self.send_maps() {
+            return Step::Done(Err(e));
+        }
+        let Some(ep) = self.ep.as_mut() else { return Step::Done(Err(libc::ENOTCONN)) };
+        if !ep.flow.as_ref().is_some_and(|f| f.writable) {
+            return Step::Done(Err(ep.fault.unwrap_or(libc::ECONNRESET)));
+        }
+        Step::Done(ep.write_direct(data, offset, &mut self.olen))
     }
 
     /// Starts a new send's transfer ramp (`rsend` calls).
@@ -476,8 +572,12 @@ impl Drop for RSocket {
             // SAFETY: a live, connected id.
             unsafe { crate::cm::rdma_disconnect(self.id) };
         }
-        // The endpoint (QP, buffers) goes before the id it was made on.
+        // The endpoint (QP, buffers) and the mappings go before the id they were made on.
         self.ep = None;
+        for m in self.maps.drain(..) {
+            // SAFETY: registered in `map`, deregistered once.
+            unsafe { crate::objects::ibv_dereg_mr(m.mr) };
+        }
         // SAFETY: the socket's own id, destroyed once.
         unsafe { crate::cm::rdma_destroy_id(self.id) };
     }

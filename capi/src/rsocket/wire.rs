@@ -18,11 +18,17 @@ pub const SGL_SIZE: usize = 2;
 /// Bytes of one [`Sge`] in a target list.
 pub const SGE_LEN: usize = 16;
 
+/// Bytes of one [`Iomap`] entry.
+pub const IOMAP_LEN: usize = 24;
+
 /// The operation in a message's top three bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// Data written into the receiver's buffer; the low bits are its length.
     Data,
+    /// A direct write into a buffer the receiver mapped (`riowrite`): never on the wire,
+    /// only in the sender's work request ids.
+    Write,
     /// An SGL update (new receive space) or, without one, only credits: the low bits are
     /// the sender's new sequence limit.
     Sgl,
@@ -47,6 +53,7 @@ const DATA_MASK: u32 = 0x1FFF_FFFF;
 pub fn msg(op: Op, data: u32) -> u32 {
     let code = match op {
         Op::Data => 0,
+        Op::Write => 2,
         Op::Sgl => 4,
         Op::IomapSgl => 6,
         Op::Ctrl => 7,
@@ -59,6 +66,7 @@ pub fn msg(op: Op, data: u32) -> u32 {
 pub fn parse_msg(m: u32) -> (Op, u32) {
     let op = match m >> 29 {
         0 => Op::Data,
+        2 => Op::Write,
         4 => Op::Sgl,
         6 => Op::IomapSgl,
         7 => Op::Ctrl,
@@ -115,6 +123,55 @@ impl Sge {
     }
 }
 
+/// `struct rs_iomap`: a buffer one side mapped for the other's direct writes, written into
+/// the other's iomap list: writes at `offset` .. `offset + sge.length` land in `sge`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Iomap {
+    /// The offset the mapping answers to.
+    pub offset: u64,
+    /// The mapped buffer.
+    pub sge: Sge,
+}
+
+impl Iomap {
+    /// As an iomap-list entry in the writer's byte order (`big` for a big-endian peer).
+    pub fn to_bytes(self, big: bool) -> [u8; IOMAP_LEN] {
+        let mut b = [0u8; IOMAP_LEN];
+        let off = if big { self.offset.to_be_bytes() } else { self.offset.to_le_bytes() };
+        b[..8].copy_from_slice(&off);
+        b[8..].copy_from_slice(&self.sge.to_bytes(big));
+        b
+    }
+
+    /// An entry written in host (little-endian) order.
+    pub fn from_bytes(b: &[u8; IOMAP_LEN]) -> Iomap {
+        let mut off = [0u8; 8];
+        off.copy_from_slice(&b[..8]);
+        let mut sge = [0u8; SGE_LEN];
+        sge.copy_from_slice(&b[8..]);
+        Iomap { offset: u64::from_le_bytes(off), sge: Sge::from_bytes(&sge) }
+    }
+}
+
+/// librdmacm's compact size (`rs_value_to_scale`): sizes up to 128 as they are, larger
+/// ones as 0x80 | size / 256.
+pub fn value_to_scale(value: u32) -> u8 {
+    if value <= 128 {
+        value as u8
+    } else {
+        (0x80 | (value >> 8).min(0x7F)) as u8
+    }
+}
+
+/// The inverse (`rs_scale_to_value`).
+pub fn scale_to_value(scale: u8) -> u32 {
+    if scale <= 128 {
+        u32::from(scale)
+    } else {
+        u32::from(scale & 0x7F) << 8
+    }
+}
+
 /// `struct rs_conn_data`: what each side tells the other in the CM's private data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConnData {
@@ -168,7 +225,7 @@ mod tests {
         assert_eq!(msg(Op::Data, 4096), 4096);
         assert_eq!(msg(Op::Sgl, 7), 0x8000_0007);
         assert_eq!(msg(Op::Ctrl, CTRL_SHUTDOWN), 0xE000_0002);
-        for op in [Op::Data, Op::Sgl, Op::IomapSgl, Op::Ctrl, Op::Reserved(1), Op::Reserved(5)] {
+        for op in [Op::Data, Op::Write, Op::Sgl, Op::IomapSgl, Op::Ctrl, Op::Reserved(1), Op::Reserved(5)] {
             assert_eq!(parse_msg(msg(op, 0x1234_5678)), (op, 0x1234_5678 & DATA_MASK));
         }
     }
@@ -189,6 +246,16 @@ mod tests {
         assert_eq!(&b[16..24], &[0x11, 0x11, 0x22, 0x22, 0, 0, 0, 2], "then key, then length");
         assert_eq!(ConnData::parse(&b), Some(c));
         assert_eq!(ConnData::parse(&b[..39]), None);
+    }
+
+    #[test]
+    fn iomap_entries_and_sizes_are_librdmacms() {
+        let m = Iomap { offset: 4096, sge: Sge { addr: 0x1000, key: 3, length: 512 } };
+        assert_eq!(Iomap::from_bytes(&m.to_bytes(false)), m);
+        assert_eq!(&m.to_bytes(false)[..8], &4096u64.to_le_bytes());
+        for (v, s) in [(0, 0), (64, 64), (128, 128), (256, 0x81), (4096, 0x90)] {
+            assert_eq!((value_to_scale(v), scale_to_value(s)), (s, v));
+        }
     }
 
     #[test]
