@@ -468,6 +468,11 @@ pub const LINGERING_MAX: usize = 64;
 /// How long a closing connection's last bytes may take to leave, its peer's dropped.
 pub const LINGER: Duration = Duration::from_secs(2);
 static LINGERING: AtomicUsize = AtomicUsize::new(0);
+/// Lingering connections whose data the peer has not all acknowledged yet: what a process
+/// exiting must wait for.
+static UNACKED: AtomicUsize = AtomicUsize::new(0);
+/// How often a lingering connection looks whether its data is all acknowledged.
+const LINGER_LOOK: Duration = Duration::from_millis(2);
 
 /// Closes `s` as TCP's orderly release: what the socket holds still goes, then a FIN, while
 /// what the peer sends meanwhile (its last credits, its own close) is read and dropped.
@@ -483,44 +488,118 @@ fn linger(s: TcpStream) {
         return;
     }
     let _ = s.shutdown(Shutdown::Write);
+    UNACKED.fetch_add(1, Ordering::AcqRel);
     let spawned = std::thread::Builder::new().name("softrdma-linger".into()).spawn(move || {
         let fd: std::os::fd::OwnedFd = s.into();
-        let std_stream = std::net::TcpStream::from(fd);
-        let _ = std_stream.set_nonblocking(false);
-        let _ = std_stream.set_read_timeout(Some(Duration::from_millis(100)));
-        let deadline = Instant::now() + LINGER;
-        let mut buf = [0u8; 16 * 1024];
-        while Instant::now() < deadline {
-            match (&std_stream).read(&mut buf) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => break,
-            }
-        }
+        drain_until_closed(&std::net::TcpStream::from(fd));
         LINGERING.fetch_sub(1, Ordering::AcqRel);
     });
     if spawned.is_err() {
+        UNACKED.fetch_sub(1, Ordering::AcqRel);
         LINGERING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Reads and drops what the peer sends until it closes or [`LINGER`] passes; counts the
+/// connection out of [`UNACKED`] once the peer has acknowledged all of its data.
+fn drain_until_closed(s: &std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(LINGER_LOOK));
+    let deadline = Instant::now() + LINGER;
+    let mut acked = false;
+    let mut buf = [0u8; 16 * 1024];
+    while Instant::now() < deadline {
+        if !acked && crate::transport::sys::tcp_unacked(s.as_raw_fd()).map_or(true, |n| n == 0) {
+            acked = true;
+            UNACKED.fetch_sub(1, Ordering::AcqRel);
+        }
+        match (&*s).read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    if !acked {
+        UNACKED.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 /// A process that exits right after closing (rstream does) would close its sockets with
 /// the peer's last bytes unread, which resets them and loses what they still held: at
-/// exit, wait (at most [`LINGER`]) for the closing connections to end.
+/// exit, wait (at most [`LINGER`]) until the peers have acknowledged all of it. Only that
+/// long: the application's other threads still run meanwhile (rping's CM thread reports
+/// its channel gone if the wait lasts), and once all is acknowledged a reset loses nothing.
 #[allow(unsafe_code)]
 fn wait_for_lingering_at_exit() {
     extern "C" fn wait() {
         let deadline = Instant::now() + LINGER;
-        while LINGERING.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
+        while UNACKED.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
     // SAFETY: registers a plain function with no arguments, which touches only an atomic
     // and the clock, to run at exit.
     unsafe { libc::atexit(wait) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair of mio streams on loopback: (ours, the peer's as std).
+    fn pair(listener: &std::net::TcpListener) -> (TcpStream, std::net::TcpStream) {
+        let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (theirs, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        (TcpStream::from_std(ours), theirs)
+    }
+
+    #[test]
+    fn a_closed_connection_still_delivers_what_its_socket_held_while_the_peer_keeps_talking() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (ours, mut theirs) = pair(&listener);
+        // The peer's bytes sit unread in our socket: a plain close would reset.
+        theirs.write_all(&[7u8; 10_000]).unwrap();
+        let sent: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let mut at = 0;
+        while at < sent.len() {
+            match (&ours).write(&sent[at..]) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        linger(ours);
+        let _ = theirs.write_all(&[8u8; 1000]);
+        let mut got = Vec::new();
+        theirs.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        theirs.read_to_end(&mut got).expect("an orderly end, not a reset");
+        assert!(got == sent, "{} bytes of {}", got.len(), sent.len());
+    }
+
+    #[test]
+    fn closes_past_the_limit_do_not_linger() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peers = Vec::new();
+        for _ in 0..LINGERING_MAX + 8 {
+            let (ours, theirs) = pair(&listener);
+            linger(ours);
+            peers.push(theirs);
+        }
+        // The peers have not closed: every lingering close still waits for them.
+        assert_eq!(LINGERING.load(Ordering::Acquire), LINGERING_MAX, "the limit, and not past it");
+        // Every peer sees its connection end: by a FIN (lingering) or at once (past it).
+        for mut p in peers {
+            p.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 8];
+            let end = p.read(&mut b);
+            assert!(matches!(end, Ok(0)) || end.is_err(), "{end:?}");
+        }
+    }
 }

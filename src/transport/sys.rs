@@ -484,6 +484,15 @@ pub fn tcp_maxseg(fd: RawFd) -> io::Result<usize> {
     check(rc).map(|_| v.max(0) as usize)
 }
 
+/// Bytes a TCP socket has sent or queued that its peer has not acknowledged yet
+/// (`SIOCOUTQ`, tcp(7)).
+pub fn tcp_unacked(fd: RawFd) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int into the live `v`.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut v as *mut libc::c_int) };
+    check(rc).map(|_| v.max(0) as usize)
+}
+
 /// `PACKET_IGNORE_OUTGOING` (Linux 4.20): a packet socket does not see its own frames.
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 

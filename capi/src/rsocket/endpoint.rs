@@ -63,7 +63,6 @@ impl Targets for TargetMem<'_> {
         for (k, byte) in b.iter_mut().enumerate() {
             *byte = unsafe { std::ptr::read_volatile(self.0.ptr.add(at as usize + k)) };
         }
-        let _ = &self.0.len;
         Sge::from_bytes(&b)
     }
 

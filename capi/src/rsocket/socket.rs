@@ -178,16 +178,24 @@ impl RSocket {
         if self.state != State::Listening {
             return Step::Done(Err(libc::EINVAL));
         }
-        let mut new = null_mut();
-        // SAFETY: a live synchronous listener (its fd non-blocking); `new` receives the id.
-        if unsafe { crate::cm_ep::rdma_get_request(self.id, &mut new) } != 0 {
-            return match errno() {
-                libc::EAGAIN if !self.nonblock => Step::Wait(Wait::Readable(self.cm_fd())),
-                e => Step::Done(Err(e)),
-            };
+        loop {
+            let mut new = null_mut();
+            // SAFETY: a live synchronous listener (its fd non-blocking); `new` receives the id.
+            if unsafe { crate::cm_ep::rdma_get_request(self.id, &mut new) } != 0 {
+                return match errno() {
+                    libc::EAGAIN if !self.nonblock => Step::Wait(Wait::Readable(self.cm_fd())),
+                    e => Step::Done(Err(e)),
+                };
+            }
+            let mut child = RSocket::on(new, Some(self));
+            match child.answer_request() {
+                Ok(()) => return Step::Done(Ok(child)),
+                // A request that is not rsockets' was refused: the application waits for
+                // the next one, as with librdmacm's.
+                Err(libc::ECONNREFUSED) => {}
+                Err(e) => return Step::Done(Err(e)),
+            }
         }
-        let mut child = RSocket::on(new, Some(self));
-        Step::Done(child.answer_request().map(|()| child))
     }
 
     /// Sets up and accepts the request this (new) socket's id holds.
@@ -536,9 +544,27 @@ impl RSocket {
     }
 
     fn poll_connected(&mut self, events: i16) -> Result<i16, c_int> {
-        let _ = self.progress(true, |_| true);
-        let Some(ep) = self.ep.as_mut() else { return Ok(libc::POLLERR) };
-        let Some(f) = ep.flow.as_ref() else { return Ok(libc::POLLERR) };
+        // Twice when the CQ was not armed: a completion that came between the look and
+        // the arming raises no event, so the look after arming must see it.
+        for _ in 0..2 {
+            let _ = self.progress(true, |_| true);
+            let r = self.connected_events(events);
+            match self.ep.as_mut() {
+                Some(ep) if r == 0 && !ep.armed => ep.arm(),
+                Some(ep) if r == 0 => return Err(ep.wait_fd()),
+                _ => return Ok(r),
+            }
+        }
+        match self.ep.as_mut() {
+            Some(ep) => Err(ep.wait_fd()),
+            None => Ok(libc::POLLERR),
+        }
+    }
+
+    /// The events of a connected socket now.
+    fn connected_events(&self, events: i16) -> i16 {
+        let Some(ep) = self.ep.as_ref() else { return libc::POLLERR };
+        let Some(f) = ep.flow.as_ref() else { return libc::POLLERR };
         let mut r = 0;
         if events & libc::POLLIN != 0 && (f.has_data() || !f.readable) {
             r |= libc::POLLIN;
@@ -551,10 +577,7 @@ impl RSocket {
         if !f.connected && !f.has_data() {
             r |= if ep.fault.is_some() { libc::POLLERR } else { libc::POLLHUP };
         }
-        if r != 0 {
-            return Ok(r);
-        }
-        Err(ep.wait_fd())
+        r
     }
 }
 
