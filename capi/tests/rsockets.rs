@@ -139,3 +139,33 @@ fn riostream_writes_into_mapped_buffers_on_both_transports() {
         }
     }
 }
+
+/// A client speaking another protocol over rdma_cm is refused by an rsocket listener,
+/// which goes on to accept an rsockets client.
+#[test]
+fn a_listener_refuses_a_stranger_and_accepts_the_next_client() {
+    let dir = std::env::temp_dir().join(format!("softrdma-stranger-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let exe = dir.join("rsocket_stranger");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/rsocket_stranger.c");
+    let mut cc = std::process::Command::new("cc");
+    cc.args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).args(["-lrdmacm", "-libverbs"]);
+    let cc = cc.output().expect("a C compiler (cc) runs");
+    assert!(cc.status.success(), "rsocket_stranger.c builds:\n{}", text(&cc));
+    let (net, port) = ("127.0.100", "7611");
+    let server_addr = format!("{net}.1");
+    let sargs = ["-b", &server_addr, "-p", port, "-S", "4096", "-C", "10"];
+    let server = tool_on("rstream", "rocev2", &server_addr, &sargs).spawn().expect("rstream runs");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut stranger = tool_on(exe.to_str().unwrap_or_default(), "rocev2", &format!("{net}.3"), &[&server_addr, port]);
+    let s = finish(stranger.spawn().expect("the stranger runs"), Duration::from_secs(20));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(s.status.success() && text(&s).contains("stranger refused"), "stranger:\n{}", text(&s));
+    let cargs = ["-s", &server_addr, "-p", port, "-S", "4096", "-C", "10"];
+    let client = tool_on("rstream", "rocev2", &format!("{net}.2"), &cargs).spawn().expect("rstream runs");
+    let (c, srv) = (finish(client, Duration::from_secs(30)), finish(server, Duration::from_secs(10)));
+    for (who, out) in [("client", &c), ("server", &srv)] {
+        assert!(out.status.success() && text(out).contains("custom"), "rstream {who}:\n{}", text(out));
+    }
+}
