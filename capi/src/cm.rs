@@ -1115,6 +1115,10 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut ffi::rdma_cm_id) -> c_int {
         s.queue.withdraw(id as usize);
     }
     crate::cm_acks::wait_acked(id as usize);
+    // SAFETY: a bound id's context stays open.
+    if let Some(engine) = unsafe { soft_context(s.ibv.verbs) }.and_then(|c| c.device.current_engine()) {
+        engine.wait_closes_acknowledged();
+    }
     // A connecting thread still running holds its own handles and may still read `id`
     // for a moment, so the id's memory is kept (a few hundred bytes).
     0

@@ -84,7 +84,7 @@ impl SoftDevice {
 
     /// The engine this process opened, if it did (not one a parent process opened).
     #[allow(unsafe_code)]
-    fn current_engine(&self) -> Option<&Context> {
+    pub(crate) fn current_engine(&self) -> Option<&Context> {
         let p = self.engine.load(Ordering::Acquire);
         let ours = self.engine_generation.load(Ordering::Acquire) == FORKS.load(Ordering::Acquire);
         // SAFETY: a non-null engine pointer is a leaked Box, valid for the process.

@@ -480,8 +480,6 @@ const LINGER_LOOK: Duration = Duration::from_millis(2);
 /// the data not yet sent, which a peer that completes its sends when they are in its
 /// socket (as siw does, and this device) counts as delivered.
 fn linger(s: TcpStream) {
-    static AT_EXIT: std::sync::Once = std::sync::Once::new();
-    AT_EXIT.call_once(wait_for_lingering_at_exit);
     if LINGERING.fetch_add(1, Ordering::AcqRel) >= LINGERING_MAX {
         LINGERING.fetch_sub(1, Ordering::AcqRel);
         let _ = s.shutdown(Shutdown::Both);
@@ -530,22 +528,17 @@ fn drain_until_closed(s: &std::net::TcpStream) {
     }
 }
 
-/// A process that exits right after closing (rstream does) would close its sockets with
-/// the peer's last bytes unread, which resets them and loses what they still held: at
-/// exit, wait (at most [`LINGER`]) until the peers have acknowledged all of it. Only that
-/// long: the application's other threads still run meanwhile (rping's CM thread reports
-/// its channel gone if the wait lasts), and once all is acknowledged a reset loses nothing.
-#[allow(unsafe_code)]
-fn wait_for_lingering_at_exit() {
-    extern "C" fn wait() {
-        let deadline = Instant::now() + LINGER;
-        while UNACKED.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+/// Waits, at most `limit`, until the peers of the connections closing now have
+/// acknowledged all their data: what `rdma_destroy_id` does before it returns (as close(2)
+/// with SO_LINGER), so that a process that exits right after (rstream does) does not close
+/// its sockets with the peer's last bytes unread, which resets them and loses what they
+/// still held. Waiting in the caller's call and not at exit: at exit the application's
+/// other threads still run, and one that reads a channel it destroyed meets freed memory.
+pub fn wait_closes_acknowledged(limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while UNACKED.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
-    // SAFETY: registers a plain function with no arguments, which touches only an atomic
-    // and the clock, to run at exit.
-    unsafe { libc::atexit(wait) };
 }
 
 #[cfg(test)]

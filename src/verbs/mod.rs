@@ -764,6 +764,15 @@ impl Context {
         }
     }
 
+    /// Waits (at most [`crate::driver::iwarp_tcp::LINGER`]) until the peers of the
+    /// connections this process is closing have acknowledged all their data (iWARP on
+    /// kernel TCP; nothing to wait for elsewhere).
+    pub fn wait_closes_acknowledged(&self) {
+        if let Backend::Iwarp(_) = &self.backend {
+            driver::iwarp_tcp::wait_closes_acknowledged(driver::iwarp_tcp::LINGER);
+        }
+    }
+
     /// Receives once on the caller's thread without claiming the socket from the poll
     /// thread (as [`Context::progress_now`] does for a loop polling a CQ): for a library
     /// on top of the verbs (rsockets) whose callers return to the application between

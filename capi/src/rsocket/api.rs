@@ -147,16 +147,28 @@ fn nonblocking(s: &RSocket, flags: c_int) -> bool {
 
 /// Sends all of `data` (a blocking socket) or what fits now (non-blocking).
 fn send_all(fd: c_int, data: &[u8], flags: c_int) -> Result<usize, c_int> {
+    send_loop(fd, data.len(), flags, |s, done, nb| s.send(&data[done..], nb))
+}
+
+/// Runs `step` (given the bytes done so far and whether to block) until `len` bytes are
+/// done, it makes no progress, or it fails: the bytes done, or the error if none were.
+fn send_loop(
+    fd: c_int,
+    len: usize,
+    flags: c_int,
+    mut step: impl FnMut(&mut RSocket, usize, bool) -> Step<usize>,
+) -> Result<usize, c_int> {
     let s = lookup(fd)?;
     lock(&s).new_send();
     let mut done = 0;
-    while done < data.len() {
-        let step = {
+    while done < len {
+        let next = {
             let mut g = lock(&s);
             let nb = nonblocking(&g, flags);
-            g.send(&data[done..], nb)
+            step(&mut g, done, nb)
         };
-        match step {
+        match next {
+            Step::Done(Ok(0)) => break,
             Step::Done(Ok(n)) => done += n,
             Step::Done(Err(e)) if done == 0 => return Err(e),
             Step::Done(Err(_)) => break,
@@ -739,27 +751,10 @@ pub unsafe extern "C" fn riounmap(fd: c_int, buf: *mut c_void, len: usize) -> c_
 pub unsafe extern "C" fn riowrite(fd: c_int, buf: *const c_void, count: usize, offset: i64, flags: c_int) -> usize {
     // SAFETY: the caller's contract.
     let data = unsafe { bytes(buf, count) };
-    let r = (|| {
-        let s = lookup(fd)?;
-        lock(&s).new_send();
-        let mut done = 0;
-        while done < data.len() {
-            let step = {
-                let mut g = lock(&s);
-                let nb = nonblocking(&g, flags);
-                g.write_direct(&data[done..], offset as u64 + done as u64, nb)
-            };
-            match step {
-                // No mapping covers the offset: librdmacm writes nothing and says 0.
-                Step::Done(Ok(0)) => break,
-                Step::Done(Ok(n)) => done += n,
-                Step::Done(Err(e)) if done == 0 => return Err(e),
-                Step::Done(Err(_)) => break,
-                Step::Wait(w) => sleep_on(w),
-            }
-        }
-        Ok(done)
-    })();
+    // No mapping covering the offset is a step with no progress: librdmacm then writes
+    // nothing and says 0.
+    let r =
+        send_loop(fd, data.len(), flags, |s, done, nb| s.write_direct(&data[done..], offset as u64 + done as u64, nb));
     r.unwrap_or_else(|e| {
         crate::set_errno(e);
         usize::MAX
