@@ -55,9 +55,7 @@ fn size(r: Result<usize, c_int>) -> isize {
 
 fn sleep_on(w: Wait) {
     let Wait::Readable(fd) = w;
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, WAIT_SLICE.as_millis() as c_int) };
+    softrdma::driver::spin::wait_readable(&[fd], WAIT_SLICE);
 }
 
 /// Runs `f` on socket `fd` until it is done, sleeping (unlocked) whenever it waits.

@@ -101,7 +101,8 @@ pub(crate) struct Endpoint {
 // (the C API's rule); an endpoint is only reached under its socket's lock.
 unsafe impl Send for Endpoint {}
 
-fn errno() -> c_int {
+/// The calling thread's errno (EIO if none is set).
+pub(crate) fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 

@@ -101,9 +101,7 @@ pub const IOMAP_ENTRIES_MAX: u16 = 1024;
 // SAFETY: the id is this library's, usable from any thread; reached only under the lock.
 unsafe impl Send for RSocket {}
 
-fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
-}
+use super::endpoint::errno;
 
 fn check(ret: c_int) -> Result<(), c_int> {
     if ret == 0 {
@@ -587,9 +585,7 @@ impl RSocket {
 
 /// Whether `fd` is readable now.
 pub(crate) fn readable_now(fd: c_int) -> bool {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd; no wait.
-    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    softrdma::driver::spin::wait_readable(&[fd], std::time::Duration::ZERO)
 }
 
 impl Drop for RSocket {
