@@ -3,7 +3,7 @@
 //! [`super::api`] sleeps between calls with the socket unlocked, so another thread can
 //! send while one waits to receive (as with a kernel socket).
 
-use super::endpoint::{set_nonblocking, Endpoint};
+use super::endpoint::{errno, set_nonblocking, Endpoint};
 use super::flow::{self, Sizes};
 use super::wire::{self, ConnData, Iomap, Sge};
 use crate::ffi;
@@ -100,8 +100,6 @@ pub const IOMAP_ENTRIES_MAX: u16 = 1024;
 
 // SAFETY: the id is this library's, usable from any thread; reached only under the lock.
 unsafe impl Send for RSocket {}
-
-use super::endpoint::errno;
 
 fn check(ret: c_int) -> Result<(), c_int> {
     if ret == 0 {
