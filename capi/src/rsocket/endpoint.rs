@@ -335,9 +335,7 @@ impl Endpoint {
             let want = ((data.len() - done) as u32).min(*olen);
             let mut t = TargetMem(&self.targets);
             let Some(w) = flow.next_write(want, &mut t) else { break };
-            if *olen < flow::MAX_TRANSFER {
-                *olen <<= 1;
-            }
+            flow::ramp_up(olen);
             self.write_data(&w, &data[done..])?;
             done += w.bytes() as usize;
         }
@@ -394,9 +392,7 @@ impl Endpoint {
             let want = ((data.len() - done) as u32).min(*olen);
             let t = TargetMem(&self.targets);
             let Some(local) = self.flow.as_mut().and_then(|f| f.next_direct_write(want, room, &t)) else { break };
-            if *olen < flow::MAX_TRANSFER {
-                *olen <<= 1;
-            }
+            flow::ramp_up(olen);
             let len = (local[0].1 + local[1].1) as usize;
             let mut sges = self.fill_sbuf(&local, &data[done..done + len]);
             let n = local.iter().filter(|r| r.1 > 0).count();
@@ -508,9 +504,7 @@ impl Endpoint {
             // peer's disconnect message (a reset, a transport error) ends reads with
             // ECONNRESET once what came before is read.
             if flow.connected {
-                flow.connected = false;
-                flow.readable = false;
-                flow.writable = false;
+                flow.end();
                 self.fault.get_or_insert(libc::ECONNRESET);
             }
             return 0;
@@ -524,15 +518,10 @@ impl Endpoint {
             self.rbuf.read(self.sizes.rbuf_size + slot * MSG_BYTES as u32, &mut b);
             u32::from_ne_bytes(b)
         };
-        if let Err(e) = flow.received(m) {
+        if flow.received(m).is_err() {
             // The peer broke the protocol: the connection ends here, as on a transport error.
-            flow.connected = false;
-            flow.readable = false;
-            flow.writable = false;
-            self.fault = Some(match e {
-                flow::PeerError::TooManyMessages | flow::PeerError::DataTooLong => libc::EPROTO,
-                flow::PeerError::UnknownOp => libc::EPROTO,
-            });
+            flow.end();
+            self.fault = Some(libc::EPROTO);
         }
         1
     }

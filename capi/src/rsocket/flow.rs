@@ -17,6 +17,13 @@ pub const SNDLOWAT: u32 = 2048;
 pub const OLAP_START: u32 = 2048;
 /// The largest single transfer.
 pub const MAX_TRANSFER: u32 = 65536;
+/// The next transfer of a large send may be twice as long, up to [`MAX_TRANSFER`].
+pub fn ramp_up(olen: &mut u32) {
+    if *olen < MAX_TRANSFER {
+        *olen <<= 1;
+    }
+}
+
 /// Control messages in flight at once (`RS_QP_CTRL_SIZE`).
 pub const CTRL_SLOTS: u32 = 4;
 
@@ -235,7 +242,7 @@ impl Flow {
             Op::Ctrl => {
                 self.ctrl_max_seqno = self.ctrl_max_seqno.wrapping_add(1);
                 if data == wire::CTRL_DISCONNECT {
-                    self.disconnected();
+                    self.end();
                 }
             }
             Op::IomapSgl => {
@@ -251,14 +258,13 @@ impl Flow {
                 }
             }
         }
-        if !ok && self.connected {
-            self.connected = false;
-            self.readable = false;
-            self.writable = false;
+        if !ok {
+            self.end();
         }
     }
 
-    fn disconnected(&mut self) {
+    /// The connection is over: nothing more goes either way.
+    pub fn end(&mut self) {
         self.connected = false;
         self.readable = false;
         self.writable = false;
@@ -273,12 +279,12 @@ impl Flow {
             // An iomap entry was written: only a notice (librdmacm's too), as is a direct
             // write's operation, which a peer never sends.
             Op::IomapSgl | Op::Write => {}
-            Op::Ctrl if data == wire::CTRL_DISCONNECT => self.disconnected(),
+            Op::Ctrl if data == wire::CTRL_DISCONNECT => self.end(),
             Op::Ctrl if data == wire::CTRL_SHUTDOWN => {
                 if self.writable {
                     self.readable = false;
                 } else {
-                    self.disconnected();
+                    self.end();
                 }
             }
             Op::Ctrl => {}

@@ -140,14 +140,11 @@ impl RSocket {
         }
     }
 
-    /// The fd that names the socket: its id's channel's (unique while the id lives).
+    /// The fd that names the socket: its id's channel's (unique while the id lives), which
+    /// is also what connection requests and a connect's answer make readable.
     pub fn fd(&self) -> c_int {
         // SAFETY: a live id has its (own, synchronous) channel.
         unsafe { (*(*self.id).channel).fd }
-    }
-
-    fn cm_fd(&self) -> c_int {
-        self.fd()
     }
 
     /// `rbind`.
@@ -164,7 +161,7 @@ impl RSocket {
         // SAFETY: a live, bound id.
         check(unsafe { crate::cm::rdma_listen(self.id, backlog) })?;
         // SAFETY: the id's own channel fd.
-        unsafe { set_nonblocking(self.cm_fd(), true) };
+        unsafe { set_nonblocking(self.fd(), true) };
         self.state = State::Listening;
         Ok(())
     }
@@ -179,7 +176,7 @@ impl RSocket {
             // SAFETY: a live synchronous listener (its fd non-blocking); `new` receives the id.
             if unsafe { crate::cm_ep::rdma_get_request(self.id, &mut new) } != 0 {
                 return match errno() {
-                    libc::EAGAIN if !self.nonblock => Step::Wait(Wait::Readable(self.cm_fd())),
+                    libc::EAGAIN if !self.nonblock => Step::Wait(Wait::Readable(self.fd())),
                     e => Step::Done(Err(e)),
                 };
             }
@@ -272,7 +269,7 @@ impl RSocket {
         }
         self.ep = Some(ep);
         // SAFETY: the id's own channel fd.
-        unsafe { set_nonblocking(self.cm_fd(), self.nonblock) };
+        unsafe { set_nonblocking(self.fd(), self.nonblock) };
         // SAFETY: a resolved id with a QP; `param` and `mine` live through the call.
         if unsafe { crate::cm::rdma_connect(self.id, &mut param) } != 0 {
             return match errno() {
@@ -482,7 +479,7 @@ impl RSocket {
             State::Connecting => match self.finish_connect() {
                 Ok(true) => None,
                 Ok(false) if self.nonblock => Some(Step::Done(Err(libc::EAGAIN))),
-                Ok(false) => Some(Step::Wait(Wait::Readable(self.cm_fd()))),
+                Ok(false) => Some(Step::Wait(Wait::Readable(self.fd()))),
                 Err(e) => Some(Step::Done(Err(e))),
             },
             State::Connected => None,
@@ -531,10 +528,10 @@ impl RSocket {
     /// yet, with the fd to wait on.
     pub fn poll_events(&mut self, events: i16) -> Result<i16, c_int> {
         match self.state {
-            State::Listening => Ok(if readable_now(self.cm_fd()) { events & libc::POLLIN } else { 0 }),
+            State::Listening => Ok(if readable_now(self.fd()) { events & libc::POLLIN } else { 0 }),
             State::Connecting => match self.finish_connect() {
                 Ok(true) => self.poll_events(events),
-                Ok(false) => Err(self.cm_fd()),
+                Ok(false) => Err(self.fd()),
                 Err(_) => Ok((events & (libc::POLLIN | libc::POLLOUT)) | libc::POLLERR),
             },
             State::ConnectError => Ok((events & (libc::POLLIN | libc::POLLOUT)) | libc::POLLERR),

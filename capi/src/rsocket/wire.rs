@@ -110,9 +110,7 @@ impl Sge {
     }
 
     fn emit_be(self, b: &mut [u8]) {
-        b[..8].copy_from_slice(&self.addr.to_be_bytes());
-        b[8..12].copy_from_slice(&self.key.to_be_bytes());
-        b[12..16].copy_from_slice(&self.length.to_be_bytes());
+        b[..SGE_LEN].copy_from_slice(&self.to_bytes(true));
     }
 
     fn parse_be(b: &[u8]) -> Sge {
