@@ -70,7 +70,7 @@ impl SoftDevice {
         let mut open = OpenConfig::new(cfg.addr);
         open.transport = cfg.transport;
         open.port = cfg.port;
-        let ctx = Context::open(open).map_err(|e| {
+        let ctx = crate::rsocket::api::making_own_sockets(|| Context::open(open)).map_err(|e| {
             eprintln!("softrdma: cannot open {} on {}: {e}", cfg.name, cfg.addr);
             e.raw_os_error().unwrap_or(libc::EIO)
         })?;

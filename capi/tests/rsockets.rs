@@ -3,7 +3,7 @@
 
 mod tools;
 use std::time::Duration;
-use tools::{finish, text, tool_on};
+use tools::{finish, text, tool_on, CProgram};
 
 /// rstream server on `net`.1, client on `net`.2, both with `args`; both must print their
 /// result line for every size and exit 0. Returns the client's output.
@@ -87,17 +87,9 @@ fn kernel_listens_on(port: u16) -> bool {
 fn a_plain_socket_program_runs_over_rsockets_through_librspreload() {
     let preload = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
     assert!(std::path::Path::new(preload).exists(), "librdmacm1 ships {preload}");
-    let dir = std::env::temp_dir().join(format!("softrdma-preload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let exe = dir.join("plain_sockets");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/plain_sockets.c");
-    let cc = std::process::Command::new("cc").args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).output();
-    let cc = cc.expect("a C compiler (cc) runs");
-    assert!(cc.status.success(), "plain_sockets.c builds:\n{}", text(&cc));
-    let exe = exe.to_str().unwrap_or_default();
+    let program = CProgram::build("plain_sockets");
     let run = |addr: &str, args: &[&str]| {
-        let mut c = tool_on(exe, "rocev2", addr, args);
+        let mut c = tool_on(&program.exe, "rocev2", addr, args);
         c.env("LD_PRELOAD", preload);
         c.spawn().expect("the program runs")
     };
@@ -106,7 +98,6 @@ fn a_plain_socket_program_runs_over_rsockets_through_librspreload() {
     let tcp_listener = kernel_listens_on(7591);
     let client = run("127.0.97.2", &["client", "127.0.97.1", "7591"]);
     let (c, s) = (finish(client, Duration::from_secs(30)), finish(server, Duration::from_secs(10)));
-    let _ = std::fs::remove_dir_all(&dir);
     for (who, out) in [("client", &c), ("server", &s)] {
         assert!(out.status.success() && text(out).contains("plain sockets: ok"), "{who}:\n{}", text(out));
     }
@@ -144,23 +135,14 @@ fn riostream_writes_into_mapped_buffers_on_both_transports() {
 /// which goes on to accept an rsockets client.
 #[test]
 fn a_listener_refuses_a_stranger_and_accepts_the_next_client() {
-    let dir = std::env::temp_dir().join(format!("softrdma-stranger-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let exe = dir.join("rsocket_stranger");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/rsocket_stranger.c");
-    let mut cc = std::process::Command::new("cc");
-    cc.args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).args(["-lrdmacm", "-libverbs"]);
-    let cc = cc.output().expect("a C compiler (cc) runs");
-    assert!(cc.status.success(), "rsocket_stranger.c builds:\n{}", text(&cc));
+    let stranger_c = CProgram::build("rsocket_stranger");
     let (net, port) = ("127.0.100", "7611");
     let server_addr = format!("{net}.1");
     let sargs = ["-b", &server_addr, "-p", port, "-S", "4096", "-C", "10"];
     let server = tool_on("rstream", "rocev2", &server_addr, &sargs).spawn().expect("rstream runs");
     std::thread::sleep(Duration::from_millis(300));
-    let mut stranger = tool_on(exe.to_str().unwrap_or_default(), "rocev2", &format!("{net}.3"), &[&server_addr, port]);
+    let mut stranger = tool_on(&stranger_c.exe, "rocev2", &format!("{net}.3"), &[&server_addr, port]);
     let s = finish(stranger.spawn().expect("the stranger runs"), Duration::from_secs(20));
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(s.status.success() && text(&s).contains("stranger refused"), "stranger:\n{}", text(&s));
     let cargs = ["-s", &server_addr, "-p", port, "-S", "4096", "-C", "10"];
     let client = tool_on("rstream", "rocev2", &format!("{net}.2"), &cargs).spawn().expect("rstream runs");
@@ -168,4 +150,49 @@ fn a_listener_refuses_a_stranger_and_accepts_the_next_client() {
     for (who, out) in [("client", &c), ("server", &srv)] {
         assert!(out.status.success() && text(out).contains("custom"), "rstream {who}:\n{}", text(out));
     }
+}
+
+/// Datagram rsockets over RoCEv2: a ping-pong of messages of every size up to 1,500 bytes
+/// with contents and sender checked, then MSG_PEEK, rsendto without rconnect, the names,
+/// EMSGSIZE and EWOULDBLOCK (`tests/c/rsocket_dgram.c`); and librdmacm's udpong sending
+/// 1,000-byte messages one way, the server counting them.
+#[test]
+fn datagram_rsockets_carry_messages_over_ud() {
+    let program = CProgram::build("rsocket_dgram");
+    let (net, port) = ("127.0.101", "7621");
+    let server_addr = format!("{net}.1");
+    let server = tool_on(&program.exe, "rocev2", &server_addr, &["server", &server_addr, port]).spawn();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client = tool_on(&program.exe, "rocev2", &format!("{net}.2"), &["client", &server_addr, port, "3000"]);
+    let c =
+        finish(client.env("SOFTRDMA_RSOCKET_STATS", "1").spawn().expect("the client runs"), Duration::from_secs(60));
+    let s = finish(server.expect("the server runs"), Duration::from_secs(5));
+    assert!(c.status.success() && text(&c).contains("client done"), "client:\n{}\nserver:\n{}", text(&c), text(&s));
+    assert!(s.status.success() && text(&s).contains("server done"), "server:\n{}", text(&s));
+    // The first message goes over UDP (the client does not know the server's QP yet), the
+    // other 3,000 (2,999 pings and the last one) over UD; the server, which learns the
+    // client's QP from that first message, answers all 3,001 over UD.
+    let stats: Vec<Vec<u64>> = text(&c)
+        .lines()
+        .filter(|l| l.starts_with("softrdma rsocket"))
+        .map(|l| l.split(' ').filter_map(|w| w.parse().ok()).collect())
+        .collect();
+    let connected = stats.last().expect("the connected socket's counts");
+    assert_eq!(connected, &[3000, 1, 3001, 0], "sent UD, UDP; received UD, UDP: {stats:?}");
+    let server = tool_on("udpong", "rocev2", &server_addr, &["-b", &server_addr, "-p", "7622"]).spawn();
+    std::thread::sleep(Duration::from_millis(300));
+    let args = ["-s", &server_addr, "-p", "7622", "-C", "2000", "-S", "1000"];
+    let client = tool_on("udpong", "rocev2", &format!("{net}.3"), &args).spawn();
+    let c = finish(client.expect("udpong runs"), Duration::from_secs(30));
+    let s = finish(server.expect("udpong runs"), Duration::ZERO);
+    assert!(c.status.success() && text(&c).contains("custom"), "udpong client:\n{}\nserver:\n{}", text(&c), text(&s));
+}
+
+/// iWARP has no UD: a datagram rsocket on an iWARP device refuses to send, as on siw.
+#[test]
+fn a_datagram_rsocket_on_iwarp_says_it_is_not_supported() {
+    let program = CProgram::build("rsocket_dgram");
+    let client = tool_on(&program.exe, "iwarp", "127.0.101.5", &["client", "127.0.101.4", "7631", "1"]).spawn();
+    let c = finish(client.expect("the client runs"), Duration::from_secs(20));
+    assert!(!c.status.success() && text(&c).contains("Operation not supported"), "{}", text(&c));
 }

@@ -2,24 +2,25 @@
 //! is named by its rdma_cm id's channel fd, as librdmacm names it, so its numbers never
 //! collide with the process's other fds and `rpoll` can take both kinds at once.
 //!
-//! Stream sockets only: `SOCK_DGRAM` (rsockets over UD, librdmacm's own datagram
-//! protocol) and the `riomap` family answer as the C header's callers expect of a missing
-//! feature (ENOTSUP, ENOSYS).
+//! Datagram sockets (`SOCK_DGRAM`) are named by their UDP socket's fd and served by
+//! [`super::dgram_api`].
 
+use super::dgram_api as dgram;
 use super::socket::{RSocket, State, Step, Wait};
 use crate::ffi;
 use libc::{c_int, c_void, socklen_t};
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// `SOL_RDMA` (rsocket.h) and its options.
-const SOL_RDMA: c_int = 0x10000;
-const RDMA_SQSIZE: c_int = 0;
-const RDMA_RQSIZE: c_int = 1;
-const RDMA_INLINE: c_int = 2;
-const RDMA_IOMAPSIZE: c_int = 3;
-const RDMA_ROUTE: c_int = 4;
+pub(super) const SOL_RDMA: c_int = 0x10000;
+pub(super) const RDMA_SQSIZE: c_int = 0;
+pub(super) const RDMA_RQSIZE: c_int = 1;
+pub(super) const RDMA_INLINE: c_int = 2;
+pub(super) const RDMA_IOMAPSIZE: c_int = 3;
+pub(super) const RDMA_ROUTE: c_int = 4;
 
 /// The longest a waiting call sleeps before it looks again: another thread of the same
 /// socket may have taken the completion event it waited for.
@@ -53,7 +54,7 @@ fn size(r: Result<usize, c_int>) -> isize {
     r.map_or_else(fail, |n| n as isize)
 }
 
-fn sleep_on(w: Wait) {
+pub(super) fn sleep_on(w: Wait) {
     let Wait::Readable(fd) = w;
     softrdma::driver::spin::wait_readable(&[fd], WAIT_SLICE);
 }
@@ -70,15 +71,40 @@ fn run<T>(fd: c_int, mut f: impl FnMut(&mut RSocket) -> Step<T>) -> Result<T, c_
     }
 }
 
-/// `rsocket`: a stream socket over RDMA (IPv4 or IPv6). Unlike librdmacm's, it takes
+thread_local! {
+    /// Set while this library makes sockets of its own (a device's UDP socket).
+    static OWN_SOCKETS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, in which this library makes sockets of its own: under librspreload, whose
+/// `socket` asks `rsocket` first for every socket a process makes, `rsocket` refuses
+/// them (ENOTSUP) so that they are the kernel's, as a device needs.
+pub(crate) fn making_own_sockets<T>(f: impl FnOnce() -> T) -> T {
+    let was = OWN_SOCKETS.replace(true);
+    let r = f();
+    OWN_SOCKETS.set(was);
+    r
+}
+
+/// `rsocket`: a stream socket over RDMA, or a datagram socket over UD (IPv4 or IPv6).
+/// Unlike librdmacm's, it takes
 /// `SOCK_NONBLOCK` and `SOCK_CLOEXEC` in the type as socket(2) does, so programs that
 /// always pass them (Python's socket module does) get RDMA through librspreload rather
 /// than its fallback to TCP.
 #[no_mangle]
 pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int {
+    if OWN_SOCKETS.get() {
+        return fail(libc::ENOTSUP);
+    }
     let nonblock = kind & libc::SOCK_NONBLOCK != 0;
     let kind = kind & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
-    if (domain != libc::AF_INET && domain != libc::AF_INET6) || kind != libc::SOCK_STREAM {
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return fail(libc::ENOTSUP);
+    }
+    if kind == libc::SOCK_DGRAM && (protocol == 0 || protocol == libc::IPPROTO_UDP) {
+        return dgram::create(domain, nonblock).unwrap_or_else(fail);
+    }
+    if kind != libc::SOCK_STREAM {
         return fail(libc::ENOTSUP);
     }
     if protocol != 0 && protocol != libc::IPPROTO_TCP {
@@ -100,13 +126,20 @@ pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int 
 /// # Safety
 /// `addr` points at a socket address of `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn rbind(fd: c_int, addr: *const ffi::sockaddr, _len: socklen_t) -> c_int {
+pub unsafe extern "C" fn rbind(fd: c_int, addr: *const ffi::sockaddr, len: socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(fd) {
+        // SAFETY: the caller's contract.
+        return int(unsafe { dgram::lock(&d).bind(addr, len) });
+    }
     int(lookup(fd).and_then(|s| lock(&s).bind(addr)))
 }
 
 /// `rlisten`.
 #[no_mangle]
 pub extern "C" fn rlisten(fd: c_int, backlog: c_int) -> c_int {
+    if dgram::lookup(fd).is_some() {
+        return fail(libc::EOPNOTSUPP);
+    }
     int(lookup(fd).and_then(|s| lock(&s).listen(backlog)))
 }
 
@@ -116,6 +149,9 @@ pub extern "C" fn rlisten(fd: c_int, backlog: c_int) -> c_int {
 /// `addr`/`len` are NULL or a buffer for the peer's address and its size.
 #[no_mangle]
 pub unsafe extern "C" fn raccept(fd: c_int, addr: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+    if dgram::lookup(fd).is_some() {
+        return fail(libc::EOPNOTSUPP);
+    }
     match run(fd, RSocket::accept) {
         Ok(child) => {
             let new_fd = child.fd();
@@ -136,6 +172,11 @@ pub unsafe extern "C" fn raccept(fd: c_int, addr: *mut ffi::sockaddr, len: *mut 
 /// `addr` points at a socket address.
 #[no_mangle]
 pub unsafe extern "C" fn rconnect(fd: c_int, addr: *const ffi::sockaddr, _len: socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(fd) {
+        // SAFETY: the caller's contract.
+        let Some(peer) = (unsafe { crate::cm_addr::from_c(addr) }) else { return fail(libc::EAFNOSUPPORT) };
+        return int(dgram::lock(&d).connect(peer));
+    }
     int(lookup(fd).and_then(|s| lock(&s).connect(addr)))
 }
 
@@ -229,7 +270,11 @@ unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> &'a mut [u8] {
 #[no_mangle]
 pub unsafe extern "C" fn rsend(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize {
     // SAFETY: the caller's contract.
-    size(send_all(fd, unsafe { bytes(buf, len) }, flags))
+    let data = unsafe { bytes(buf, len) };
+    if let Some(d) = dgram::lookup(fd) {
+        return size(dgram::send(&d, data, None, flags));
+    }
+    size(send_all(fd, data, flags))
 }
 
 /// `rrecv`.
@@ -239,7 +284,11 @@ pub unsafe extern "C" fn rsend(fd: c_int, buf: *const c_void, len: usize, flags:
 #[no_mangle]
 pub unsafe extern "C" fn rrecv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
     // SAFETY: the caller's contract.
-    size(recv_some(fd, unsafe { bytes_mut(buf, len) }, flags))
+    let out = unsafe { bytes_mut(buf, len) };
+    if let Some(d) = dgram::lookup(fd) {
+        return size(dgram::recv(&d, out, flags).map(|(n, _)| n));
+    }
+    size(recv_some(fd, out, flags))
 }
 
 /// `rread`.
@@ -262,7 +311,8 @@ pub unsafe extern "C" fn rwrite(fd: c_int, buf: *const c_void, len: usize) -> is
     unsafe { rsend(fd, buf, len, 0) }
 }
 
-/// `rsendto`: a connected stream takes no address.
+/// `rsendto`: a connected stream takes no address; a datagram socket sends to `to` (its
+/// peer if NULL).
 ///
 /// # Safety
 /// As [`rsend`].
@@ -275,6 +325,11 @@ pub unsafe extern "C" fn rsendto(
     to: *const ffi::sockaddr,
     to_len: socklen_t,
 ) -> isize {
+    if let Some(d) = dgram::lookup(fd) {
+        // SAFETY: the caller's contract.
+        let (data, to) = unsafe { (bytes(buf, len), crate::cm_addr::from_c(to)) };
+        return size(dgram::send(&d, data, to, flags));
+    }
     if !to.is_null() || to_len != 0 {
         return fail(libc::EISCONN);
     }
@@ -282,7 +337,7 @@ pub unsafe extern "C" fn rsendto(
     unsafe { rsend(fd, buf, len, flags) }
 }
 
-/// `rrecvfrom`: as `rrecv`; a stream reports no source.
+/// `rrecvfrom`: as `rrecv`; a stream reports no source, a datagram its sender.
 ///
 /// # Safety
 /// As [`rrecv`].
@@ -292,9 +347,18 @@ pub unsafe extern "C" fn rrecvfrom(
     buf: *mut c_void,
     len: usize,
     flags: c_int,
-    _from: *mut ffi::sockaddr,
-    _from_len: *mut socklen_t,
+    from: *mut ffi::sockaddr,
+    from_len: *mut socklen_t,
 ) -> isize {
+    if let Some(d) = dgram::lookup(fd) {
+        // SAFETY: the caller's contract.
+        let got = dgram::recv(&d, unsafe { bytes_mut(buf, len) }, flags);
+        if let Ok((_, a)) = got {
+            // SAFETY: the caller's contract.
+            unsafe { dgram::write_addr(a, from, from_len) };
+        }
+        return size(got.map(|(n, _)| n));
+    }
     // SAFETY: the caller's contract.
     unsafe { rrecv(fd, buf, len, flags) }
 }
@@ -309,29 +373,46 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> &'a [libc::iovec] {
     unsafe { std::slice::from_raw_parts(iov, n as usize) }
 }
 
-/// Gathers `iov` and sends it.
+/// Gathers `iov` and sends it (one message to `to`, or the peer, on a datagram socket).
 ///
 /// # Safety
 /// `iov` holds `n` iovecs naming readable memory.
-unsafe fn sendv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize {
+unsafe fn sendv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int, to: Option<SocketAddr>) -> isize {
     let mut all = Vec::new();
     // SAFETY: the caller's contract.
     for v in unsafe { iovecs(iov, n) } {
         // SAFETY: as above.
         all.extend_from_slice(unsafe { bytes(v.iov_base, v.iov_len) });
     }
+    if let Some(d) = dgram::lookup(fd) {
+        return size(dgram::send(&d, &all, to, flags));
+    }
     size(send_all(fd, &all, flags))
 }
 
-/// Receives and scatters into `iov`.
+/// Receives and scatters into `iov`; a datagram's sender goes to `from` (if not NULL).
 ///
 /// # Safety
-/// `iov` holds `n` iovecs naming writable memory.
-unsafe fn recvv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize {
+/// `iov` holds `n` iovecs naming writable memory; `from` is NULL or as `rrecvfrom`'s.
+unsafe fn recvv(
+    fd: c_int,
+    iov: *const libc::iovec,
+    n: c_int,
+    flags: c_int,
+    from: (*mut ffi::sockaddr, *mut socklen_t),
+) -> isize {
     // SAFETY: the caller's contract.
     let iov = unsafe { iovecs(iov, n) };
     let mut all = vec![0u8; iov.iter().map(|v| v.iov_len).sum()];
-    let got = match recv_some(fd, &mut all, flags) {
+    let got = match dgram::lookup(fd) {
+        Some(d) => dgram::recv(&d, &mut all, flags).map(|(n, a)| {
+            // SAFETY: the caller's contract.
+            unsafe { dgram::write_addr(a, from.0, from.1) };
+            n
+        }),
+        None => recv_some(fd, &mut all, flags),
+    };
+    let got = match got {
         Ok(g) => g,
         Err(e) => return fail(e),
     };
@@ -352,7 +433,7 @@ unsafe fn recvv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> i
 #[no_mangle]
 pub unsafe extern "C" fn rwritev(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
     // SAFETY: the caller's contract.
-    unsafe { sendv(fd, iov, n, 0) }
+    unsafe { sendv(fd, iov, n, 0, None) }
 }
 
 /// `rreadv`.
@@ -362,10 +443,10 @@ pub unsafe extern "C" fn rwritev(fd: c_int, iov: *const libc::iovec, n: c_int) -
 #[no_mangle]
 pub unsafe extern "C" fn rreadv(fd: c_int, iov: *const libc::iovec, n: c_int) -> isize {
     // SAFETY: the caller's contract.
-    unsafe { recvv(fd, iov, n, 0) }
+    unsafe { recvv(fd, iov, n, 0, (std::ptr::null_mut(), std::ptr::null_mut())) }
 }
 
-/// `rsendmsg` (no control data on a stream rsocket).
+/// `rsendmsg` (no control data; a datagram socket sends to the message's name, if any).
 ///
 /// # Safety
 /// `msg` is a valid msghdr.
@@ -373,8 +454,10 @@ pub unsafe extern "C" fn rreadv(fd: c_int, iov: *const libc::iovec, n: c_int) ->
 pub unsafe extern "C" fn rsendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
     // SAFETY: the caller's contract.
     let Some(m) = (unsafe { msg.as_ref() }) else { return fail(libc::EINVAL) };
+    // SAFETY: the message's name, if any.
+    let to = unsafe { crate::cm_addr::from_c(m.msg_name.cast()) };
     // SAFETY: the message's iovecs.
-    unsafe { sendv(fd, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    unsafe { sendv(fd, m.msg_iov, m.msg_iovlen as c_int, flags, to) }
 }
 
 /// `rrecvmsg`.
@@ -387,19 +470,26 @@ pub unsafe extern "C" fn rrecvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_in
     let Some(m) = (unsafe { msg.as_mut() }) else { return fail(libc::EINVAL) };
     m.msg_controllen = 0;
     m.msg_flags = 0;
-    // SAFETY: the message's iovecs.
-    unsafe { recvv(fd, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    let from = if m.msg_name.is_null() { std::ptr::null_mut() } else { &raw mut m.msg_namelen };
+    // SAFETY: the message's iovecs and name.
+    unsafe { recvv(fd, m.msg_iov, m.msg_iovlen as c_int, flags, (m.msg_name.cast(), from)) }
 }
 
 /// `rshutdown`.
 #[no_mangle]
 pub extern "C" fn rshutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(d) = dgram::lookup(fd) {
+        return int(dgram::shutdown(&d, how));
+    }
     int(run(fd, |s| s.shutdown(how)))
 }
 
 /// `rclose`: shuts a connected socket down (the peer hears it), then frees it.
 #[no_mangle]
 pub extern "C" fn rclose(fd: c_int) -> c_int {
+    if dgram::close(fd) {
+        return 0;
+    }
     let Some(s) = table().remove(&fd) else { return fail(libc::EBADF) };
     let connected = lock(&s).ep.as_ref().and_then(|e| e.flow.as_ref()).is_some_and(|f| f.connected);
     if connected {
@@ -423,13 +513,16 @@ fn poll_pass(fds: &mut [libc::pollfd], wait_ms: c_int) -> c_int {
     let mut is_rs = Vec::with_capacity(fds.len());
     for p in fds.iter_mut() {
         p.revents = 0;
-        let Ok(s) = lookup(p.fd) else {
+        let events = match lookup(p.fd) {
+            Ok(s) => Some(lock(&s).poll_events(p.events)),
+            Err(_) => dgram::lookup(p.fd).map(|d| dgram::lock(&d).poll_events(p.events)),
+        };
+        let Some(events) = events else {
             is_rs.push(false);
             kernel.push(libc::pollfd { fd: p.fd, events: p.events, revents: 0 });
             continue;
         };
         is_rs.push(true);
-        let events = lock(&s).poll_events(p.events);
         match events {
             Ok(r) => {
                 p.revents = r;
@@ -536,7 +629,11 @@ pub unsafe extern "C" fn rselect(
 ///
 /// # Safety
 /// `out` has room for `*len` bytes.
-unsafe fn copy_addr(from: *const libc::sockaddr_storage, out: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+pub(super) unsafe fn copy_addr(
+    from: *const libc::sockaddr_storage,
+    out: *mut ffi::sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
     // SAFETY: the caller's length, if any.
     if len.is_null() || (out.is_null() && unsafe { *len } != 0) {
         return fail(libc::EFAULT);
@@ -565,6 +662,11 @@ unsafe fn copy_addr(from: *const libc::sockaddr_storage, out: *mut ffi::sockaddr
 /// As getpeername(2).
 #[no_mangle]
 pub unsafe extern "C" fn rgetpeername(fd: c_int, addr: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(fd) {
+        let peer = dgram::lock(&d).peer_addr();
+        // SAFETY: the caller's contract.
+        return peer.map_or_else(fail, |a| unsafe { dgram::write_addr(a, addr, len) });
+    }
     let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
     let g = lock(&s);
     // SAFETY: a live id's route; its storage member is what this library writes.
@@ -577,6 +679,11 @@ pub unsafe extern "C" fn rgetpeername(fd: c_int, addr: *mut ffi::sockaddr, len: 
 /// As getsockname(2).
 #[no_mangle]
 pub unsafe extern "C" fn rgetsockname(fd: c_int, addr: *mut ffi::sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(fd) {
+        let local = dgram::lock(&d).local_addr();
+        // SAFETY: the caller's contract.
+        return local.map_or_else(fail, |a| unsafe { dgram::write_addr(a, addr, len) });
+    }
     let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
     let g = lock(&s);
     // SAFETY: as in rgetpeername.
@@ -587,21 +694,25 @@ pub unsafe extern "C" fn rgetsockname(fd: c_int, addr: *mut ffi::sockaddr, len: 
 /// platforms this library builds for, an `int` third argument arrives as a fixed one does.
 #[no_mangle]
 pub extern "C" fn rfcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int {
-    let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
-    let mut g = lock(&s);
-    match cmd {
-        libc::F_GETFL => libc::O_RDWR | if g.nonblock { libc::O_NONBLOCK } else { 0 },
+    let flags = |nonblock: &mut bool| match cmd {
+        libc::F_GETFL => libc::O_RDWR | if *nonblock { libc::O_NONBLOCK } else { 0 },
         libc::F_SETFL => {
-            g.nonblock = arg & libc::O_NONBLOCK != 0;
+            *nonblock = arg & libc::O_NONBLOCK != 0;
             0
         }
         _ => fail(libc::ENOTSUP),
+    };
+    if let Some(d) = dgram::lookup(fd) {
+        return flags(&mut dgram::lock(&d).nonblock);
     }
+    let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
+    let r = flags(&mut lock(&s).nonblock);
+    r
 }
 
 /// # Safety
 /// `val` holds at least `len` bytes.
-unsafe fn read_int(val: *const c_void, len: socklen_t) -> Result<c_int, c_int> {
+pub(super) unsafe fn read_int(val: *const c_void, len: socklen_t) -> Result<c_int, c_int> {
     if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
         return Err(libc::EINVAL);
     }
@@ -623,6 +734,10 @@ pub unsafe extern "C" fn rsetsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if let Some(d) = dgram::lookup(fd) {
+        // SAFETY: the caller's contract.
+        return unsafe { dgram::setsockopt(&d, level, name, val, len) };
+    }
     let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
     let mut g = lock(&s);
     if level == libc::SOL_SOCKET && name == libc::SO_LINGER {
@@ -677,6 +792,10 @@ pub unsafe extern "C" fn rgetsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
+    if let Some(d) = dgram::lookup(fd) {
+        // SAFETY: the caller's contract.
+        return unsafe { dgram::getsockopt(&d, level, name, val, len) };
+    }
     let Ok(s) = lookup(fd) else { return fail(libc::EBADF) };
     let mut g = lock(&s);
     let v = match (level, name) {
@@ -692,6 +811,15 @@ pub unsafe extern "C" fn rgetsockopt(
         }
         _ => return fail(libc::ENOTSUP),
     };
+    // SAFETY: the caller's contract.
+    unsafe { write_int(v, val, len) }
+}
+
+/// Writes `v` into an option buffer as getsockopt(2) does.
+///
+/// # Safety
+/// `val` has room for `*len` bytes.
+pub(super) unsafe fn write_int(v: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     if val.is_null() || len.is_null() {
         return fail(libc::EFAULT);
     }

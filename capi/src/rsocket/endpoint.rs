@@ -3,6 +3,7 @@
 //! receive ring, target list), driven through this library's own verbs as an application
 //! drives them. [`super::flow::Flow`] decides; this posts and polls.
 
+use super::completions::{errno, Completions};
 use super::flow::{self, Credit, DataWrite, Flow, Sizes, Targets, CTRL_SLOTS, RECV_FLAG};
 use super::wire::{self, ConnData, Iomap, Sge, IOMAP_LEN, SGE_LEN, SGL_SIZE};
 use crate::ffi;
@@ -19,9 +20,19 @@ pub(crate) struct Region {
 }
 
 impl Region {
-    fn zeroed(len: usize) -> Region {
+    pub(crate) fn zeroed(len: usize) -> Region {
         let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
         Region { len, ptr: Box::into_raw(b).cast() }
+    }
+
+    /// Registers the region on `pd` with `access`.
+    pub(crate) fn register(&self, pd: *mut ffi::ibv_pd, access: c_int) -> Result<*mut ffi::ibv_mr, c_int> {
+        // SAFETY: the region lives as long as its owner, which deregisters first.
+        let mr = unsafe { crate::objects::ibv_reg_mr(pd, self.ptr.cast(), self.len, access) };
+        if mr.is_null() {
+            return Err(errno());
+        }
+        Ok(mr)
     }
 
     pub(crate) fn addr(&self, offset: u32) -> u64 {
@@ -29,14 +40,14 @@ impl Region {
     }
 
     /// Copies `out.len()` bytes from `offset` (in bounds: the flow's ranges are).
-    fn read(&self, offset: u32, out: &mut [u8]) {
+    pub(crate) fn read(&self, offset: u32, out: &mut [u8]) {
         let end = (offset as usize).saturating_add(out.len());
         assert!(end <= self.len, "a range outside the region");
         // SAFETY: in bounds (checked); the region outlives the call; bytes only.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset as usize), out.as_mut_ptr(), out.len()) };
     }
 
-    fn write(&self, offset: u32, data: &[u8]) {
+    pub(crate) fn write(&self, offset: u32, data: &[u8]) {
         let end = (offset as usize).saturating_add(data.len());
         assert!(end <= self.len, "a range outside the region");
         // SAFETY: as in `read`.
@@ -74,8 +85,7 @@ impl Targets for TargetMem<'_> {
 /// The resources of one connection, and its flow once connected.
 pub(crate) struct Endpoint {
     pub(crate) id: *mut ffi::rdma_cm_id,
-    pub(crate) channel: *mut ffi::ibv_comp_channel,
-    pub(crate) cq: *mut ffi::ibv_cq,
+    pub(crate) comp: Completions,
     pub(crate) sizes: Sizes,
     pub(crate) msg_send: bool,
     sbuf: Region,
@@ -88,8 +98,6 @@ pub(crate) struct Endpoint {
     iomap_entries: usize,
     /// The peer's iomap list: where, its key, how many entries.
     pub(crate) remote_iomap: (u64, u32, usize),
-    /// The CQ is armed for one event.
-    pub(crate) armed: bool,
     rbuf_msg_index: u32,
     msg_slot: u32,
     ctrl_slot: u32,
@@ -100,11 +108,6 @@ pub(crate) struct Endpoint {
 // SAFETY: the raw pointers name this library's objects, which are used from any thread
 // (the C API's rule); an endpoint is only reached under its socket's lock.
 unsafe impl Send for Endpoint {}
-
-/// The calling thread's errno (EIO if none is set).
-pub(crate) fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
-}
 
 impl Endpoint {
     /// Makes the CQ, QP and buffers of `id` (address and route resolved, or a request's
@@ -122,21 +125,12 @@ impl Endpoint {
         let ctx = unsafe { (*id).verbs };
         // SAFETY: an open context's device.
         let msg_send = unsafe { (*(*ctx).device).transport_type } == ffi::IBV_TRANSPORT_IWARP;
-        // SAFETY: an open context.
-        let channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
-        if channel.is_null() {
-            return Err(errno());
-        }
-        // Waits happen in poll(2) on the fd; reads of it must never block.
-        // SAFETY: the channel's own fd.
-        unsafe { set_nonblocking((*channel).fd, true) };
         let cqe = c_int::from(sizes.sq_size) + c_int::from(sizes.rq_size);
-        // SAFETY: an open context and its channel.
-        let cq = unsafe { crate::cq::ibv_create_cq(ctx, cqe, null_mut(), channel, 0) };
+        // SAFETY: an open context.
+        let comp = unsafe { Completions::create(ctx, cqe)? };
         let mut ep = Endpoint {
             id,
-            channel,
-            cq,
+            comp,
             sizes,
             msg_send,
             sbuf: Region::zeroed(
@@ -149,32 +143,28 @@ impl Endpoint {
             peer_big_endian: false,
             iomap_entries,
             remote_iomap: (0, 0, 0),
-            armed: false,
             rbuf_msg_index: 0,
             msg_slot: 0,
             ctrl_slot: 0,
             fault: None,
         };
-        if cq.is_null() {
-            return Err(errno());
-        }
         // SAFETY: the endpoint's own live objects.
         unsafe { ep.create_qp(inline)? };
         ep.register()?;
         for _ in 0..sizes.rq_size {
             ep.post_recv()?;
         }
-        ep.arm();
+        ep.comp.arm();
         Ok(ep)
     }
 
     /// # Safety
-    /// `self.id` is live and `self.cq` made.
+    /// `self.id` is live.
     unsafe fn create_qp(&mut self, inline: u32) -> Result<(), c_int> {
         // SAFETY: plain C data; all-zero is valid.
         let mut attr: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        attr.send_cq = self.cq;
-        attr.recv_cq = self.cq;
+        attr.send_cq = self.comp.cq;
+        attr.recv_cq = self.comp.cq;
         attr.qp_type = ffi::IBV_QPT_RC;
         attr.sq_sig_all = 1;
         attr.cap.max_send_wr = u32::from(self.sizes.sq_size);
@@ -197,12 +187,7 @@ impl Endpoint {
         for (i, (r, access)) in
             [(&self.sbuf, local), (&self.rbuf, remote), (&self.targets, remote)].into_iter().enumerate()
         {
-            // SAFETY: the region lives as long as the endpoint, which deregisters first.
-            let mr = unsafe { crate::objects::ibv_reg_mr(pd, r.ptr.cast(), r.len, access) };
-            if mr.is_null() {
-                return Err(errno());
-            }
-            self.mrs[i] = mr;
+            self.mrs[i] = r.register(pd, access)?;
         }
         Ok(())
     }
@@ -453,32 +438,9 @@ impl Endpoint {
 
     /// Takes every completion and event waiting; reposts the receives consumed.
     pub(crate) fn poll(&mut self) -> Result<(), c_int> {
-        self.take_events();
-        // The engine's queue, not `ibv_poll_cq`: that one receives on the caller's thread
-        // and, called in a loop, keeps the poll thread off the socket for a while, which
-        // suits an application spinning on its CQ but not one that returns from an
-        // rsocket call to spin on its own memory (riostream waits so for direct writes).
-        // SAFETY: the endpoint's live CQ, made by this library.
-        let Some(cq) = (unsafe { crate::cq::soft_cq(self.cq) }) else { return Err(libc::EBADF) };
-        // SAFETY: a live id's context is open.
-        let engine = unsafe { crate::device::soft_context((*self.id).verbs) }.and_then(|s| s.engine().ok());
         let mut received = 0;
-        let mut looked = false;
-        loop {
-            let mut got = cq.cq.poll(16);
-            if got.is_empty() && !looked {
-                // Receive once here rather than wait for the poll thread's wake-up.
-                looked = true;
-                if engine.is_some_and(|e| e.progress_once() > 0) {
-                    got = cq.cq.poll(16);
-                }
-            }
-            if got.is_empty() {
-                break;
-            }
-            for wc in &got {
-                received += self.completed(&crate::cq::to_ibv_wc(wc));
-            }
+        for wc in self.comp.take() {
+            received += self.completed(&wc);
         }
         if self.flow.as_ref().is_some_and(|f| f.connected) {
             for _ in 0..received {
@@ -525,48 +487,6 @@ impl Endpoint {
         }
         1
     }
-
-    /// Arms the CQ for one completion event, if it is not armed.
-    pub(crate) fn arm(&mut self) {
-        if !self.armed {
-            // SAFETY: a live CQ.
-            unsafe { crate::cq::req_notify_cq(self.cq, 0) };
-            self.armed = true;
-        }
-    }
-
-    /// Reads the channel's events (never blocking: its fd is non-blocking).
-    fn take_events(&mut self) {
-        // Only an armed CQ raises an event; and `ibv_get_cq_event` tells the poll thread
-        // the caller is about to sleep, which a look that finds nothing must not do.
-        // SAFETY: the endpoint's live channel.
-        if !self.armed || !super::socket::readable_now(unsafe { (*self.channel).fd }) {
-            return;
-        }
-        let mut cq = null_mut();
-        let mut ctx = null_mut();
-        // SAFETY: the endpoint's channel; pointers to locals.
-        while unsafe { crate::cq::ibv_get_cq_event(self.channel, &mut cq, &mut ctx) } == 0 {
-            // SAFETY: the endpoint's CQ, the one the event named.
-            unsafe { crate::cq::ibv_ack_cq_events(self.cq, 1) };
-            self.armed = false;
-        }
-    }
-
-    /// The fd to wait on for this endpoint's next completion, after arming.
-    pub(crate) fn wait_fd(&mut self) -> c_int {
-        self.arm();
-        // SAFETY: the endpoint's live channel.
-        unsafe { (*self.channel).fd }
-    }
-
-    /// Lets the device's poll thread receive for a caller about to sleep.
-    pub(crate) fn before_sleep(&self) {
-        // SAFETY: a live id's context is open.
-        if let Some(engine) = unsafe { crate::device::soft_context((*self.id).verbs) }.and_then(|s| s.engine().ok()) {
-            engine.stop_polling();
-        }
-    }
 }
 
 impl Drop for Endpoint {
@@ -582,24 +502,6 @@ impl Drop for Endpoint {
                     crate::objects::ibv_dereg_mr(mr);
                 }
             }
-            if !self.cq.is_null() {
-                self.take_events();
-                crate::cq::ibv_destroy_cq(self.cq);
-            }
-            crate::cq::ibv_destroy_comp_channel(self.channel);
         }
-    }
-}
-
-/// Sets or clears O_NONBLOCK on `fd`.
-///
-/// # Safety
-/// `fd` is an open file descriptor.
-pub(crate) unsafe fn set_nonblocking(fd: c_int, on: bool) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
-        libc::fcntl(fd, libc::F_SETFL, flags);
     }
 }

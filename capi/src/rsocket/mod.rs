@@ -1,8 +1,16 @@
 //! rsockets (`rdma/rsocket.h`): stream sockets over RDMA, wire-compatible with
 //! librdmacm's, so that `rstream`, `rcopy` and applications preloading `librspreload`
-//! run on softrdma and talk to rsockets on rxe, siw or a NIC.
+//! run on softrdma and talk to rsockets on rxe, siw or a NIC; and datagram sockets over
+//! UD in librdmacm's datagram protocol (`udpong`), which librdmacm itself offers on
+//! InfiniBand only (its address handle to the socket's own QP has no GRH, which RoCE
+//! needs).
 
 pub mod api;
+mod completions;
+mod dgram;
+mod dgram_api;
+mod dgram_qp;
+pub mod dgram_wire;
 mod endpoint;
 pub mod flow;
 pub mod socket;

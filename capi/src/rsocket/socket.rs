@@ -3,7 +3,8 @@
 //! [`super::api`] sleeps between calls with the socket unlocked, so another thread can
 //! send while one waits to receive (as with a kernel socket).
 
-use super::endpoint::{errno, set_nonblocking, Endpoint};
+use super::completions::{errno, readable_now, set_nonblocking};
+use super::endpoint::Endpoint;
 use super::flow::{self, Sizes};
 use super::wire::{self, ConnData, Iomap, Sge};
 use crate::ffi;
@@ -346,14 +347,14 @@ impl RSocket {
             if nonblock {
                 return Step::Done(Err(libc::EWOULDBLOCK));
             }
-            if ep.armed {
+            if ep.comp.armed {
                 break;
             }
             // Armed now: look once more, so a completion that came before arming counts.
-            ep.arm();
+            ep.comp.arm();
         }
-        ep.before_sleep();
-        Step::Wait(Wait::Readable(ep.wait_fd()))
+        ep.comp.before_sleep();
+        Step::Wait(Wait::Readable(ep.comp.wait_fd()))
     }
 
     /// Sends what it can of `data` now (after waiting for room if `nonblock` is false and
@@ -547,13 +548,13 @@ impl RSocket {
             let _ = self.progress(true, |_| true);
             let r = self.connected_events(events);
             match self.ep.as_mut() {
-                Some(ep) if r == 0 && !ep.armed => ep.arm(),
-                Some(ep) if r == 0 => return Err(ep.wait_fd()),
+                Some(ep) if r == 0 && !ep.comp.armed => ep.comp.arm(),
+                Some(ep) if r == 0 => return Err(ep.comp.wait_fd()),
                 _ => return Ok(r),
             }
         }
         match self.ep.as_mut() {
-            Some(ep) => Err(ep.wait_fd()),
+            Some(ep) => Err(ep.comp.wait_fd()),
             None => Ok(libc::POLLERR),
         }
     }
@@ -576,11 +577,6 @@ impl RSocket {
         }
         r
     }
-}
-
-/// Whether `fd` is readable now.
-pub(crate) fn readable_now(fd: c_int) -> bool {
-    softrdma::driver::spin::wait_readable(&[fd], std::time::Duration::ZERO)
 }
 
 impl Drop for RSocket {

@@ -52,3 +52,35 @@ pub fn finish(mut child: Child, limit: Duration) -> Output {
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
+
+/// A C program of `tests/c`, built with librdmacm and libibverbs into a directory of its
+/// own that the unprivileged user can read; removed when dropped.
+pub struct CProgram {
+    dir: PathBuf,
+    pub exe: String,
+}
+
+impl CProgram {
+    pub fn build(name: &str) -> CProgram {
+        use std::os::unix::fs::PermissionsExt;
+        // Tests run in parallel, and two may build the same program.
+        static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let exe = dir.join(name);
+        let source = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
+        let mut cc = Command::new("cc");
+        cc.args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).args(["-lrdmacm", "-libverbs"]);
+        let out = cc.output().expect("a C compiler (cc) runs");
+        assert!(out.status.success(), "{name}.c builds:\n{}", text(&out));
+        CProgram { exe: exe.to_str().unwrap_or_default().to_string(), dir }
+    }
+}
+
+impl Drop for CProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
