@@ -83,7 +83,7 @@ place() { # a host file at its usr-merged path in the image (and its name, if a 
 }
 LIBDIR=/usr/lib/x86_64-linux-gnu
 for f in ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong rping ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw \
-         ib_write_lat ib_read_lat ib_send_lat ucmatose udaddy mckey rdma_server rdma_client rstream riostream rdma ip tc bash timeout perf; do
+         ib_write_lat ib_read_lat ib_send_lat ucmatose udaddy mckey rdma_server rdma_client rstream riostream udpong rdma ip tc bash timeout perf; do
     f=$(command -v "$f" || ls /usr/sbin/"$f" /sbin/"$f" 2>/dev/null | head -1)
     for g in "$f" $(ldd "$f" | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do place "$g"; done
 done
