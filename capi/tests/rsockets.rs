@@ -178,7 +178,7 @@ fn datagram_rsockets_carry_messages_over_ud() {
         .map(|l| l.split(' ').filter_map(|w| w.parse().ok()).collect())
         .collect();
     let connected = stats.last().expect("the connected socket's counts");
-    assert_eq!(connected, &[3000, 1, 3001, 0], "sent UD, UDP; received UD, UDP: {stats:?}");
+    assert_eq!(connected[..4], [3000, 1, 3001, 0], "sent UD, UDP; received UD, UDP: {stats:?}");
     let server = tool_on("udpong", "rocev2", &server_addr, &["-b", &server_addr, "-p", "7622"]).spawn();
     std::thread::sleep(Duration::from_millis(300));
     let args = ["-s", &server_addr, "-p", "7622", "-C", "2000", "-S", "1000"];
@@ -195,4 +195,44 @@ fn a_datagram_rsocket_on_iwarp_says_it_is_not_supported() {
     let client = tool_on(&program.exe, "iwarp", "127.0.101.5", &["client", "127.0.101.4", "7631", "1"]).spawn();
     let c = finish(client.expect("the client runs"), Duration::from_secs(20));
     assert!(!c.status.success() && text(&c).contains("Operation not supported"), "{}", text(&c));
+}
+
+/// A peer a datagram rsocket learns from any UDP message: past `DESTS_MAX` (4,096) of them
+/// the oldest are forgotten. 4,196 strangers (one port each), each answered with the
+/// socket's QP, then a real client is served; the server remembers at most 4,096 peers.
+#[test]
+fn a_datagram_rsocket_remembers_at_most_4096_peers() {
+    use std::net::UdpSocket;
+    let program = CProgram::build("rsocket_dgram");
+    let (net, port) = ("127.0.102", 7641u16);
+    let server_addr = format!("{net}.1");
+    let mut server = tool_on(&program.exe, "rocev2", &server_addr, &["server", &server_addr, &port.to_string()]);
+    let server = server.env("SOFTRDMA_RSOCKET_STATS", "1").spawn().expect("the server runs");
+    std::thread::sleep(Duration::from_millis(300));
+    // librdmacm's UDP header: tag, version 4, op DATA, length 16, QPN, the QP's address
+    // (nobody's: the server's answers over UD go nowhere).
+    let mut msg = vec![0x55, 0x55, 0x55, 0x55, 4, 0, 16, 0, 0, 0, 0x12, 0x34, 127, 0, 102, 9];
+    msg.extend_from_slice(b"hi");
+    let mut answered = 0;
+    for i in 0..4196u16 {
+        let s = UdpSocket::bind((format!("{net}.3").as_str(), 20000 + i)).expect("a port for the stranger");
+        s.set_read_timeout(Some(Duration::from_secs(2))).expect("a timeout");
+        s.send_to(&msg, (server_addr.as_str(), port)).expect("sent");
+        let mut b = [0u8; 64];
+        // The answer: a header alone, op CTRL (7), naming the server's QP.
+        if s.recv(&mut b).is_ok_and(|n| n == 16 && b[..6] == [0x55, 0x55, 0x55, 0x55, 4, 7]) {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 4196, "every stranger is answered");
+    let mut client =
+        tool_on(&program.exe, "rocev2", &format!("{net}.2"), &["client", &server_addr, &port.to_string(), "20"]);
+    let c = finish(client.spawn().expect("the client runs"), Duration::from_secs(30));
+    let s = finish(server, Duration::from_secs(5));
+    assert!(c.status.success() && text(&c).contains("client done"), "client:\n{}\nserver:\n{}", text(&c), text(&s));
+    let peers: usize = text(&s)
+        .lines()
+        .find_map(|l| l.strip_suffix(" peers")?.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no counts from the server:\n{}", text(&s)));
+    assert!(peers <= 4096 && peers > 4000, "the server remembers {peers} peers");
 }

@@ -20,8 +20,9 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// The most peers a socket remembers (each with an address handle): a peer's UDP message
-/// makes an entry, so past this its messages are dropped, as a full UDP socket drops them.
+/// The most peers a socket remembers (each with an address handle): a UDP message from
+/// anyone makes an entry, so past this the oldest entry (but the connected peer's) is
+/// forgotten; a forgotten peer that sends again is learnt again from its UDP message.
 pub const DESTS_MAX: usize = 4096;
 /// The most UDP messages read in one look, so that a flood cannot hold a call for ever.
 const UDP_READS_MAX: usize = 64;
@@ -54,6 +55,8 @@ pub struct DSocket {
     pub rbuf_bytes: u32,
     qps: Vec<DsQp>,
     dests: HashMap<SocketAddr, Dest>,
+    /// The peers in the order they were learnt, oldest first.
+    learnt: VecDeque<SocketAddr>,
     received: VecDeque<Rx>,
     readable: bool,
     writable: bool,
@@ -104,6 +107,7 @@ impl DSocket {
             rbuf_bytes: DEFAULT_BUF_BYTES,
             qps: Vec::new(),
             dests: HashMap::new(),
+            learnt: VecDeque::new(),
             received: VecDeque::new(),
             readable: true,
             writable: true,
@@ -215,16 +219,35 @@ impl DSocket {
         if self.dests.contains_key(&addr) {
             return Ok(());
         }
-        if self.dests.len() >= DESTS_MAX {
-            return Err(libc::ENOBUFS);
-        }
         let src = self.source_for(addr)?;
         let qp = match self.qps.iter().position(|q| q.hdr.addr.ip() == src.ip()) {
             Some(i) => i,
             None => self.add_qp(src)?,
         };
+        while self.dests.len() >= DESTS_MAX {
+            self.forget_oldest();
+        }
         self.dests.insert(addr, Dest { qp, ah: std::ptr::null_mut(), qpn: 0 });
+        self.learnt.push_back(addr);
         Ok(())
+    }
+
+    /// Forgets the peer learnt first, unless it is the connected one (then the next).
+    fn forget_oldest(&mut self) {
+        let peer = self.peer_addr().ok();
+        let Some(at) = self.learnt.iter().position(|a| Some(*a) != peer) else { return };
+        let Some(addr) = self.learnt.remove(at) else { return };
+        if let Some(d) = self.dests.remove(&addr) {
+            if !d.ah.is_null() {
+                // SAFETY: made in `learn`, destroyed once.
+                unsafe { crate::objects::ibv_destroy_ah(d.ah) };
+            }
+        }
+    }
+
+    /// Peers remembered now.
+    pub fn peers(&self) -> usize {
+        self.dests.len()
     }
 
     fn add_qp(&mut self, src: SocketAddr) -> Result<usize, c_int> {

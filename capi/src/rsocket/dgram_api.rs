@@ -104,9 +104,12 @@ pub(crate) fn close(fd: c_int) -> bool {
         }
     }
     if std::env::var_os("SOFTRDMA_RSOCKET_STATS").is_some() {
-        let c = lock(&s).counts;
+        let (c, peers) = {
+            let d = lock(&s);
+            (d.counts, d.peers())
+        };
         eprintln!(
-            "softrdma rsocket {fd}: sent {} over UD, {} over UDP; received {} over UD, {} over UDP",
+            "softrdma rsocket {fd}: sent {} over UD, {} over UDP; received {} over UD, {} over UDP; {peers} peers",
             c.sent_ud, c.sent_udp, c.received_ud, c.received_udp
         );
     }
