@@ -207,28 +207,41 @@ pub fn recover_ipv4(ip: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<Optio
 /// The reduced syndrome basis of one ICRC message length: (vector, which unknowns).
 #[derive(Debug, Clone, Copy)]
 struct Basis {
-    len: usize,
     rows: [(u32, u32); 17],
     rank: usize,
 }
 
-/// Syndrome bases of the last few packet lengths seen, so that a receiver solves each
-/// packet with a few XORs: lengths repeat (full-MTU packets, ACKs).
+/// The ICRC message length the one basis is reduced for: longer than any packet's, so that
+/// every length maps onto it. A syndrome of a message `len` bytes long, times
+/// x^(8·(BASIS_LEN - len)), is the same flip's syndrome in a message of BASIS_LEN bytes
+/// (the flip lies that many more bytes from the end), so one basis serves every length.
+const BASIS_LEN: usize = 1 << 17;
+
+/// The basis, and the shift of the last few packet lengths seen, so that a receiver
+/// solves each packet with a multiplication and a few XORs: lengths repeat (full-MTU
+/// packets, ACKs), and a length not seen costs one exponentiation, not a new basis
+/// (datagrams of every size: rsockets, UD).
 #[derive(Debug, Clone, Default)]
 pub struct RecoveryCache {
-    entries: [Option<Basis>; 4],
+    basis: Option<Basis>,
+    shifts: [Option<(usize, u32)>; 4],
     next: usize,
 }
 
 impl RecoveryCache {
-    fn basis(&mut self, len: usize) -> Basis {
-        if let Some(b) = self.entries.iter().flatten().find(|b| b.len == len) {
-            return *b;
+    fn basis(&mut self) -> Basis {
+        *self.basis.get_or_insert_with(|| basis_for(BASIS_LEN))
+    }
+
+    /// x^(8·(BASIS_LEN - len)) mod P.
+    fn shift(&mut self, len: usize) -> u32 {
+        if let Some((_, s)) = self.shifts.iter().flatten().find(|(l, _)| *l == len) {
+            return *s;
         }
-        let b = basis_for(len);
-        self.entries[self.next] = Some(b);
-        self.next = (self.next + 1) % self.entries.len();
-        b
+        let s = x_pow_8n(BASIS_LEN - len);
+        self.shifts[self.next] = Some((len, s));
+        self.next = (self.next + 1) % self.shifts.len();
+        s
     }
 }
 
@@ -256,10 +269,10 @@ fn basis_for(len: usize) -> Basis {
             rank += 1;
         }
     }
-    Basis { len, rows, rank }
+    Basis { rows, rank }
 }
 
-/// As [`recover_ipv4`], reusing the bases of recent packet lengths from `cache`.
+/// As [`recover_ipv4`], reusing the basis and recent packet lengths' shifts from `cache`.
 pub fn recover_ipv4_cached(
     cache: &mut RecoveryCache,
     ip: &[u8],
@@ -267,9 +280,12 @@ pub fn recover_ipv4_cached(
     packet: &[u8],
 ) -> Result<Option<RecoveredIpv4>> {
     let computed = compute(IpHeader::V4(ip), udp_header, packet)?;
-    let delta = carried(packet)? ^ computed;
-    let basis = cache.basis(8 + 20 + UDP_HEADER_LEN + packet.len() - ICRC_LEN);
-    let (mut rest, mut solution) = (delta, 0u32);
+    let len = 8 + 20 + UDP_HEADER_LEN + packet.len() - ICRC_LEN;
+    if len > BASIS_LEN {
+        return Ok(None);
+    }
+    let basis = cache.basis();
+    let (mut rest, mut solution) = (mul_mod(cache.shift(len), carried(packet)? ^ computed), 0u32);
     for &(bv, bw) in &basis.rows[..basis.rank] {
         if rest & top_bit(bv) != 0 {
             rest ^= bv;
@@ -361,6 +377,36 @@ mod tests {
         assert!(verify(IpHeader::V4(&IP), &udp, &pkt).is_ok());
         pkt[13] ^= 0x10;
         assert!(matches!(verify(IpHeader::V4(&IP), &udp, &pkt), Err(Error::BadChecksum { .. })));
+    }
+
+    /// One cache across packets of every length (datagrams of any size), longer ones
+    /// than its few shifts hold, each solved right; a flipped bit is caught.
+    #[test]
+    fn one_cache_recovers_packets_of_every_length() {
+        let mut blank = IP;
+        blank[4..8].fill(0);
+        let mut cache = RecoveryCache::default();
+        let mut buf = [0u8; 65_100];
+        for (i, payload) in (0..2100).step_by(7).chain([4096, 9000, 65_000]).enumerate() {
+            let (ident, df) = ((i as u16).wrapping_mul(40_503), i % 3 == 0);
+            let mut ip = blank;
+            ip[2..4].copy_from_slice(&((20 + 8 + 16 + payload) as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&ident.to_be_bytes());
+            ip[6] = if df { 0x40 } else { 0 };
+            let pkt = &mut buf[..12 + payload + 4];
+            pkt.fill(0);
+            pkt[0] = 0x64;
+            pkt.iter_mut().skip(12).take(payload).enumerate().for_each(|(j, b)| *b = (j * 31 + i) as u8);
+            let mut udp = UDP;
+            udp[4..6].copy_from_slice(&((8 + pkt.len()) as u16).to_be_bytes());
+            fill(IpHeader::V4(&ip), &udp, pkt).unwrap();
+            let mut seen = ip;
+            seen[4..8].fill(0);
+            let got = recover_ipv4_cached(&mut cache, &seen, &udp, pkt).unwrap();
+            assert_eq!(got, Some(RecoveredIpv4 { ident, dont_fragment: df }), "payload {payload}");
+            pkt[5] ^= 0x01;
+            assert_eq!(recover_ipv4_cached(&mut cache, &seen, &udp, pkt).unwrap(), None, "payload {payload}");
+        }
     }
 
     #[test]
