@@ -46,13 +46,16 @@ impl Completions {
         Ok(c)
     }
 
-    /// Every completion waiting, after the channel's events are taken.
-    pub(crate) fn take(&mut self) -> Vec<ffi::ibv_wc> {
+    /// Every completion waiting, after the channel's events are taken. With `claim`, a
+    /// caller that looks in a tight loop has the device's socket to itself for a while, as
+    /// one spinning on `ibv_poll_cq` has (`Context::progress_now`).
+    pub(crate) fn take(&mut self, claim: bool) -> Vec<ffi::ibv_wc> {
         self.take_events();
         // The engine's queue, not `ibv_poll_cq`: that one receives on the caller's thread
         // and, called in a loop, keeps the poll thread off the socket for a while, which
         // suits an application spinning on its CQ but not one that returns from an
-        // rsocket call to spin on its own memory (riostream waits so for direct writes).
+        // rsocket call to spin on its own memory (riostream waits so for direct writes):
+        // stream sockets do not claim.
         // SAFETY: a live CQ made by this library.
         let Some(cq) = (unsafe { crate::cq::soft_cq(self.cq) }) else { return Vec::new() };
         // SAFETY: an open context.
@@ -64,7 +67,8 @@ impl Completions {
             if got.is_empty() && !looked {
                 // Receive once here rather than wait for the poll thread's wake-up.
                 looked = true;
-                if engine.is_some_and(|e| e.progress_once() > 0) {
+                let progress = |e: &softrdma::verbs::Context| if claim { e.progress_now() } else { e.progress_once() };
+                if engine.is_some_and(|e| progress(e) > 0) {
                     got = cq.cq.poll(16);
                 }
             }

@@ -321,11 +321,13 @@ impl DSocket {
         self.readable && self.received.len() < usize::from(self.depths().1)
     }
 
-    /// Reads the UDP socket and every QP's completions.
-    fn progress(&mut self) {
+    /// Reads the UDP socket and every QP's completions; `polling`: for a caller that looks
+    /// in a loop (a non-blocking call, `rpoll`), which has the device's socket to itself
+    /// while it keeps looking.
+    fn progress(&mut self, polling: bool) {
         self.read_udp();
         for i in 0..self.qps.len() {
-            for d in self.qps[i].completions() {
+            for d in self.qps[i].completions(polling) {
                 if let Done::Received { slot, len } = d {
                     self.arrived(i, slot, len);
                 }
@@ -351,8 +353,18 @@ impl DSocket {
     /// non-blocking caller, or the fd to sleep on (after arming every CQ and looking once
     /// more, so a completion that came before the arming is not missed).
     fn ready_or_wait<T>(&mut self, nonblock: bool, ready: impl Fn(&Self) -> bool) -> Result<(), Step<T>> {
+        self.ready_or_wait_polling(nonblock, nonblock, ready)
+    }
+
+    /// As [`DSocket::ready_or_wait`], saying whether the caller looks in a loop.
+    fn ready_or_wait_polling<T>(
+        &mut self,
+        nonblock: bool,
+        polling: bool,
+        ready: impl Fn(&Self) -> bool,
+    ) -> Result<(), Step<T>> {
         for _ in 0..2 {
-            self.progress();
+            self.progress(polling);
             if ready(self) {
                 return Ok(());
             }
@@ -383,7 +395,7 @@ impl DSocket {
         }
         if self.dests[&to].ah.is_null() {
             // Read first: the peer's answer to an earlier message may be waiting.
-            self.progress();
+            self.progress(nonblock);
         }
         let d = &self.dests[&to];
         if d.ah.is_null() {
@@ -453,7 +465,7 @@ impl DSocket {
 
     /// `events` that hold now, or the fd to wait on.
     pub fn poll_events(&mut self, events: i16) -> Result<i16, c_int> {
-        match self.ready_or_wait::<()>(false, |s| s.events_now(events) != 0) {
+        match self.ready_or_wait_polling::<()>(false, true, |s| s.events_now(events) != 0) {
             Ok(()) => Ok(self.events_now(events)),
             Err(Step::Wait(Wait::Readable(fd))) => Err(fd),
             Err(Step::Done(_)) => Ok(libc::POLLERR),

@@ -191,8 +191,9 @@ impl DsQp {
     }
 
     /// What the completions waiting say; receives that carry no message are posted again.
-    pub(crate) fn completions(&mut self) -> Vec<Done> {
-        let wcs = self.comp_mut().take();
+    /// `polling`: the caller looks in a loop (see [`Completions::take`]).
+    pub(crate) fn completions(&mut self, polling: bool) -> Vec<Done> {
+        let wcs = self.comp_mut().take(polling);
         let mut done = Vec::with_capacity(wcs.len());
         for wc in wcs {
             let slot = wc.wr_id as u32;

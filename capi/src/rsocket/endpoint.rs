@@ -439,7 +439,7 @@ impl Endpoint {
     /// Takes every completion and event waiting; reposts the receives consumed.
     pub(crate) fn poll(&mut self) -> Result<(), c_int> {
         let mut received = 0;
-        for wc in self.comp.take() {
+        for wc in self.comp.take(false) {
             received += self.completed(&wc);
         }
         if self.flow.as_ref().is_some_and(|f| f.connected) {
