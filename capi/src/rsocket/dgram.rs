@@ -12,7 +12,7 @@
 
 use super::completions::set_nonblocking;
 use super::dgram_qp::{Done, DsQp};
-use super::dgram_wire::{DsHeader, UdpHeader, SLOT_BYTES, UDP_OP_CTRL, UDP_OP_DATA};
+use super::dgram_wire::{DsHeader, UdpHeader, SLOT_BYTES, UDP_HEADER_MAX, UDP_OP_CTRL, UDP_OP_DATA};
 use super::socket::{Step, Wait, DEFAULT_BUF_BYTES, DEFAULT_INLINE, DEFAULT_QP_SIZE, QP_SIZE_MAX, QP_SIZE_MIN};
 use crate::ffi;
 use libc::c_int;
@@ -290,7 +290,9 @@ impl DSocket {
 
     /// Reads what the UDP socket holds (a bounded number of messages).
     fn read_udp(&mut self) {
-        let mut buf = [0u8; SLOT_BYTES];
+        // A message's UDP header is longer than its UD one: room for both, so that the
+        // longest message is whole on either path.
+        let mut buf = [0u8; SLOT_BYTES + UDP_HEADER_MAX];
         for _ in 0..UDP_READS_MAX {
             let Ok((n, from)) = self.udp.recv_from(&mut buf) else { return };
             self.on_udp(&buf[..n], from);

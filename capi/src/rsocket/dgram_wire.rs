@@ -86,6 +86,8 @@ pub struct UdpHeader {
 /// `DS_UDP_IPV4_HDR_LEN`, `DS_UDP_IPV6_HDR_LEN`.
 const UDP_V4_BYTES: usize = 16;
 const UDP_V6_BYTES: usize = 28;
+/// The longest [`UdpHeader`].
+pub const UDP_HEADER_MAX: usize = UDP_V6_BYTES;
 
 impl UdpHeader {
     /// Bytes on the wire.
