@@ -84,3 +84,27 @@ impl Drop for CProgram {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A child that is killed when dropped, so that a test that fails halfway leaves no
+/// server behind holding its address.
+pub struct Reaped(Option<Child>);
+
+impl Reaped {
+    pub fn spawn(c: &mut Command) -> Reaped {
+        Reaped(Some(c.spawn().expect("the program runs")))
+    }
+
+    /// As [`finish`].
+    pub fn finish(mut self, limit: Duration) -> Output {
+        finish(self.0.take().expect("not finished yet"), limit)
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
