@@ -23,6 +23,34 @@ pub(crate) fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// `Ok` for a C call's 0, else the thread's errno.
+pub(crate) fn check(ret: c_int) -> Result<(), c_int> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// Destroys the QP of `id` (if it has one), then deregisters `mrs` (those made): what an
+/// rsocket's QP uses goes after it.
+///
+/// # Safety
+/// `id` is a live id of this library; `mrs` are its regions or null, each deregistered once.
+pub(crate) unsafe fn destroy_qp_and_regions(id: *mut ffi::rdma_cm_id, mrs: &[*mut ffi::ibv_mr]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if !(*id).qp.is_null() {
+            crate::cm::rdma_destroy_qp(id);
+        }
+        for &mr in mrs {
+            if !mr.is_null() {
+                crate::objects::ibv_dereg_mr(mr);
+            }
+        }
+    }
+}
+
 impl Completions {
     /// A CQ of `cqe` entries on `ctx` with a non-blocking channel.
     ///

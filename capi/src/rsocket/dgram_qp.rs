@@ -2,7 +2,7 @@
 //! librdmacm's Q_Key) on the device of one local address, with a ring of send slots and
 //! one of receive slots, each a whole message ([`SLOT_BYTES`]) after a receive's GRH.
 
-use super::completions::{errno, Completions};
+use super::completions::{check, destroy_qp_and_regions, Completions};
 use super::dgram_wire::{DsHeader, GRH_BYTES, SLOT_BYTES};
 use super::endpoint::Region;
 use crate::ffi;
@@ -41,14 +41,6 @@ pub(crate) struct DsQp {
 // SAFETY: the raw pointers name this library's objects, used from any thread (the C
 // API's rule); a QP is only reached under its socket's lock.
 unsafe impl Send for DsQp {}
-
-fn check(ret: c_int) -> Result<(), c_int> {
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(errno())
-    }
-}
 
 impl DsQp {
     /// A QP on the device of `local` (the socket's address there), its receives posted.
@@ -226,14 +218,7 @@ impl Drop for DsQp {
         // SAFETY: the QP's own objects, each destroyed once: the QP before the memory and
         // CQ it uses, the id last.
         unsafe {
-            if !(*self.id).qp.is_null() {
-                crate::cm::rdma_destroy_qp(self.id);
-            }
-            for mr in self.mrs {
-                if !mr.is_null() {
-                    crate::objects::ibv_dereg_mr(mr);
-                }
-            }
+            destroy_qp_and_regions(self.id, &self.mrs);
             self.comp = None;
             crate::cm::rdma_destroy_id(self.id);
         }

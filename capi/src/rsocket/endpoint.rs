@@ -3,7 +3,7 @@
 //! receive ring, target list), driven through this library's own verbs as an application
 //! drives them. [`super::flow::Flow`] decides; this posts and polls.
 
-use super::completions::{errno, Completions};
+use super::completions::{destroy_qp_and_regions, errno, Completions};
 use super::flow::{self, Credit, DataWrite, Flow, Sizes, Targets, CTRL_SLOTS, RECV_FLAG};
 use super::wire::{self, ConnData, Iomap, Sge, IOMAP_LEN, SGE_LEN, SGL_SIZE};
 use crate::ffi;
@@ -492,16 +492,7 @@ impl Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         // SAFETY: the endpoint's own objects, each destroyed once, the QP before what it
-        // uses.
-        unsafe {
-            if !(*self.id).qp.is_null() {
-                crate::cm::rdma_destroy_qp(self.id);
-            }
-            for mr in self.mrs {
-                if !mr.is_null() {
-                    crate::objects::ibv_dereg_mr(mr);
-                }
-            }
-        }
+        // uses (the CQ goes with `comp`, after this).
+        unsafe { destroy_qp_and_regions(self.id, &self.mrs) };
     }
 }

@@ -3,7 +3,7 @@
 //! [`super::api`] sleeps between calls with the socket unlocked, so another thread can
 //! send while one waits to receive (as with a kernel socket).
 
-use super::completions::{errno, readable_now, set_nonblocking};
+use super::completions::{check, errno, readable_now, set_nonblocking};
 use super::endpoint::Endpoint;
 use super::flow::{self, Sizes};
 use super::wire::{self, ConnData, Iomap, Sge};
@@ -101,14 +101,6 @@ pub const IOMAP_ENTRIES_MAX: u16 = 1024;
 
 // SAFETY: the id is this library's, usable from any thread; reached only under the lock.
 unsafe impl Send for RSocket {}
-
-fn check(ret: c_int) -> Result<(), c_int> {
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(errno())
-    }
-}
 
 impl RSocket {
     /// A socket on a new synchronous rdma_cm id (TCP port space).
