@@ -60,6 +60,8 @@ pub struct DSocket {
     received: VecDeque<Rx>,
     readable: bool,
     writable: bool,
+    /// The peer `rconnect` named (the UDP socket's, kept to spare a system call a send).
+    peer: Option<SocketAddr>,
     /// Messages sent and received, over UDP and over UD.
     pub counts: Counts,
 }
@@ -111,6 +113,7 @@ impl DSocket {
             received: VecDeque::new(),
             readable: true,
             writable: true,
+            peer: None,
             counts: Counts::default(),
         };
         s.watch(fd)?;
@@ -151,7 +154,7 @@ impl DSocket {
     }
 
     pub fn peer_addr(&self) -> Result<SocketAddr, c_int> {
-        self.udp.peer_addr().map_err(|e| os_err(&e))
+        self.peer.ok_or(libc::ENOTCONN)
     }
 
     pub fn raw_fd(&self) -> c_int {
@@ -196,6 +199,7 @@ impl DSocket {
     pub fn connect(&mut self, peer: SocketAddr) -> Result<(), c_int> {
         self.source_for(peer)?;
         self.udp.connect(peer).map_err(|e| os_err(&e))?;
+        self.peer = Some(peer);
         self.ensure_dest(peer)
     }
 
@@ -234,7 +238,7 @@ impl DSocket {
 
     /// Forgets the peer learnt first, unless it is the connected one (then the next).
     fn forget_oldest(&mut self) {
-        let peer = self.peer_addr().ok();
+        let peer = self.peer;
         let Some(at) = self.learnt.iter().position(|a| Some(*a) != peer) else { return };
         let Some(addr) = self.learnt.remove(at) else { return };
         if let Some(d) = self.dests.remove(&addr) {
@@ -420,7 +424,7 @@ impl DSocket {
         }
         let to = match to {
             Some(t) => t,
-            None => self.peer_addr().map_err(|_| libc::EDESTADDRREQ)?,
+            None => self.peer.ok_or(libc::EDESTADDRREQ)?,
         };
         self.ensure_dest(to)?;
         Ok(to)
