@@ -41,7 +41,7 @@ fn lock(s: &Shared) -> MutexGuard<'_, RSocket> {
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn fail<T: From<i8>>(e: c_int) -> T {
+pub(super) fn fail<T: From<i8>>(e: c_int) -> T {
     crate::set_errno(e);
     T::from(-1)
 }

@@ -156,10 +156,6 @@ impl DSocket {
     pub fn peer_addr(&self) -> Result<SocketAddr, c_int> {
         self.peer.ok_or(libc::ENOTCONN)
     }
-
-    pub fn raw_fd(&self) -> c_int {
-        self.udp.as_raw_fd()
-    }
 }
 
 /// The address of the device that reaches `peer` (the first of its family).
@@ -197,6 +193,8 @@ impl DSocket {
 
     /// connect(2): `rsend` goes to `peer`, and only its messages are received over UDP.
     pub fn connect(&mut self, peer: SocketAddr) -> Result<(), c_int> {
+        // Bound first: connect(2) would bind an unbound socket to the route's source
+        // (127.0.0.1 on loopback), not to the device's address.
         self.source_for(peer)?;
         self.udp.connect(peer).map_err(|e| os_err(&e))?;
         self.peer = Some(peer);

@@ -1,7 +1,9 @@
 //! The rsocket calls on datagram sockets: [`super::api`]'s exports come here when the fd
 //! names a [`DSocket`].
 
-use super::api::{copy_addr, sleep_on, RDMA_INLINE, RDMA_IOMAPSIZE, RDMA_ROUTE, RDMA_RQSIZE, RDMA_SQSIZE, SOL_RDMA};
+use super::api::{
+    copy_addr, fail, sleep_on, RDMA_INLINE, RDMA_IOMAPSIZE, RDMA_ROUTE, RDMA_RQSIZE, RDMA_SQSIZE, SOL_RDMA,
+};
 use super::dgram::DSocket;
 use super::socket::Step;
 use crate::ffi;
@@ -126,7 +128,7 @@ pub(crate) unsafe fn setsockopt(s: &Shared, level: c_int, name: c_int, val: *con
     let mut d = lock(s);
     if level != SOL_RDMA {
         // SAFETY: the caller's contract.
-        if unsafe { libc::setsockopt(d.raw_fd(), level, name, val, len) } != 0 {
+        if unsafe { libc::setsockopt(d.fd(), level, name, val, len) } != 0 {
             return -1;
         }
     }
@@ -151,11 +153,6 @@ pub(crate) unsafe fn setsockopt(s: &Shared, level: c_int, name: c_int, val: *con
     0
 }
 
-fn fail(e: c_int) -> c_int {
-    crate::set_errno(e);
-    -1
-}
-
 /// `rgetsockopt`: SOL_RDMA's sizes, and the buffer sizes as set; the rest is the UDP
 /// socket's.
 ///
@@ -171,7 +168,7 @@ pub(crate) unsafe fn getsockopt(s: &Shared, level: c_int, name: c_int, val: *mut
         (SOL_RDMA, RDMA_INLINE) => d.inline as c_int,
         (SOL_RDMA, _) => return fail(libc::ENOTSUP),
         // SAFETY: the caller's contract.
-        _ => return unsafe { libc::getsockopt(d.raw_fd(), level, name, val, len) },
+        _ => return unsafe { libc::getsockopt(d.fd(), level, name, val, len) },
     };
     // SAFETY: the caller's contract.
     unsafe { super::api::write_int(v, val, len) }
