@@ -3,7 +3,6 @@
 //! run side by side).
 
 mod tools;
-use std::process::Command;
 use std::time::Duration;
 use tools::{finish, text, tool, tool_on};
 
@@ -427,19 +426,12 @@ fn rdma_cm_details_hold_as_librdmacm_has_them() {
 /// Builds capi/tests/c/`name`.c against rdma-core's headers, runs it on the library with
 /// a device on `addr`, and checks it printed `ok`.
 fn c_program(name: &str, addr: &str, ok: &str) {
-    let dir = std::env::temp_dir().join(format!("softrdma-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let exe = dir.join(name);
-    let source = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
-    let mut cc = Command::new("cc");
-    let cc = cc.args(["-O1", "-Wall", "-Werror", "-o"]).arg(&exe).arg(source).args(["-libverbs", "-lrdmacm"]).output();
-    let cc = cc.expect("a C compiler (cc) runs");
-    assert!(cc.status.success(), "{name}.c builds:\n{}", text(&cc));
-    let run = tool(exe.to_str().unwrap(), addr, &[]).spawn().expect("the program runs");
+    let program = tools::CProgram::build(name);
+    let run = tool(&program.exe, addr, &[]).spawn().expect("the program runs");
     let out = finish(run, Duration::from_secs(30));
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success() && text(&out).contains(ok), "{name}:\n{}", text(&out));
+    // The status tells a program killed at the limit (its buffered output lost) from one
+    // that failed.
+    assert!(out.status.success() && text(&out).contains(ok), "{name} ({}):\n{}", out.status, text(&out));
 }
 
 /// perftest's SEND tools with the receiver's requests in a shared receive queue
