@@ -404,11 +404,16 @@ impl Core {
             let Some(&h) = self.conns.get(&t) else { continue };
             let s = self.sockets.get_mut::<tcp::Socket>(h);
             loop {
-                let pending = self.dev.tx_pending(t);
-                if pending.is_empty() || !s.can_send() {
+                if self.dev.tx_pending_len(t) == 0 || !s.can_send() {
                     break;
                 }
-                match s.send_slice(pending) {
+                // smoltcp copies into its send buffer anyway: straight from the queue
+                // and registered memory, into the free part it offers.
+                let dev = &self.dev;
+                match s.send(|buf| {
+                    let n = dev.tx_copy_pending(t, buf);
+                    (n, n)
+                }) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         moved = true;
@@ -416,7 +421,7 @@ impl Core {
                     }
                 }
             }
-            if !self.dev.tx_pending(t).is_empty() {
+            if self.dev.tx_pending_len(t) > 0 {
                 // The socket is full: look again after the next poll.
                 self.dev.mark_writable(t);
             }

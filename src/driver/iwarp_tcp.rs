@@ -14,7 +14,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use rustc_hash::FxHashMap as HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -307,12 +307,11 @@ impl Core {
     fn write(&mut self, t: ConnId) {
         let Some(stream) = self.streams.get(&t).cloned() else { return };
         loop {
-            let pending = self.dev.tx_pending_slices(t, WRITE_SLICES);
-            if pending.is_empty() {
+            let iovs = self.dev.tx_pending_iovecs(t, WRITE_SLICES);
+            if iovs.is_empty() {
                 return;
             }
-            let slices: Vec<io::IoSlice<'_>> = pending.iter().map(|s| io::IoSlice::new(s)).collect();
-            match (&*stream).write_vectored(&slices) {
+            match writev(&stream, &iovs) {
                 Ok(n) => self.dev.on_written(t, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -474,6 +473,25 @@ static UNACKED: AtomicUsize = AtomicUsize::new(0);
 /// How often a lingering connection looks whether its data is all acknowledged.
 const LINGER_LOOK: Duration = Duration::from_millis(2);
 
+/// One vectored send of `iovs` on `stream`, without blocking and without SIGPIPE (a C
+/// application that loads the library may not ignore it): the octets the kernel took.
+#[allow(unsafe_code)]
+fn writev(stream: &TcpStream, iovs: &[libc::iovec]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iovs.as_ptr().cast_mut();
+    msg.msg_iovlen = iovs.len().min(libc::UIO_MAXIOV as usize) as _;
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    // SAFETY: each iovec names bytes the device keeps valid while its lock is held (framed
+    // bytes it owns, or registered memory not revoked: revoking takes the same lock), and
+    // the kernel only reads them.
+    let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &raw const msg, flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 /// Closes `s` as TCP's orderly release: what the socket holds still goes, then a FIN, while
 /// what the peer sends meanwhile (its last credits, its own close) is read and dropped.
 /// Closing with unread bytes would make the kernel reset the connection and throw away
@@ -544,6 +562,7 @@ pub fn wait_closes_acknowledged(limit: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     /// A connected pair of mio streams on loopback: (ours, the peer's as std).
     fn pair(listener: &std::net::TcpListener) -> (TcpStream, std::net::TcpStream) {

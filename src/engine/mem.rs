@@ -104,6 +104,22 @@ impl SharedMem {
         self.foreign.as_ref().is_some_and(|f| f.on_demand)
     }
 
+    /// The address of bytes `offset..offset + len`, for the kernel to read in place (a
+    /// vectored write from registered memory, as a NIC's DMA reads it); `None` when out of
+    /// bounds, revoked, or on demand (whose pages only checked copies reach). It stays
+    /// valid while this region lives and, for a foreign one, until it is revoked. Rust
+    /// code never reads through it: only a system call does.
+    pub fn raw_span(&self, offset: usize, len: usize) -> Option<*const u8> {
+        if !self.in_bounds(offset, len) {
+            return None;
+        }
+        match &self.foreign {
+            None => Some(self.words.as_ptr().cast::<u8>().wrapping_add(offset)),
+            Some(f) if f.on_demand || !f.live() => None,
+            Some(f) => Some(f.addr.wrapping_add(offset) as *const u8),
+        }
+    }
+
     /// Where a C application's buffer starts (`None`: the engine's own memory).
     pub fn foreign_addr(&self) -> Option<usize> {
         self.foreign.as_ref().map(|f| f.addr)
@@ -599,7 +615,7 @@ impl MrTable {
         pd: Pd,
         (mut start, len): (usize, usize),
         need: Need,
-        mut f: impl FnMut(&SharedMem, usize, usize, usize) -> bool,
+        mut f: impl FnMut(&Arc<SharedMem>, usize, usize, usize) -> bool,
     ) -> bool {
         let mut done = 0;
         for s in sgl {

@@ -11,6 +11,7 @@
 use super::config::*;
 use super::qp::IwarpQp;
 use super::setup::{PeerRequest, Policy, Setup};
+use super::txqueue::{Output, TxQueue};
 use crate::engine::mem::Pd;
 use crate::engine::verbs::{QpCaps, QpState, RecvWr, SendWr, VerbsError, Wc};
 use crate::engine::Device;
@@ -79,110 +80,6 @@ struct Conn {
     opened_ns: u64,
 }
 
-/// The bytes queued for a connection's stream, as the chunks they were produced in (each
-/// moved in, never copied), the first partly written. One contiguous buffer would move
-/// everything behind the written part forward, megabytes per write under a deep queue.
-#[derive(Debug, Default)]
-pub(crate) struct TxQueue {
-    chunks: VecDeque<Vec<u8>>,
-    /// Octets of the first chunk already written.
-    head: usize,
-    /// Octets not yet written.
-    len: usize,
-    /// Written chunks kept for framing into again, while the queue is busy, up to
-    /// [`SPARE_BYTES_MAX`] and each of at most [`SPARE_CHUNK_BYTES`]: allocating fresh
-    /// buffers per message spent a fifth of the sender's time in page faults and zeroing;
-    /// with 4 spares 1 MiB WRITEs moved 0.55-0.72x plain TCP, with these 0.65-1.06x (and
-    /// 64 KiB ones halved when every spare was freed as the queue emptied).
-    spare: Vec<Vec<u8>>,
-    /// Capacity of the spares, octets.
-    spare_bytes: usize,
-}
-
-/// Most capacity a connection keeps in spare chunks while its queue is busy (a full send
-/// queue of 1 MiB messages is 128 MiB, already queued once); all but [`SPARE_IDLE`] are
-/// freed when the queue empties.
-const SPARE_BYTES_MAX: usize = 64 << 20;
-/// Spare chunks kept when the queue empties.
-const SPARE_IDLE: usize = 4;
-/// Largest chunk kept for reuse, octets.
-const SPARE_CHUNK_BYTES: usize = 4 << 20;
-
-impl TxQueue {
-    fn push(&mut self, bytes: Vec<u8>) {
-        if bytes.is_empty() {
-            self.recycle(bytes);
-        } else {
-            self.len += bytes.len();
-            self.chunks.push_back(bytes);
-        }
-    }
-
-    /// An empty buffer to frame into: a written chunk if one is kept.
-    fn spare(&mut self) -> Vec<u8> {
-        let chunk = self.spare.pop().unwrap_or_default();
-        self.spare_bytes -= chunk.capacity();
-        chunk
-    }
-
-    fn recycle(&mut self, mut chunk: Vec<u8>) {
-        let cap = chunk.capacity();
-        if cap > 0 && cap <= SPARE_CHUNK_BYTES && self.spare_bytes + cap <= SPARE_BYTES_MAX {
-            chunk.clear();
-            self.spare_bytes += cap;
-            self.spare.push(chunk);
-        }
-    }
-
-    /// Unwritten octets.
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The unwritten part of the first chunk.
-    fn front(&self) -> &[u8] {
-        self.chunks.front().map_or(&[], |c| &c[self.head..])
-    }
-
-    /// Up to `max` chunks of unwritten octets, in order, for one vectored write.
-    fn slices(&self, max: usize) -> Vec<&[u8]> {
-        let mut out: Vec<&[u8]> = Vec::with_capacity(max.min(self.chunks.len()));
-        for (i, c) in self.chunks.iter().take(max).enumerate() {
-            out.push(if i == 0 { &c[self.head..] } else { c });
-        }
-        out
-    }
-
-    /// `n` octets were written (at most [`TxQueue::len`]).
-    fn consume(&mut self, mut n: usize) {
-        n = n.min(self.len);
-        self.len -= n;
-        while n > 0 {
-            let Some(front) = self.chunks.front() else { break };
-            let left = front.len() - self.head;
-            if n < left {
-                self.head += n;
-                return;
-            }
-            n -= left;
-            if let Some(chunk) = self.chunks.pop_front() {
-                self.recycle(chunk);
-            }
-            self.head = 0;
-        }
-        if self.len == 0 {
-            // Idle for now: a few spares for the next burst, the rest freed.
-            for chunk in self.spare.drain(SPARE_IDLE.min(self.spare.len())..) {
-                self.spare_bytes -= chunk.capacity();
-            }
-        }
-    }
-}
-
 impl Conn {
     fn state(&self) -> ConnState {
         match &self.setup {
@@ -194,9 +91,10 @@ impl Conn {
         }
     }
 
-    fn queue(&mut self, bytes: Vec<u8>) {
-        self.queued += bytes.len() as u64;
-        self.tx.push(bytes);
+    fn queue(&mut self, out: impl Into<Output>) {
+        let out = out.into();
+        self.queued += out.len() as u64;
+        self.tx.push(out);
     }
 
     /// Close once the queue is written, or once [`CLOSE_LINGER_MS`] have passed.
@@ -557,53 +455,5 @@ impl IwarpDevice {
     /// Requests held on listener `l` for the application.
     fn held_requests(&self, l: ConnId) -> usize {
         self.conns.values().filter(|c| c.listener == Some(l) && c.setup.as_ref().is_some_and(|s| s.is_held())).count()
-    }
-}
-
-#[cfg(test)]
-mod tx_queue_tests {
-    use super::{TxQueue, SPARE_BYTES_MAX, SPARE_CHUNK_BYTES, SPARE_IDLE};
-
-    #[test]
-    fn written_chunks_are_reused_within_their_limits() {
-        let mut q = TxQueue::default();
-        let chunk = |cap: usize| {
-            let mut v = Vec::with_capacity(cap);
-            v.push(1u8);
-            v
-        };
-        // Busy: every written chunk is kept, up to the byte limit; an oversized one never.
-        let n = SPARE_BYTES_MAX / (1 << 20) + 8;
-        for _ in 0..n {
-            q.push(chunk(1 << 20));
-        }
-        q.push(chunk(SPARE_CHUNK_BYTES + 1));
-        q.push(b"tail".to_vec());
-        q.consume(n + 1);
-        assert_eq!(q.spare.len(), SPARE_BYTES_MAX / (1 << 20));
-        assert!(q.spare_bytes <= SPARE_BYTES_MAX);
-        let reused = q.spare();
-        assert!(reused.is_empty() && reused.capacity() >= 1 << 20, "a written chunk, emptied");
-        // Idle: all but a few are freed.
-        q.consume(4);
-        assert!(q.is_empty());
-        assert_eq!(q.spare.len(), SPARE_IDLE);
-        assert_eq!(q.spare_bytes, q.spare.iter().map(Vec::capacity).sum::<usize>());
-    }
-
-    #[test]
-    fn chunks_are_written_in_order_and_consumed_across_boundaries() {
-        let mut q = TxQueue::default();
-        q.push(b"abc".to_vec());
-        q.push(Vec::new());
-        q.push(b"defg".to_vec());
-        assert_eq!((q.len(), q.front()), (7, &b"abc"[..]));
-        assert_eq!(q.slices(8), [&b"abc"[..], &b"defg"[..]]);
-        q.consume(2);
-        assert_eq!(q.slices(1), [&b"c"[..]]);
-        q.consume(3); // the rest of the first chunk and two of the second
-        assert_eq!((q.len(), q.front()), (2, &b"fg"[..]));
-        q.consume(10);
-        assert!(q.is_empty() && q.front().is_empty());
     }
 }

@@ -3,6 +3,7 @@
 //! inverse of [`super::deframer::Deframer`]; stream offset 0 is the first octet after the
 //! MPA Request/Reply, where markers are counted from.
 
+use super::txqueue::Output;
 use crate::proto::iwarp::fpdu::{self, crc_with_markers, fpdu_len, insert_markers, wire_len_with_markers, FpduRepr};
 use crate::proto::Error;
 
@@ -53,6 +54,47 @@ impl Framer {
             let crc = crate::proto::crc::crc32c(&buf[..total - fpdu::CRC_LEN]);
             buf[total - fpdu::CRC_LEN..].copy_from_slice(&crc.to_le_bytes());
         }
+        self.offset += total as u64;
+        Ok(())
+    }
+
+    /// True when an FPDU may carry its payload as spans of registered memory
+    /// ([`Framer::frame_spliced`]): without markers or a CRC, which would read and copy it.
+    pub fn splices(&self) -> bool {
+        !self.markers && !self.crc
+    }
+
+    /// Appends one FPDU whose ULPDU is a `head_len`-octet header `emit` writes, then
+    /// `payload_len` octets `splice` appends to `out` (spans of memory, sent where they
+    /// lie), then the zero pad and the CRC field, zero as no CRC was negotiated (RFC 5044
+    /// §4.1). Only where [`Framer::splices`].
+    pub fn frame_spliced(
+        &mut self,
+        (head_len, payload_len): (usize, usize),
+        out: &mut Output,
+        emit: impl FnOnce(&mut [u8]) -> Result<(), Error>,
+        splice: impl FnOnce(&mut Output) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        debug_assert!(self.splices());
+        let ulpdu_len = head_len + payload_len;
+        let len = u16::try_from(ulpdu_len).map_err(|_| Error::BadLength("ULPDU over 65535"))?;
+        let mark = out.mark();
+        let before = out.len();
+        let bytes = out.bytes_mut();
+        let start = bytes.len();
+        bytes.resize(start + fpdu::HEADER_LEN + head_len, 0);
+        bytes[start..start + fpdu::HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+        let mut framed = emit(&mut bytes[start + fpdu::HEADER_LEN..]).and_then(|()| splice(out));
+        if framed.is_ok() && out.len() - before != fpdu::HEADER_LEN + ulpdu_len {
+            framed = Err(Error::BadLength("the payload is not the length announced"));
+        }
+        if let Err(e) = framed {
+            out.truncate(mark);
+            return Err(e);
+        }
+        let total = fpdu_len(ulpdu_len);
+        let bytes = out.bytes_mut();
+        bytes.resize(bytes.len() + total - fpdu::HEADER_LEN - ulpdu_len, 0);
         self.offset += total as u64;
         Ok(())
     }

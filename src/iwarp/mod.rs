@@ -8,3 +8,4 @@ pub mod device;
 pub mod framer;
 pub mod qp;
 pub mod setup;
+pub mod txqueue;

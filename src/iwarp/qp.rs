@@ -10,6 +10,7 @@
 use super::deframer::{CrcCheck, Deframer};
 use super::framer::Framer;
 use super::setup::{Negotiated, RtrKind};
+use super::txqueue::{MemSpan, Output};
 use crate::engine::mem::{MemError, MrTable, Need, Pd, SharedMem};
 use crate::engine::qp::responder::RecvWqe;
 use crate::engine::srq::Srq;
@@ -31,6 +32,10 @@ const RTR_STAG: u32 = 1;
 pub const OUTPUT_BUDGET: usize = 1 << 20;
 /// Bytes of a Read's source copied at a time while its response is produced.
 const READ_CHUNK: usize = 64 * 1024;
+/// Payloads below this are copied into the stream rather than spliced in from registered
+/// memory: an iovec and a reference to the region cost more than copying a few hundred
+/// octets, and a stream of small FPDUs would need one `writev` slot per payload.
+const SPLICE_MIN_BYTES: usize = 1024;
 
 /// A send-queue entry until it completes, in posting order.
 #[derive(Debug)]
@@ -125,7 +130,7 @@ pub struct IwarpQp {
     framer: Framer,
     deframer: Deframer,
     mulpdu: usize,
-    out: Vec<u8>,
+    out: Output,
     sq: VecDeque<SqEntry>,
     waiting: VecDeque<SendWr>,
     rq: VecDeque<RecvWr>,
@@ -165,7 +170,7 @@ impl IwarpQp {
             framer: Framer::new(neg.markers_tx, neg.crc),
             deframer: Deframer::new(neg.markers_rx, neg.crc),
             mulpdu: mss.saturating_sub(overhead).max(64),
-            out: Vec::new(),
+            out: Output::default(),
             sq: VecDeque::new(),
             waiting: VecDeque::new(),
             rq: VecDeque::new(),
@@ -282,13 +287,14 @@ impl IwarpQp {
     /// Terminate), so that neither the application's posts nor a peer's Reads outrun the
     /// transport.
     pub fn poll_output(&mut self, budget: usize, mrs: &MrTable) -> Vec<u8> {
-        self.poll_output_into(budget, Vec::new(), mrs)
+        self.poll_output_into(budget, Vec::new(), mrs).to_vec()
     }
 
-    /// As [`IwarpQp::poll_output`]; `spare` (empty, a written buffer given back) becomes
-    /// the buffer the next posts are framed into, so that large messages do not map and
-    /// fault in fresh pages for every buffer.
-    pub fn poll_output_into(&mut self, budget: usize, spare: Vec<u8>, mrs: &MrTable) -> Vec<u8> {
+    /// As [`IwarpQp::poll_output`], payloads left in registered memory as spans where the
+    /// framing allows ([`Framer::splices`]); `spare` (empty, a written buffer given back)
+    /// becomes the buffer the next posts are framed into, so that large messages do not map
+    /// and fault in fresh pages for every buffer.
+    pub fn poll_output_into(&mut self, budget: usize, spare: Vec<u8>, mrs: &MrTable) -> Output {
         debug_assert!(spare.is_empty());
         self.frame_requests(budget, mrs);
         while self.out.len() < budget && self.state != QpState::Err {
@@ -306,7 +312,7 @@ impl IwarpQp {
                 self.reads_in.pop_front();
             }
         }
-        std::mem::replace(&mut self.out, spare)
+        std::mem::replace(&mut self.out, Output::from(spare))
     }
 
     /// True while output waits: posted frames, or Read Responses not yet produced.
@@ -481,7 +487,7 @@ impl IwarpQp {
     fn emit(&mut self, m: &MessageRepr<'_>) {
         // The header fields are built here within their ranges, so emitting cannot fail;
         // a failure would be a bug, reported as a local catastrophic error.
-        if self.framer.frame_with(m.buffer_len(), &mut self.out, |b| m.emit(b)).is_err() {
+        if self.framer.frame_with(m.buffer_len(), self.out.bytes_mut(), |b| m.emit(b)).is_err() {
             self.enter_error();
         }
     }
@@ -517,18 +523,22 @@ impl IwarpQp {
         }
     }
 
-    /// One FPDU of a data message: its header, then `n` payload octets from `off` copied
-    /// straight into the stream.
+    /// One FPDU of a data message: its header, then `n` payload octets from `off`, left
+    /// in registered memory as spans where the framing allows and the payload is worth an
+    /// iovec ([`SPLICE_MIN_BYTES`]), otherwise copied straight into the stream.
     fn emit_data(&mut self, ddp: DdpRepr, opcode: Opcode, data: &Payload<'_>, off: usize, n: usize) {
         let head = MessageRepr { ddp, control: Self::control(opcode), body: Body::Data(&[]) };
         let head_len = head.buffer_len();
-        let framed = self.framer.frame_with(head_len + n, &mut self.out, |b| {
-            head.emit(&mut b[..head_len])?;
-            match data.copy_to(off, &mut b[head_len..]) {
-                true => Ok(()),
-                false => Err(crate::proto::Error::BadLength("the payload's memory went")),
-            }
-        });
+        let went = || crate::proto::Error::BadLength("the payload's memory went");
+        let framed = if self.framer.splices() && n >= SPLICE_MIN_BYTES {
+            let splice = |out: &mut Output| data.splice_to(off, n, out).then_some(()).ok_or_else(went);
+            self.framer.frame_spliced((head_len, n), &mut self.out, |b| head.emit(b), splice)
+        } else {
+            self.framer.frame_with(head_len + n, self.out.bytes_mut(), |b| {
+                head.emit(&mut b[..head_len])?;
+                data.copy_to(off, &mut b[head_len..]).then_some(()).ok_or_else(went)
+            })
+        };
         // Header fields are in range and the memory was checked at post time, under the
         // same lock: only on-demand memory unmapped since (or a bug) fails here, and the QP
         // enters the error state, as a NIC's unresolvable page fault on a send would.
@@ -936,7 +946,7 @@ fn sgl_permits(wr: &SendWr, pd: Pd, mrs: &MrTable, need: Need) -> bool {
 enum Payload<'a> {
     Bytes(&'a [u8]),
     Sgl { sgl: &'a [crate::engine::verbs::Sge], pd: Pd, mrs: &'a MrTable, len: usize },
-    Mem { mem: &'a SharedMem, offset: usize, len: usize },
+    Mem { mem: &'a Arc<SharedMem>, offset: usize, len: usize },
 }
 
 impl Payload<'_> {
@@ -963,6 +973,39 @@ impl Payload<'_> {
             Payload::Mem { mem, offset, .. } => mem.read(offset + off, dst),
         }
     }
+
+    /// Appends the payload's `n` octets from `off` to `out`: memory as spans, sent where
+    /// it lies, but an on-demand region's copied (only checked copies reach its pages);
+    /// false if its memory refused.
+    fn splice_to(&self, off: usize, n: usize, out: &mut Output) -> bool {
+        match self {
+            Payload::Bytes(b) => {
+                out.bytes_mut().extend_from_slice(&b[off..off + n]);
+                true
+            }
+            Payload::Sgl { sgl, pd, mrs, .. } => {
+                mrs.for_sgl_range(sgl, *pd, (off, n), Need::LocalRead, |mem, at_mem, _, k| splice(mem, at_mem, k, out))
+            }
+            Payload::Mem { mem, offset, .. } => splice(mem, offset + off, n, out),
+        }
+    }
+}
+
+/// Appends `n` octets of `mem` from `at` to `out`, as a span where the kernel can read
+/// them in place, else copied; false if the memory refused.
+fn splice(mem: &Arc<SharedMem>, at: usize, n: usize, out: &mut Output) -> bool {
+    if mem.raw_span(at, n).is_some() {
+        out.splice(MemSpan { mem: mem.clone(), offset: at, len: n });
+        return true;
+    }
+    let bytes = out.bytes_mut();
+    let start = bytes.len();
+    bytes.resize(start + n, 0);
+    let read = mem.read(at, &mut bytes[start..]);
+    if !read {
+        bytes.truncate(start);
+    }
+    read
 }
 
 /// Writes `d` at message offset `mo` across a receive's scatter list.

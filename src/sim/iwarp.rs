@@ -102,12 +102,13 @@ impl Wire {
     }
 
     fn carry(&mut self, from: &mut Side, to: &mut Side) -> bool {
-        let pending = from.dev.tx_pending(from.conn);
-        if pending.is_empty() || self.rng.below(8) == 0 {
+        let pending = from.dev.tx_pending_len(from.conn);
+        if pending == 0 || self.rng.below(8) == 0 {
             return false;
         }
-        let n = 1 + self.rng.below(pending.len().min(self.window) as u64) as usize;
-        let piece = pending[..n].to_vec();
+        let n = 1 + self.rng.below(pending.min(self.window) as u64) as usize;
+        let mut piece = vec![0u8; n];
+        from.dev.tx_copy_pending(from.conn, &mut piece);
         from.dev.on_written(from.conn, n);
         to.dev.on_bytes(to.conn, &piece);
         true
@@ -118,7 +119,7 @@ impl Wire {
     fn settle(&mut self, a: &mut Side, b: &mut Side) -> Result<(), String> {
         let mut idle = 0;
         loop {
-            if a.dev.tx_pending(a.conn).is_empty() && b.dev.tx_pending(b.conn).is_empty() {
+            if a.dev.tx_pending_len(a.conn) == 0 && b.dev.tx_pending_len(b.conn) == 0 {
                 let next = a.dev.poll_timeout().into_iter().chain(b.dev.poll_timeout()).min();
                 match next {
                     Some(at) if at <= self.now_ns + TIMER_SOON_NS => self.now_ns = self.now_ns.max(at),

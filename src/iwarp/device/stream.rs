@@ -54,14 +54,23 @@ impl IwarpDevice {
         self.close(t);
     }
 
-    /// The bytes connection `t` has for its stream.
-    pub fn tx_pending(&self, t: ConnId) -> &[u8] {
-        self.conns.get(&t).map_or(&[], |c| c.tx.front())
+    /// Octets connection `t` has for its stream.
+    pub fn tx_pending_len(&self, t: ConnId) -> usize {
+        self.conns.get(&t).map_or(0, |c| c.tx.len())
     }
 
-    /// As [`IwarpDevice::tx_pending`], as up to `max` slices for one vectored write.
-    pub fn tx_pending_slices(&self, t: ConnId, max: usize) -> Vec<&[u8]> {
-        self.conns.get(&t).map_or_else(Vec::new, |c| c.tx.slices(max))
+    /// Copies the octets connection `t` has for its stream into `dst` (none taken; say
+    /// what the stream took with [`IwarpDevice::on_written`]); returns how many.
+    pub fn tx_copy_pending(&self, t: ConnId, dst: &mut [u8]) -> usize {
+        self.conns.get(&t).map_or(0, |c| c.tx.copy_front(dst))
+    }
+
+    /// The octets connection `t` has for its stream, as up to `max` iovecs for one
+    /// `writev`: framed bytes, and registered memory where it lies. They stay valid until
+    /// the device is next changed; write them under the lock that guards the device, which
+    /// deregistering a region also takes.
+    pub fn tx_pending_iovecs(&self, t: ConnId, max: usize) -> Vec<libc::iovec> {
+        self.conns.get(&t).map_or_else(Vec::new, |c| c.tx.iovecs(max))
     }
 
     /// The stream of connection `t` took `n` more bytes: Sends and Writes whose last byte
