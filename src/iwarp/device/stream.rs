@@ -340,7 +340,8 @@ impl IwarpDevice {
         s.conn = None;
         if let Some(qp) = s.qp.as_mut() {
             qp.on_stream_closed("the connection closed");
-            let _ = qp.take_output(self.dev.mrs());
+            // Dropped unsent: spans are let go without reading their memory.
+            drop(qp.poll_output_into(crate::iwarp::qp::OUTPUT_BUDGET, Vec::new(), self.dev.mrs()));
         }
         self.completions(qpn);
     }
