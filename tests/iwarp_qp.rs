@@ -23,6 +23,11 @@ fn side(qp: IwarpQp, seed: u64) -> Side {
 
 /// Negotiates with `Setup` as the real connection does, then makes the two QPs.
 fn pair(crc: bool, markers: bool, ord: u16) -> (Side, Side) {
+    pair_mss(crc, markers, ord, 1460)
+}
+
+/// As [`pair`], on a connection whose TCP MSS is `mss`.
+fn pair_mss(crc: bool, markers: bool, ord: u16, mss: usize) -> (Side, Side) {
     let crc = if crc { CrcPolicy::Required } else { CrcPolicy::OnRequest };
     let p = Policy { crc, markers, ord, ird: ord, ..Policy::default() };
     let mut ini = Setup::initiator(p.clone(), 0);
@@ -33,8 +38,8 @@ fn pair(crc: bool, markers: bool, ord: u16) -> (Side, Side) {
         Some(Outcome::Established(n)) => n.clone(),
         o => panic!("{o:?}"),
     };
-    let a = IwarpQp::new(1, Pd(1), &neg(&ini), true, 1460, None);
-    let b = IwarpQp::new(2, Pd(1), &neg(&res), false, 1460, None);
+    let a = IwarpQp::new(1, Pd(1), &neg(&ini), true, mss, None);
+    let b = IwarpQp::new(2, Pd(1), &neg(&res), false, mss, None);
     (side(a, 1), side(b, 2))
 }
 
@@ -81,6 +86,58 @@ fn read(m: &Mr, off: usize, n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
     m.mem.read(off, &mut v);
     v
+}
+
+/// With markers, an FPDU (markers included) fits the MSS whatever its size, as RFC 5044's
+/// MULPDU has it: on loopback's 64 KiB MSS a fixed allowance of 3 markers made FPDUs of over
+/// 65,535 wire octets, whose last markers' 16-bit FPDUPTR wrapped and the peer terminated.
+#[test]
+fn marked_fpdus_fit_every_mss_up_to_loopbacks() {
+    for (mss, crc) in [(1460, false), (8948, true), (65483, false), (65483, true)] {
+        let (mut a, mut b) = pair_mss(crc, true, 2, mss);
+        let mut rng = Rng::new(mss as u64);
+        pump(&mut a, &mut b, &mut rng);
+        let data = pattern(300_000, 3);
+        a.mr.mem.write(0, &data);
+        let remote = Remote { addr: b.mr.addr + 400_000, rkey: b.mr.rkey };
+        a.qp.post_send(wr(1, SendOp::Write(remote), vec![sge(&a.mr, 0, data.len())]), &a.mrs).unwrap();
+        pump(&mut a, &mut b, &mut rng);
+        assert!(a.qp.terminated().is_none() && b.qp.terminated().is_none(), "mss {mss}: {:?}", b.qp.terminated());
+        assert_eq!(a.wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), [(1, WcStatus::Success)]);
+        assert!(read(&b.mr, 400_000, data.len()) == data, "mss {mss}: the Write placed");
+    }
+}
+
+/// A region deregistered while a request on it waits to be framed (posted behind a full
+/// output budget) takes the QP to ERR with every request flushed, on either framing path
+/// (payloads copied, with a CRC; spliced in, without): the engine neither panics nor reads
+/// the application's buffer after it was given back.
+#[test]
+#[allow(unsafe_code)]
+fn a_region_deregistered_before_its_request_is_framed_fails_the_qp_cleanly() {
+    for crc in [false, true] {
+        let (mut a, mut b) = pair_mss(crc, false, 2, 65483);
+        let mut rng = Rng::new(7);
+        pump(&mut a, &mut b, &mut rng);
+        let mut app = vec![7u8; 256 * 1024];
+        let ptr = std::ptr::NonNull::new(app.as_mut_ptr()).unwrap();
+        // SAFETY: `app` outlives the region, which is deregistered (revoked) below.
+        let mem = std::sync::Arc::new(unsafe { softrdma::engine::mem::SharedMem::foreign(ptr, app.len()) });
+        let theirs = a.mrs.register_mem(Pd(1), mem, Access::ALL, None, &mut Rng::new(8)).unwrap();
+        let remote = Remote { addr: b.mr.addr, rkey: b.mr.rkey };
+        // The first fills the output budget; the second waits unframed behind it.
+        a.qp.post_send(wr(1, SendOp::Write(remote), vec![sge(&a.mr, 0, 1 << 20)]), &a.mrs).unwrap();
+        a.qp.post_send(wr(2, SendOp::Write(remote), vec![sge(&theirs, 0, 200_000)]), &a.mrs).unwrap();
+        let first = a.qp.poll_output(1 << 20, &a.mrs);
+        assert!(!first.is_empty());
+        assert!(a.mrs.deregister(theirs.lkey));
+        let _ = a.qp.take_output(&a.mrs);
+        let wcs: Vec<(u64, WcStatus)> =
+            std::iter::from_fn(|| a.qp.poll_completion()).map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(wcs.len(), 2, "crc {crc}: each request completes once: {wcs:?}");
+        assert!(wcs.iter().all(|(_, s)| *s != WcStatus::Success), "crc {crc}: {wcs:?}");
+        drop(app);
+    }
 }
 
 #[test]

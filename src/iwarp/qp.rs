@@ -165,8 +165,11 @@ impl IwarpQp {
     /// octets. The initiator of a peer-to-peer connection sends its RTR first; an
     /// initiator sends nothing before `first_at_ns` (at once if that is `None`).
     pub fn new(qpn: u32, pd: Pd, neg: &Negotiated, initiator: bool, mss: usize, first_at_ns: Option<u64>) -> IwarpQp {
-        // FPDU overhead: length, pad, CRC, and up to 3 markers in a 1500-byte segment.
-        let overhead = 2 + 3 + 4 + if neg.markers_tx { 12 } else { 0 };
+        // FPDU overhead: length, pad, CRC and, with markers, one per 512 octets of the
+        // segment (RFC 5044's MULPDU, EMSS - (6 + 4 * ceil(EMSS / 512) + EMSS mod 4)). A
+        // fixed 3 markers held only for Ethernet's MSS: on loopback's 64 KiB one an FPDU
+        // grew past 65,535 wire octets and its last markers' 16-bit FPDUPTR wrapped.
+        let overhead = if neg.markers_tx { 6 + 4 * mss.div_ceil(512) + mss % 4 } else { 2 + 3 + 4 };
         let mut qp = IwarpQp {
             qpn,
             pd,
@@ -426,6 +429,12 @@ impl IwarpQp {
             let Some(i) = self.sq.iter().position(|e| e.unframed.is_some()) else { return };
             let Some(mut u) = self.sq[i].unframed.take() else { return };
             let done = self.frame_some(&mut u, budget, mrs);
+            if self.state != QpState::Rts {
+                // Framing failed (the request's memory went since the post: deregistered,
+                // or on demand and unmapped): the QP entered ERR and flushed its send
+                // queue, entry `i` with it.
+                return;
+            }
             if !done {
                 self.sq[i].unframed = Some(u);
                 return;

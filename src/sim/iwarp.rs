@@ -72,6 +72,9 @@ fn sge(mr: &Mr, off: usize, len: usize) -> Sge {
 struct Wire {
     rng: Rng,
     window: usize,
+    /// The TCP MSS both ends see: Ethernet's, a jumbo frame's or loopback's, so FPDUs
+    /// come in each size the drivers meet (and payloads are spliced from memory or copied).
+    mss: usize,
     now_ns: u64,
     turns: u64,
 }
@@ -142,8 +145,8 @@ fn connect(a: &mut Side, b: &mut Side, wire: &mut Wire, agree: bool) -> Result<b
     let param = ConnParam { private_data: b"sim".to_vec(), responder_resources: 4, initiator_depth: 4 };
     let l = b.dev.listen();
     a.conn = a.dev.connect(a.qpn, &param).map_err(|e| e.to_string())?;
-    b.conn = b.dev.on_tcp_accepted(l, 1460);
-    a.dev.on_tcp_connected(a.conn, 1460);
+    b.conn = b.dev.on_tcp_accepted(l, wire.mss);
+    a.dev.on_tcp_connected(a.conn, wire.mss);
     wire.settle(a, b)?;
     if let Some((r, _)) = b.dev.take_request(l) {
         b.dev.accept(r, b.qpn, &param).map_err(|e| format!("accept: {e}"))?;
@@ -227,7 +230,8 @@ pub fn run(seed: u64) -> Result<IwarpReport, String> {
     let mut a = side(seed.wrapping_mul(2) + 1, crc_a, &mut rng);
     let mut b = side(seed.wrapping_mul(2) + 2, crc_b, &mut rng);
     let window = [64, 1460, 16 * 1024, 256 * 1024][rng.below(4) as usize];
-    let mut wire = Wire { rng: Rng::new(seed ^ 0x5eed), window, now_ns: 0, turns: 0 };
+    let mss = [1460, 8948, 65483][rng.below(3) as usize];
+    let mut wire = Wire { rng: Rng::new(seed ^ 0x5eed), window, mss, now_ns: 0, turns: 0 };
     let mut report = IwarpReport::default();
     if !connect(&mut a, &mut b, &mut wire, agree).map_err(|e| format!("seed {seed}: {e}"))? {
         report.turns = wire.turns;
