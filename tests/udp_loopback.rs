@@ -69,9 +69,11 @@ fn a_peer_that_dies_mid_transfer_ends_every_request_with_retry_exceeded_then_flu
     a.qp.modify(&QpAttr { state: Some(QpState::Sqd), ..QpAttr::default() }).ok();
     a.qp.modify(&QpAttr { state: Some(QpState::Rts), ..fast }).unwrap();
     let at = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() };
-    const N: u64 = 200; // 12.5 MiB: far more than goes by before the peer dies
+    // 200 MiB: far more than goes by before the peer dies (12.5 MiB once all went by, on a
+    // fast run, before the peer's device had finished closing).
+    const N: u64 = 200;
     for i in 0..N {
-        a.qp.post_send(SendWr::new(i, SendOp::Write(at), vec![a.mr.sge(0, 64 << 10)])).unwrap();
+        a.qp.post_send(SendWr::new(i, SendOp::Write(at), vec![a.mr.sge(0, 1 << 20)])).unwrap();
     }
     let mut seen = vec![wait_ok(&a.cq, 0)];
     drop(b); // the peer's device goes away mid-transfer: its socket closes, nothing answers
