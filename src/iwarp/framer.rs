@@ -66,8 +66,9 @@ impl Framer {
 
     /// Appends one FPDU whose ULPDU is a `head_len`-octet header `emit` writes, then
     /// `payload_len` octets `splice` appends to `out` (spans of memory, sent where they
-    /// lie), then the zero pad and the CRC field, zero as no CRC was negotiated (RFC 5044
-    /// §4.1). Only where [`Framer::splices`].
+    /// lie), then the zero pad and the CRC field, zero as no CRC was negotiated: the FPDU
+    /// of RFC 5044 §4, laid out as [`Framer::frame_with`] lays it. Only where
+    /// [`Framer::splices`].
     pub fn frame_spliced(
         &mut self,
         (head_len, payload_len): (usize, usize),

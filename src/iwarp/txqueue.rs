@@ -1,7 +1,7 @@
 //! What an iWARP connection has for its stream: framed bytes with spans of registered
 //! memory spliced in, so that the payload of a Send, Write or Read Response reaches the
 //! socket in one vectored write, read in place by the kernel as a NIC's DMA reads it, with
-//! no copy into a stream buffer first (RFC 5041 §4 leaves buffering to the implementation).
+//! no copy into a stream buffer first. The octets are RFC 5044 §4's FPDUs either way.
 
 use crate::engine::mem::SharedMem;
 use std::collections::VecDeque;
