@@ -11,6 +11,7 @@ use softrdma::iwarp::device::{ConnId, ConnState, IwarpDevice};
 
 struct Side {
     dev: IwarpDevice,
+    pd: softrdma::engine::mem::Pd,
     cq: u32,
     mr: Mr,
     qpn: u32,
@@ -24,7 +25,7 @@ fn side(seed: u64) -> Side {
     let cq = dev.dev.create_cq(256);
     let mr = dev.dev.reg_mr(pd, 1 << 20, Access::ALL).unwrap();
     let qpn = dev.create_qp(pd, (cq, cq), QpCaps::default(), None).unwrap();
-    Side { dev, cq, mr, qpn }
+    Side { dev, pd, cq, mr, qpn }
 }
 
 /// A tiny deterministic generator for where streams are cut.
@@ -135,4 +136,48 @@ fn two_devices_with_no_io_connect_and_run_every_operation() {
     assert_eq!(b.dev.qp_state(b.qpn), Some(QpState::Err));
     assert_eq!(b.dev.take_closed(), vec![tb]);
     assert_eq!(b.dev.connections(), 0);
+}
+
+/// A region deregistered while its bytes wait, spliced, in a connection's queue (the
+/// application broke the rule that a buffer stays registered while its request is
+/// outstanding): the stream cannot carry what it promised, so the connection ends before
+/// another byte is written, the QP goes to ERR with the request flushed, and the driver is
+/// told to close the stream; nothing of the buffer is read after it was given back.
+#[test]
+#[allow(unsafe_code)]
+fn a_region_deregistered_with_its_bytes_queued_ends_the_connection() {
+    let (mut a, mut b) = (side(3), side(4));
+    let mut cuts = Cuts(11);
+    let param = ConnParam { private_data: Vec::new(), responder_resources: 4, initiator_depth: 4 };
+    let l = b.dev.listen();
+    let ta = a.dev.connect(a.qpn, &param).unwrap();
+    let tb = b.dev.on_tcp_accepted(l, 65483);
+    a.dev.on_tcp_connected(ta, 65483);
+    shuttle(&mut a, ta, &mut b, tb, &mut cuts);
+    let (r, _) = b.dev.take_request(l).expect("the request");
+    b.dev.accept(r, b.qpn, &param).unwrap();
+    shuttle(&mut a, ta, &mut b, tb, &mut cuts);
+    let rtr_at = a.dev.poll_timeout().expect("the held RTR's deadline");
+    a.dev.set_now(rtr_at);
+    a.dev.handle_timeout();
+    shuttle(&mut a, ta, &mut b, tb, &mut cuts);
+    assert_eq!(a.dev.conn_state(ta), Some(ConnState::Established));
+
+    let mut app = vec![5u8; 200_000];
+    let ptr = std::ptr::NonNull::new(app.as_mut_ptr()).unwrap();
+    // SAFETY: `app` outlives the region, which is deregistered (revoked) below.
+    let mem = std::sync::Arc::new(unsafe { softrdma::engine::mem::SharedMem::foreign(ptr, app.len()) });
+    let theirs = a.dev.dev.reg_mem(a.pd, mem, Access::ALL).unwrap();
+    let remote = Remote { addr: b.mr.addr, rkey: b.mr.rkey };
+    a.dev.post_send(a.qpn, [SendWr::new(1, SendOp::Write(remote), vec![sge(&theirs, 0, 150_000)])]).unwrap();
+    assert!(a.dev.tx_pending_len(ta) > 150_000, "framed, its payload spliced in");
+    assert!(a.dev.tx_writable(ta), "nothing wrong yet");
+    a.dev.dev.dereg_mr(&theirs).unwrap();
+    assert!(!a.dev.tx_writable(ta), "the stream cannot carry the deregistered bytes");
+    assert_eq!(a.dev.conn_state(ta), None);
+    assert!(a.dev.take_closed().contains(&ta), "the driver is told to close the stream");
+    let wcs: Vec<(u64, WcStatus)> = completions(&mut a).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(wcs, [(1, WcStatus::WrFlushErr)]);
+    assert_eq!(a.dev.qp_state(a.qpn), Some(QpState::Err));
+    drop(app);
 }

@@ -404,7 +404,7 @@ impl Core {
             let Some(&h) = self.conns.get(&t) else { continue };
             let s = self.sockets.get_mut::<tcp::Socket>(h);
             loop {
-                if self.dev.tx_pending_len(t) == 0 || !s.can_send() {
+                if self.dev.tx_pending_len(t) == 0 || !s.can_send() || !self.dev.tx_writable(t) {
                     break;
                 }
                 // smoltcp copies into its send buffer anyway: straight from the queue

@@ -146,7 +146,8 @@ impl Output {
     }
 }
 
-/// What a revoked region's span is sent as: the stream has promised its octets.
+/// What a revoked region's span reads as, should a driver write it without asking
+/// [`crate::iwarp::device::IwarpDevice::tx_writable`] first: never the application's bytes.
 static ZEROS: [u8; 4096] = [0; 4096];
 
 /// The bytes queued for a connection's stream, as the outputs they were produced in (each
@@ -224,6 +225,24 @@ impl TxQueue {
             done += c.copy_out(if i == 0 { self.head } else { 0 }, &mut dst[done..]);
         }
         done
+    }
+
+    /// True when an unwritten span lies in a region revoked (deregistered) since it was
+    /// queued: the stream cannot carry the octets it promised.
+    pub(crate) fn has_revoked_span(&self) -> bool {
+        let mut revoked = false;
+        for (i, c) in self.chunks.iter().enumerate() {
+            c.pieces(if i == 0 { self.head } else { 0 }, |p, cut| {
+                if let Piece::Mem(s) = p {
+                    revoked = s.mem.raw_span(s.offset + cut, s.len - cut).is_none();
+                }
+                !revoked
+            });
+            if revoked {
+                break;
+            }
+        }
+        revoked
     }
 
     /// Up to `max` pieces of unwritten octets, in order, for one `writev`. The pointers

@@ -106,7 +106,7 @@ impl Wire {
 
     fn carry(&mut self, from: &mut Side, to: &mut Side) -> bool {
         let pending = from.dev.tx_pending_len(from.conn);
-        if pending == 0 || self.rng.below(8) == 0 {
+        if pending == 0 || self.rng.below(8) == 0 || !from.dev.tx_writable(from.conn) {
             return false;
         }
         let n = 1 + self.rng.below(pending.min(self.window) as u64) as usize;

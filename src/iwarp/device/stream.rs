@@ -54,6 +54,20 @@ impl IwarpDevice {
         self.close(t);
     }
 
+    /// Whether connection `t` may write what it has queued; ask before each write. A region
+    /// whose bytes wait in the queue was deregistered since they were queued (the
+    /// application broke the rule that a buffer stays registered while its request is
+    /// outstanding): the stream cannot carry the octets it promised, so the connection
+    /// ends, as it would on a protection fault mid-message: the QP goes to ERR with its
+    /// requests flushed, and the peer sees the stream close.
+    pub fn tx_writable(&mut self, t: ConnId) -> bool {
+        let revoked = self.conns.get(&t).is_some_and(|c| c.tx.has_revoked_span());
+        if revoked {
+            self.close(t);
+        }
+        !revoked
+    }
+
     /// Octets connection `t` has for its stream.
     pub fn tx_pending_len(&self, t: ConnId) -> usize {
         self.conns.get(&t).map_or(0, |c| c.tx.len())
