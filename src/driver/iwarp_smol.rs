@@ -404,12 +404,12 @@ impl Core {
             let Some(&h) = self.conns.get(&t) else { continue };
             let s = self.sockets.get_mut::<tcp::Socket>(h);
             loop {
-                if self.dev.tx_pending_len(t) == 0 || !s.can_send() || !self.dev.tx_writable(t) {
+                if self.dev.tx_pending_len(t) == 0 || !s.can_send() {
                     break;
                 }
                 // smoltcp copies into its send buffer anyway: straight from the queue
                 // and registered memory, into the free part it offers.
-                let dev = &self.dev;
+                let dev = &mut self.dev;
                 match s.send(|buf| {
                     let n = dev.tx_copy_pending(t, buf);
                     (n, n)

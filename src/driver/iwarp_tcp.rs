@@ -307,9 +307,6 @@ impl Core {
     fn write(&mut self, t: ConnId) {
         let Some(stream) = self.streams.get(&t).cloned() else { return };
         loop {
-            if !self.dev.tx_writable(t) {
-                return;
-            }
             let iovs = self.dev.tx_pending_iovecs(t, WRITE_SLICES);
             if iovs.is_empty() {
                 return;

@@ -93,12 +93,11 @@ impl Output {
         self.spans_len = mark.spans_len;
     }
 
-    /// Every octet in order, the spans copied out of their memory (zeros where a region
-    /// was revoked): for tests, fuzzers and the simulator, which look at the bytes.
+    /// Every octet in order, the spans copied out of their memory (zeros from a region
+    /// that refused): for tests and fuzzers, which look at the bytes.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len()];
-        let n = self.copy_out(0, &mut v);
-        debug_assert_eq!(n, v.len());
+        let _ = self.copy_out(0, &mut v);
         v
     }
 
@@ -128,27 +127,23 @@ impl Output {
         }
     }
 
-    /// Copies octets from `skip` into `dst`; returns how many.
-    fn copy_out(&self, skip: usize, dst: &mut [u8]) -> usize {
-        let mut done = 0;
+    /// Copies octets from `skip` into `dst`; returns how many, or `None` if a span's
+    /// region refused (revoked since it was queued).
+    fn copy_out(&self, skip: usize, dst: &mut [u8]) -> Option<usize> {
+        let (mut done, mut refused) = (0, false);
         self.pieces(skip, |p, cut| {
             let n = (p.len() - cut).min(dst.len() - done);
             let to = &mut dst[done..done + n];
             match p {
                 Piece::Bytes(b) => to.copy_from_slice(&b[cut..cut + n]),
-                Piece::Mem(s) if s.mem.read(s.offset + cut, to) => {}
-                Piece::Mem(_) => to.fill(0),
+                Piece::Mem(s) => refused = !s.mem.read(s.offset + cut, to),
             }
             done += n;
-            done < dst.len()
+            !refused && done < dst.len()
         });
-        done
+        (!refused).then_some(done)
     }
 }
-
-/// What a revoked region's span reads as, should a driver write it without asking
-/// [`crate::iwarp::device::IwarpDevice::tx_writable`] first: never the application's bytes.
-static ZEROS: [u8; 4096] = [0; 4096];
 
 /// The bytes queued for a connection's stream, as the outputs they were produced in (each
 /// moved in, never copied), the first partly written. One contiguous buffer would move
@@ -215,51 +210,36 @@ impl TxQueue {
     }
 
     /// Copies unwritten octets from the front into `dst` (none are consumed); returns how
-    /// many: for a stream that takes a copy anyway (a userspace TCP's send buffer).
-    pub(crate) fn copy_front(&self, dst: &mut [u8]) -> usize {
+    /// many, or `None` if a span among them lies in a region revoked since it was queued:
+    /// for a stream that takes a copy anyway (a userspace TCP's send buffer).
+    pub(crate) fn copy_front(&self, dst: &mut [u8]) -> Option<usize> {
         let mut done = 0;
         for (i, c) in self.chunks.iter().enumerate() {
             if done == dst.len() {
                 break;
             }
-            done += c.copy_out(if i == 0 { self.head } else { 0 }, &mut dst[done..]);
+            done += c.copy_out(if i == 0 { self.head } else { 0 }, &mut dst[done..])?;
         }
-        done
+        Some(done)
     }
 
-    /// True when an unwritten span lies in a region revoked (deregistered) since it was
-    /// queued: the stream cannot carry the octets it promised.
-    pub(crate) fn has_revoked_span(&self) -> bool {
-        let mut revoked = false;
-        for (i, c) in self.chunks.iter().enumerate() {
-            c.pieces(if i == 0 { self.head } else { 0 }, |p, cut| {
-                if let Piece::Mem(s) = p {
-                    revoked = s.mem.raw_span(s.offset + cut, s.len - cut).is_none();
-                }
-                !revoked
-            });
-            if revoked {
-                break;
-            }
-        }
-        revoked
-    }
-
-    /// Up to `max` pieces of unwritten octets, in order, for one `writev`. The pointers
-    /// stay valid until the queue is next changed, and a span's while its region is not
+    /// Up to `max` pieces of unwritten octets, in order, for one `writev`, or `None` if a
+    /// span among them lies in a region revoked since it was queued. The pointers stay
+    /// valid until the queue is next changed, and a span's while its region is not
     /// revoked: the caller writes under the lock that revoking a region takes.
-    pub(crate) fn iovecs(&self, max: usize) -> Vec<libc::iovec> {
+    pub(crate) fn iovecs(&self, max: usize) -> Option<Vec<libc::iovec>> {
         let mut out: Vec<libc::iovec> = Vec::with_capacity(max.min(2 * self.chunks.len() + 1));
+        let mut refused = false;
         for (i, c) in self.chunks.iter().enumerate() {
             c.pieces(if i == 0 { self.head } else { 0 }, |p, cut| {
-                push_iovecs(&mut out, p, cut, max);
-                out.len() < max
+                refused = !push_iovec(&mut out, p, cut);
+                !refused && out.len() < max
             });
-            if out.len() >= max {
+            if refused || out.len() >= max {
                 break;
             }
         }
-        out
+        (!refused).then_some(out)
     }
 
     /// `n` octets were written (at most [`TxQueue::len`]).
@@ -288,24 +268,18 @@ impl TxQueue {
     }
 }
 
-/// The iovecs of piece `p` from `cut` octets in: a span where its memory lies, or zeros
-/// where its region was revoked.
-fn push_iovecs(out: &mut Vec<libc::iovec>, p: Piece<'_>, cut: usize, max: usize) {
-    let iov = |ptr: *const u8, len: usize| libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: len };
-    match p {
-        Piece::Bytes(b) => out.push(iov(b[cut..].as_ptr(), b.len() - cut)),
+/// The iovec of piece `p` from `cut` octets in; false if it is a span whose region was
+/// revoked.
+fn push_iovec(out: &mut Vec<libc::iovec>, p: Piece<'_>, cut: usize) -> bool {
+    let (ptr, len) = match p {
+        Piece::Bytes(b) => (b[cut..].as_ptr(), b.len() - cut),
         Piece::Mem(s) => match s.mem.raw_span(s.offset + cut, s.len - cut) {
-            Some(ptr) => out.push(iov(ptr, s.len - cut)),
-            None => {
-                let mut left = s.len - cut;
-                while left > 0 && out.len() < max {
-                    let n = left.min(ZEROS.len());
-                    out.push(iov(ZEROS.as_ptr(), n));
-                    left -= n;
-                }
-            }
+            Some(ptr) => (ptr, s.len - cut),
+            None => return false,
         },
-    }
+    };
+    out.push(libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: len });
+    true
 }
 
 #[cfg(test)]

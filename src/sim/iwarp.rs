@@ -106,12 +106,15 @@ impl Wire {
 
     fn carry(&mut self, from: &mut Side, to: &mut Side) -> bool {
         let pending = from.dev.tx_pending_len(from.conn);
-        if pending == 0 || self.rng.below(8) == 0 || !from.dev.tx_writable(from.conn) {
+        if pending == 0 || self.rng.below(8) == 0 {
             return false;
         }
         let n = 1 + self.rng.below(pending.min(self.window) as u64) as usize;
         let mut piece = vec![0u8; n];
-        from.dev.tx_copy_pending(from.conn, &mut piece);
+        // Fewer only if the device ended the connection (a region deregistered under its
+        // queued bytes), which then has nothing more to write.
+        let n = from.dev.tx_copy_pending(from.conn, &mut piece);
+        piece.truncate(n);
         from.dev.on_written(from.conn, n);
         to.dev.on_bytes(to.conn, &piece);
         true

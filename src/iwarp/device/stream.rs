@@ -54,37 +54,37 @@ impl IwarpDevice {
         self.close(t);
     }
 
-    /// Whether connection `t` may write what it has queued; ask before each write. A region
-    /// whose bytes wait in the queue was deregistered since they were queued (the
-    /// application broke the rule that a buffer stays registered while its request is
-    /// outstanding): the stream cannot carry the octets it promised, so the connection
-    /// ends, as it would on a protection fault mid-message: the QP goes to ERR with its
-    /// requests flushed, and the peer sees the stream close.
-    pub fn tx_writable(&mut self, t: ConnId) -> bool {
-        let revoked = self.conns.get(&t).is_some_and(|c| c.tx.has_revoked_span());
-        if revoked {
-            self.close(t);
-        }
-        !revoked
-    }
-
     /// Octets connection `t` has for its stream.
     pub fn tx_pending_len(&self, t: ConnId) -> usize {
         self.conns.get(&t).map_or(0, |c| c.tx.len())
     }
 
     /// Copies the octets connection `t` has for its stream into `dst` (none taken; say
-    /// what the stream took with [`IwarpDevice::on_written`]); returns how many.
-    pub fn tx_copy_pending(&self, t: ConnId, dst: &mut [u8]) -> usize {
-        self.conns.get(&t).map_or(0, |c| c.tx.copy_front(dst))
+    /// what the stream took with [`IwarpDevice::on_written`]); returns how many. A region
+    /// whose bytes wait in the queue may have been deregistered since they were queued (the
+    /// application broke the rule that a buffer stays registered while its request is
+    /// outstanding): the stream cannot carry the octets it promised, so the connection
+    /// ends, as it would on a protection fault mid-message: the QP goes to ERR with its
+    /// requests flushed, the driver is told to close the stream, and this returns 0.
+    pub fn tx_copy_pending(&mut self, t: ConnId, dst: &mut [u8]) -> usize {
+        let copied = self.conns.get(&t).map_or(Some(0), |c| c.tx.copy_front(dst));
+        copied.unwrap_or_else(|| {
+            self.close(t);
+            0
+        })
     }
 
     /// The octets connection `t` has for its stream, as up to `max` iovecs for one
     /// `writev`: framed bytes, and registered memory where it lies. They stay valid until
     /// the device is next changed; write them under the lock that guards the device, which
-    /// deregistering a region also takes.
-    pub fn tx_pending_iovecs(&self, t: ConnId, max: usize) -> Vec<libc::iovec> {
-        self.conns.get(&t).map_or_else(Vec::new, |c| c.tx.iovecs(max))
+    /// deregistering a region also takes. A region deregistered with its bytes queued ends
+    /// the connection as in [`IwarpDevice::tx_copy_pending`], and none are returned.
+    pub fn tx_pending_iovecs(&mut self, t: ConnId, max: usize) -> Vec<libc::iovec> {
+        let iovs = self.conns.get(&t).map_or(Some(Vec::new()), |c| c.tx.iovecs(max));
+        iovs.unwrap_or_else(|| {
+            self.close(t);
+            Vec::new()
+        })
     }
 
     /// The stream of connection `t` took `n` more bytes: Sends and Writes whose last byte
