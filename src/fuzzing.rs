@@ -100,7 +100,8 @@ pub fn cm_mad(data: &[u8]) {
 
 /// The UDP receive check, then the device: [source IPv4][destination IPv4][TOS]
 /// [source port: u16 BE][UDP payload]. Oracle: a datagram found good carries an ICRC that
-/// verifies over the header rebuilt with the recovered Identification and DF.
+/// verifies over the header rebuilt with the recovered Identification and DF, and the
+/// verdict is the same whatever the receiver guessed.
 pub fn udp_receive(data: &[u8]) {
     use crate::transport::headers::{ip_header, udp_header};
     use crate::transport::udp::{check_datagram, DatagramCheck};
@@ -113,8 +114,13 @@ pub fn udp_receive(data: &[u8]) {
     let sport = u16::from_be_bytes([data[9], data[10]]);
     let payload = &data[11..];
     let mut cache = icrc::RecoveryCache::default();
-    let checked = check_datagram(&mut cache, SocketAddr::new(src, sport), (dst, 4791), tos, payload);
-    assert_eq!(checked, check_datagram(&mut cache, SocketAddr::new(src, sport), (dst, 4791), tos, payload));
+    let checked = check_datagram(&mut cache, SocketAddr::new(src, sport), (dst, 4791), tos, payload, 0);
+    assert_eq!(checked, check_datagram(&mut cache, SocketAddr::new(src, sport), (dst, 4791), tos, payload, 0));
+    assert_eq!(
+        checked,
+        check_datagram(&mut cache, SocketAddr::new(src, sport), (dst, 4791), tos, payload, 1),
+        "the guess of the Identification changes the cost of the check, never its verdict"
+    );
     if let DatagramCheck::Good { src: gid, ce, ident, dont_fragment } = checked {
         let (h, _) = ip_header(src, dst, 8 + payload.len(), ident, dont_fragment, tos);
         let udp = udp_header(sport, 4791, payload.len());

@@ -183,7 +183,7 @@ impl Peer {
             }
             let p = &buf[..n];
             let local = (self.local, self.port);
-            let checked = check_datagram(&mut cache, from, local, 0, p);
+            let checked = check_datagram(&mut cache, from, local, 0, p, 0);
             // Recorded with the IPv4 Identification the ICRC was made over: a sender with
             // UDP segmentation offload numbers its segments 0, 1, 2…
             let ident = match checked {

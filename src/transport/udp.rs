@@ -376,17 +376,23 @@ fn unmapped(ip: IpAddr) -> IpAddr {
 /// The receive check of a kernel UDP socket, pure: the datagram `payload` from `src` to
 /// `local` (address, port) with TOS byte `tos`, its ICRC checked over the IP and UDP
 /// headers the sender built (Annex A17.3.3; on IPv4 the Identification and DF, which the
-/// socket does not show, are solved from the ICRC).
+/// socket does not show, are solved from the ICRC). `segment` is the datagram's place in
+/// the buffer the kernel coalesced it into (0 for a lone datagram).
 pub fn check_datagram(
     cache: &mut icrc::RecoveryCache,
     src: SocketAddr,
     local: (IpAddr, u16),
     tos: u8,
     payload: &[u8],
+    segment: usize,
 ) -> DatagramCheck {
     let src_ip = unmapped(src.ip());
     let udp = udp_header(src.port(), local.1, payload.len());
-    let (ip, ip_len) = ip_header(src_ip, local.0, 8 + payload.len(), 0, false, tos);
+    // The guess is what softrdma's own sockets send (DF set, so Linux numbers a GSO send's
+    // segments from 0): right, it costs one CRC; wrong (rxe's running counter, a buffer
+    // coalesced from several sends), the fields are solved for.
+    let ident = gso::segment_ident(segment);
+    let (ip, ip_len) = ip_header(src_ip, local.0, 8 + payload.len(), ident, true, tos);
     let good =
         |ident, dont_fragment| DatagramCheck::Good { src: ip_to_gid(src_ip), ce: tos & 3 == 3, ident, dont_fragment };
     if ip_len == 20 {
@@ -513,13 +519,13 @@ impl UdpRx {
         for i in 0..batch.len() {
             let Some((bytes, src, tos)) = batch.get(i) else { break };
             let segment = batch.segment_bytes(i).unwrap_or(bytes.len()).max(1);
-            for payload in bytes.chunks(segment) {
+            for (k, payload) in bytes.chunks(segment).enumerate() {
                 if let Some(share) = self.share.as_mut() {
                     if share.forward(share::owner_of(payload), src, tos, payload) {
                         continue;
                     }
                 }
-                if let RxVerdict::Good { src, ce } = self.check(src, tos, payload) {
+                if let RxVerdict::Good { src, ce } = self.check(src, tos, payload, k) {
                     dev.handle_packet_ecn(now_ns, src, ce, payload);
                 }
             }
@@ -535,7 +541,7 @@ impl UdpRx {
         let port = self.sockets.port;
         for (mgid, src, payload) in self.mcast.received() {
             let group = gid_to_ip(&mgid);
-            match check_datagram(&mut self.recovery, src, (group, port), 0, payload) {
+            match check_datagram(&mut self.recovery, src, (group, port), 0, payload, 0) {
                 DatagramCheck::Good { src, ce, .. } => dev.handle_multicast(now_ns, src, mgid, ce, payload),
                 DatagramCheck::BadIcrc => {
                     self.stats.rx_icrc_bad.fetch_add(1, Ordering::Relaxed);
@@ -555,7 +561,7 @@ impl UdpRx {
                 self.runt();
                 continue;
             };
-            if let RxVerdict::Good { src, ce } = self.check(f.src, f.tos, f.payload) {
+            if let RxVerdict::Good { src, ce } = self.check(f.src, f.tos, f.payload, 0) {
                 dev.handle_packet_ecn(now_ns, src, ce, f.payload);
             }
         }
@@ -563,9 +569,9 @@ impl UdpRx {
         self.share = Some(share);
     }
 
-    fn check(&mut self, src: SocketAddr, tos: u8, payload: &[u8]) -> RxVerdict {
+    fn check(&mut self, src: SocketAddr, tos: u8, payload: &[u8], segment: usize) -> RxVerdict {
         let local = (self.sockets.local, self.sockets.port);
-        let checked = check_datagram(&mut self.recovery, src, local, tos, payload);
+        let checked = check_datagram(&mut self.recovery, src, local, tos, payload, segment);
         if let Some(log) = &self.log {
             // Only the capture needs the header as it was sent.
             let (ident, df) = match checked {
@@ -680,7 +686,7 @@ mod tests {
         while got < n && Instant::now() < deadline {
             let Ok((len, from)) = sink.recv_from(&mut buf) else { continue };
             let port = sink.local_addr().unwrap().port();
-            let check = check_datagram(&mut cache, from, (local, port), 0, &buf[..len]);
+            let check = check_datagram(&mut cache, from, (local, port), 0, &buf[..len], 0);
             assert!(matches!(check, DatagramCheck::Good { ident: 0, .. }), "{check:?}");
             got += 1;
         }

@@ -193,10 +193,11 @@ fn syndrome_of(at: usize, bits: u8, len: usize) -> u32 {
 /// UDP payload but not the IP header (a kernel UDP socket).
 ///
 /// `ip` is the header as the receiver reconstructs it (version, IHL 5, total length,
-/// protocol, addresses) with Identification and flags zero. The ICRC covers those 17 bits
-/// (Annex A17.3.3) and nothing else of the header is unknown, so the difference between
-/// the carried ICRC and the one computed with zeros must be a combination of 17 known
-/// syndromes: solving for it recovers the fields. A corrupted packet passes only if its
+/// protocol, addresses) with a guess of the Identification and DF flag (the fragment
+/// offset and the other flags zero). The ICRC covers those 17 bits (Annex A17.3.3) and
+/// nothing else of the header is unknown, so the difference between the carried ICRC and
+/// the one computed with the guess must be a combination of 17 known syndromes: solving
+/// for it recovers the fields (a right guess costs one CRC and nothing more). A corrupted packet passes only if its
 /// error happens to fall in that 17-dimensional subspace of the 32-bit ICRC: the check keeps
 /// 15 of its 32 bits against random corruption. `None`: no Identification/DF explains the
 /// ICRC (a corrupted packet, or a sender with IP options).
@@ -280,19 +281,31 @@ pub fn recover_ipv4_cached(
     packet: &[u8],
 ) -> Result<Option<RecoveredIpv4>> {
     let computed = compute(IpHeader::V4(ip), udp_header, packet)?;
+    let carried = carried(packet)?;
+    Error::check_len(20, ip.len())?;
+    let guess = RecoveredIpv4 { ident: u16::from_be_bytes([ip[4], ip[5]]), dont_fragment: ip[6] & 0x40 != 0 };
+    // The guess holds for every packet of a peer that sends what Linux does for a socket
+    // with DF set (Identification 0): one CRC, no solving.
+    if carried == computed {
+        return Ok(Some(guess));
+    }
     let len = 8 + 20 + UDP_HEADER_LEN + packet.len() - ICRC_LEN;
     if len > BASIS_LEN {
         return Ok(None);
     }
     let basis = cache.basis();
-    let (mut rest, mut solution) = (mul_mod(cache.shift(len), carried(packet)? ^ computed), 0u32);
+    // The difference solves for the bits in which the sender's fields differ from the guess.
+    let (mut rest, mut solution) = (mul_mod(cache.shift(len), carried ^ computed), 0u32);
     for &(bv, bw) in &basis.rows[..basis.rank] {
         if rest & top_bit(bv) != 0 {
             rest ^= bv;
             solution ^= bw;
         }
     }
-    Ok((rest == 0).then_some(RecoveredIpv4 { ident: solution as u16, dont_fragment: solution & (1 << 16) != 0 }))
+    Ok((rest == 0).then_some(RecoveredIpv4 {
+        ident: guess.ident ^ solution as u16,
+        dont_fragment: guess.dont_fragment ^ (solution & (1 << 16) != 0),
+    }))
 }
 
 fn top_bit(v: u32) -> u32 {
@@ -428,6 +441,32 @@ mod tests {
             assert_eq!(got, Some(RecoveredIpv4 { ident, dont_fragment: df }));
             pkt[30] ^= 0x04;
             assert_eq!(recover_ipv4(&blank, &UDP, &pkt).unwrap(), None);
+        }
+    }
+
+    /// The receiver's guess of the fields (right: one CRC; wrong: solved from it) changes
+    /// nothing in the answer, and a flipped bit is caught with a right guess as with a wrong one.
+    #[test]
+    fn every_guess_of_the_fields_recovers_the_same() {
+        let guesses = [(0u16, true), (0, false), (1, true), (0x0091, true), (0x0091, false), (0xffff, true)];
+        for (ident, df) in [(0u16, true), (1, true), (0x0091, true), (0x0091, false), (0, false)] {
+            let mut ip = IP;
+            ip[4..6].copy_from_slice(&ident.to_be_bytes());
+            ip[6] = if df { 0x40 } else { 0 };
+            let mut pkt = [0u8; 40];
+            pkt[0] = 0x0a;
+            fill(IpHeader::V4(&ip), &UDP, &mut pkt).unwrap();
+            let mut cache = RecoveryCache::default();
+            for (g_ident, g_df) in guesses {
+                let mut guess = ip;
+                guess[4..6].copy_from_slice(&g_ident.to_be_bytes());
+                guess[6] = if g_df { 0x40 } else { 0 };
+                let got = recover_ipv4_cached(&mut cache, &guess, &UDP, &pkt).unwrap();
+                assert_eq!(got, Some(RecoveredIpv4 { ident, dont_fragment: df }), "guess {g_ident:#x} {g_df}");
+                let mut bad = pkt;
+                bad[13] ^= 0x10;
+                assert_eq!(recover_ipv4_cached(&mut cache, &guess, &UDP, &bad).unwrap(), None);
+            }
         }
     }
 
