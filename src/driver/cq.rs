@@ -100,8 +100,9 @@ impl CqQueue {
     }
 
     /// Queues completions up to the capacity; what does not fit is lost and the CQ is
-    /// marked overrun, as a NIC's CQ is (the application sized it too small).
-    pub fn deliver(&self, wcs: Vec<Wc>) {
+    /// marked overrun, as a NIC's CQ is (the application sized it too small). `wcs` is
+    /// left empty with its buffer, for the caller's next batch.
+    pub fn deliver(&self, wcs: &mut Vec<Wc>) {
         if wcs.is_empty() {
             return;
         }
@@ -111,7 +112,7 @@ impl CqQueue {
             self.set_overrun();
         }
         let now = if self.stamped.load(Ordering::Acquire) { clock_ns() } else { 0 };
-        q.extend(wcs.into_iter().take(room).map(|w| (w, now)));
+        q.extend(wcs.drain(..).take(room).map(|w| (w, now)));
         // A waiter registers under the queue's lock before it looks, so one that found the
         // queue empty is counted by now.
         let waiting = self.waiters.load(Ordering::Acquire) > 0;

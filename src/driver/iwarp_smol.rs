@@ -295,9 +295,9 @@ impl Core {
             }
         }
         self.reap_closing();
-        for (cq, wcs) in self.dev.take_completions() {
+        for (cq, mut wcs) in self.dev.take_completions() {
             if let Some(q) = self.cqs.get(&cq) {
-                q.deliver(wcs);
+                q.deliver(&mut wcs);
             }
         }
         while let Some(e) = self.dev.dev.poll_async_event() {

@@ -292,9 +292,9 @@ impl Core {
                 self.drop_stream(t);
             }
         }
-        for (cq, wcs) in self.dev.take_completions() {
+        for (cq, mut wcs) in self.dev.take_completions() {
             if let Some(q) = self.cqs.get(&cq) {
-                q.deliver(wcs);
+                q.deliver(&mut wcs);
             }
         }
         while let Some(e) = self.dev.dev.poll_async_event() {

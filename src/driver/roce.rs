@@ -24,6 +24,9 @@ pub struct Core {
     /// The sending half of the transport.
     pub tx: Box<dyn PacketTx>,
     completions_seen: u64,
+    /// Buffers handing out completions reuses: the CQs touched, and their completions.
+    touched_cqs: Vec<u32>,
+    wcs: Vec<crate::engine::verbs::Wc>,
 }
 
 /// A running RoCEv2 device, shared by the application's handles and the poll thread.
@@ -92,7 +95,7 @@ impl RoceDriver {
         let driver = Arc::new(RoceDriver {
             port: link.tx.port(),
             path_mtu,
-            core: Mutex::new(Core { dev, tx: link.tx, completions_seen: 0 }),
+            core: Mutex::new(Core { dev, tx: link.tx, completions_seen: 0, touched_cqs: Vec::new(), wcs: Vec::new() }),
             cqs: RwLock::new(FxHashMap::default()),
             events: super::event::EventQueue::default(),
             waker: Waker::new()?,
@@ -200,13 +203,14 @@ impl RoceDriver {
         if core.dev.stats.completions != core.completions_seen {
             core.completions_seen = core.dev.stats.completions;
             let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
-            for id in core.dev.take_touched_cqs() {
+            core.dev.take_touched_cqs_into(&mut core.touched_cqs);
+            for &id in &core.touched_cqs {
                 let Some(q) = cqs.get(&id) else { continue };
-                let wcs = core.dev.poll_cq(id, usize::MAX);
+                core.dev.poll_cq_into(id, usize::MAX, &mut core.wcs);
                 if core.dev.cq_overflowed(id) {
                     q.set_overrun();
                 }
-                q.deliver(wcs);
+                q.deliver(&mut core.wcs);
             }
         }
         while let Some(e) = core.dev.poll_async_event() {

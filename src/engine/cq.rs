@@ -61,8 +61,14 @@ impl Cq {
     }
     /// Takes up to `max` completions.
     pub fn poll(&mut self, max: usize) -> Vec<Wc> {
+        let mut out = Vec::new();
+        self.poll_into(max, &mut out);
+        out
+    }
+    /// As [`Cq::poll`], appending to `out` (a buffer the caller reuses).
+    pub fn poll_into(&mut self, max: usize, out: &mut Vec<Wc>) {
         let n = max.min(self.entries.len());
-        self.entries.drain(..n).collect()
+        out.extend(self.entries.drain(..n));
     }
     /// Arms a one-shot notification.
     pub fn req_notify(&mut self, what: Notify) {
@@ -126,21 +132,28 @@ impl CqTable {
         }
         true
     }
-    /// The CQs that gained completions since the last call, each once.
-    pub fn take_touched(&mut self) -> Vec<u32> {
-        let ids = std::mem::take(&mut self.touched);
-        for id in &ids {
+    /// The CQs that gained completions since the last call, each once, in `out` (which
+    /// is cleared first; its buffer and this table's are swapped, so neither allocates).
+    pub fn take_touched_into(&mut self, out: &mut Vec<u32>) {
+        out.clear();
+        std::mem::swap(&mut self.touched, out);
+        for id in out.iter() {
             if let Some(cq) = self.cqs.get_mut(id) {
                 cq.touched = false;
             }
         }
-        ids
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn touched(t: &mut CqTable) -> Vec<u32> {
+        let mut ids = vec![99];
+        t.take_touched_into(&mut ids);
+        ids
+    }
     use crate::engine::verbs::WcStatus;
 
     fn wc(opcode: WcOpcode, solicited: bool, status: WcStatus) -> Wc {
@@ -183,11 +196,11 @@ mod tests {
         assert!(t.push(900, wc(WcOpcode::Recv, false, WcStatus::Success)));
         assert!(t.push(7, wc(WcOpcode::Send, false, WcStatus::Success)));
         assert!(!t.push(5000, wc(WcOpcode::Send, false, WcStatus::Success)), "no such CQ");
-        assert_eq!(t.take_touched(), vec![7, 900]);
-        assert!(t.take_touched().is_empty(), "listed once, until it gains another");
+        assert_eq!(touched(&mut t), vec![7, 900]);
+        assert!(touched(&mut t).is_empty(), "listed once, until it gains another");
         t.push(7, wc(WcOpcode::Send, false, WcStatus::Success));
         t.remove(7);
-        assert_eq!(t.take_touched(), vec![7], "a CQ destroyed meanwhile is the caller's to skip");
+        assert_eq!(touched(&mut t), vec![7], "a CQ destroyed meanwhile is the caller's to skip");
         assert_eq!(t.get(900).map(Cq::len), Some(1));
     }
 }

@@ -409,6 +409,13 @@ impl Device {
         self.cqs.get_mut(cq).map(|c| c.poll(max)).unwrap_or_default()
     }
 
+    /// As [`Device::poll_cq`], appending to `out` (a buffer the caller reuses).
+    pub fn poll_cq_into(&mut self, cq: u32, max: usize, out: &mut Vec<Wc>) {
+        if let Some(c) = self.cqs.get_mut(cq) {
+            c.poll_into(max, out);
+        }
+    }
+
     /// True once a completion found the CQ full and was lost (IBTA 11.4.2.1 CQ overrun).
     pub fn cq_overflowed(&self, cq: u32) -> bool {
         self.cqs.get(cq).is_some_and(|c| c.overflowed())
@@ -421,9 +428,10 @@ impl Device {
         }
     }
 
-    /// The CQs that gained completions since the last call, each once: the ones to poll.
-    pub fn take_touched_cqs(&mut self) -> Vec<u32> {
-        self.cqs.take_touched()
+    /// The CQs that gained completions since the last call, each once (the ones to poll),
+    /// into `out`: cleared first, its buffer reused, so handing out allocates nothing.
+    pub fn take_touched_cqs_into(&mut self, out: &mut Vec<u32>) {
+        self.cqs.take_touched_into(out);
     }
 
     /// Takes a CQ's pending notification.
