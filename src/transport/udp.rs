@@ -39,8 +39,9 @@ const RX_BATCH: usize = 32;
 const TX_BATCH: usize = 128;
 /// Largest datagram accepted (4096-byte MTU plus every header, with room for jumbo frames).
 const RX_DATAGRAM_MAX: usize = 9216;
-/// Socket buffer size asked for: room for a full loss window of 4 KiB packets on many QPs.
-const SOCKET_BUFFER_BYTES: usize = 32 << 20;
+/// Socket buffer size asked for: twice the device's loss-window budget of 4 KiB packets
+/// (8192 of them, `OpenConfig`), so the buffer holds what many QPs have in flight.
+pub const SOCKET_BUFFER_BYTES: usize = 64 << 20;
 
 /// The largest IB path MTU that fits the MTU of the interface holding `addr`, with every
 /// header of a RoCEv2 packet around it (the netdev MTU less the raw device's headroom,

@@ -70,7 +70,7 @@ pub struct PacketSocketRx {
 /// Opens a packet socket on interface `ifindex` (promiscuous while open) and splits it.
 pub fn packet_socket(ifindex: u32) -> io::Result<(PacketSocketTx, PacketSocketRx)> {
     let socket = Arc::new(sys::open_packet_socket(ifindex)?);
-    sys::set_buffers(socket.as_raw_fd(), 32 << 20);
+    sys::set_buffers(socket.as_raw_fd(), crate::transport::udp::SOCKET_BUFFER_BYTES);
     sys::set_packet_auxdata(socket.as_raw_fd())?;
     let rx = PacketSocketRx { socket: socket.clone(), batch: RecvBatch::new(RX_BATCH, RX_FRAME_MAX) };
     Ok((PacketSocketTx { socket }, rx))
