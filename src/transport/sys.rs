@@ -354,18 +354,42 @@ pub struct Segmented<'a> {
     pub datagrams: Vec<&'a [u8]>,
 }
 
+/// The buffers [`send_segmented`] builds its system call in, kept per thread: a sender
+/// (a ping-pong's reply above all) does not allocate four vectors for every send. Each
+/// call refills them whole before it takes a pointer into them.
+#[derive(Default)]
+struct SendScratch {
+    addrs: Vec<(libc::sockaddr_storage, u32)>,
+    iovs: Vec<libc::iovec>,
+    cmsgs: Vec<CmsgBuf>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+thread_local! {
+    static SEND_SCRATCH: std::cell::RefCell<SendScratch> = std::cell::RefCell::new(SendScratch::default());
+}
+
 /// Sends each message with one `sendmmsg`, a message of several datagrams as one GSO send
 /// (`UDP_SEGMENT`); returns how many messages went out.
 pub fn send_segmented(fd: RawFd, msgs: &[Segmented<'_>]) -> io::Result<usize> {
-    let mut addrs: Vec<(libc::sockaddr_storage, u32)> = msgs.iter().map(|m| std_to_sockaddr(&m.dst)).collect();
-    let mut iovs: Vec<libc::iovec> = msgs
-        .iter()
-        .flat_map(|m| m.datagrams.iter())
-        .map(|d| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() })
-        .collect();
-    let mut cmsgs = vec![CmsgBuf([0u8; CMSG_SPACE]); msgs.len()];
+    SEND_SCRATCH.with(|s| send_segmented_in(&mut s.borrow_mut(), fd, msgs))
+}
+
+fn send_segmented_in(s: &mut SendScratch, fd: RawFd, msgs: &[Segmented<'_>]) -> io::Result<usize> {
+    let SendScratch { addrs, iovs, cmsgs, hdrs } = s;
+    addrs.clear();
+    addrs.extend(msgs.iter().map(|m| std_to_sockaddr(&m.dst)));
+    iovs.clear();
+    iovs.extend(
+        msgs.iter()
+            .flat_map(|m| m.datagrams.iter())
+            .map(|d| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() }),
+    );
+    cmsgs.clear();
+    cmsgs.resize(msgs.len(), CmsgBuf([0u8; CMSG_SPACE]));
+    hdrs.clear();
     // SAFETY: mmsghdr is plain data; all-zero is a valid value.
-    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { zeroed() }).collect();
+    hdrs.extend((0..msgs.len()).map(|_| unsafe { zeroed::<libc::mmsghdr>() }));
     let mut first_iov = 0;
     for (i, (h, m)) in hdrs.iter_mut().zip(msgs).enumerate() {
         h.msg_hdr.msg_name = (&mut addrs[i].0 as *mut libc::sockaddr_storage).cast();
@@ -389,7 +413,7 @@ pub fn send_segmented(fd: RawFd, msgs: &[Segmented<'_>]) -> io::Result<usize> {
             }
         }
     }
-    send_headers(fd, &mut hdrs)
+    send_headers(fd, hdrs)
 }
 
 /// Sends the messages `hdrs` describe: one with `sendmsg` (a ping-pong's reply, cheaper
