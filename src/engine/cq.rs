@@ -148,13 +148,14 @@ impl CqTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::verbs::WcStatus;
 
+    /// The touched CQs, taken into a buffer that held something (it must be cleared).
     fn touched(t: &mut CqTable) -> Vec<u32> {
         let mut ids = vec![99];
         t.take_touched_into(&mut ids);
         ids
     }
-    use crate::engine::verbs::WcStatus;
 
     fn wc(opcode: WcOpcode, solicited: bool, status: WcStatus) -> Wc {
         Wc { solicited, ..Wc::new(1, status, opcode, 16, 0) }

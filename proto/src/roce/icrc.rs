@@ -197,9 +197,9 @@ fn syndrome_of(at: usize, bits: u8, len: usize) -> u32 {
 /// offset and the other flags zero). The ICRC covers those 17 bits (Annex A17.3.3) and
 /// nothing else of the header is unknown, so the difference between the carried ICRC and
 /// the one computed with the guess must be a combination of 17 known syndromes: solving
-/// for it recovers the fields (a right guess costs one CRC and nothing more). A corrupted packet passes only if its
-/// error happens to fall in that 17-dimensional subspace of the 32-bit ICRC: the check keeps
-/// 15 of its 32 bits against random corruption. `None`: no Identification/DF explains the
+/// for it recovers the fields (a right guess costs one CRC and nothing more). A corrupted
+/// packet passes only if its error happens to fall in that 17-dimensional subspace of the
+/// 32-bit ICRC: the check keeps 15 of its 32 bits against random corruption. `None`: no Identification/DF explains the
 /// ICRC (a corrupted packet, or a sender with IP options).
 pub fn recover_ipv4(ip: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<Option<RecoveredIpv4>> {
     recover_ipv4_cached(&mut RecoveryCache::default(), ip, udp_header, packet)
@@ -284,8 +284,8 @@ pub fn recover_ipv4_cached(
     let carried = carried(packet)?;
     Error::check_len(20, ip.len())?;
     let guess = RecoveredIpv4 { ident: u16::from_be_bytes([ip[4], ip[5]]), dont_fragment: ip[6] & 0x40 != 0 };
-    // The guess holds for every packet of a peer that sends what Linux does for a socket
-    // with DF set (Identification 0): one CRC, no solving.
+    // A right guess (the caller's: for softrdma's own packets, DF with a GSO send's
+    // segments numbered from 0) costs this one CRC and no solving.
     if carried == computed {
         return Ok(Some(guess));
     }
