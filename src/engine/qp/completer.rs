@@ -79,7 +79,7 @@ impl Requester {
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
         let pending = self.awaiting_response();
-        self.timer = if pending { self.retransmit_timeout_ns().map(|t| now + t) } else { None };
+        self.timer = if pending { self.retransmit_deadline(now) } else { None };
     }
 
     /// True while a message is sent and not complete, or part of one is sent and not yet

@@ -318,7 +318,7 @@ impl Requester {
         // Whatever is outstanding is covered by the timer (IBTA 9.7.6.1.3), whether it was
         // sent just now or before an RNR wait.
         if self.awaiting_response() && self.timer.is_none() {
-            self.timer = self.retransmit_timeout_ns().map(|t| ctx.now + t);
+            self.timer = self.retransmit_deadline(ctx.now);
         }
         sent
     }
@@ -349,6 +349,12 @@ impl Requester {
     /// measured round trip ([`super::rtt`]); `None` when the timeout is infinite.
     pub fn retransmit_timeout_ns(&self) -> Option<u64> {
         super::ack_timeout_ns(self.timeout).map(|base| self.rtt.timeout_ns(base))
+    }
+
+    /// When a retransmit timer started at `now` expires, on the grid
+    /// [`super::rtt::timer_deadline`] puts it.
+    pub fn retransmit_deadline(&self, now: u64) -> Option<u64> {
+        self.retransmit_timeout_ns().map(|t| super::rtt::timer_deadline(now, t))
     }
 
     /// Go-back-N (IBTA 9.7.4.1.5): resend from `psn`, which lies in a started WQE.

@@ -77,6 +77,22 @@ impl RttEstimate {
     }
 }
 
+/// How finely a timer of `timeout_ns` is placed: it may fire up to 1/[`TIMER_SLACK_DIV`]
+/// of its length late.
+pub const TIMER_SLACK_DIV: u64 = 16;
+
+/// `now + timeout_ns`, rounded up to a power of two at most 1/[`TIMER_SLACK_DIV`] of the
+/// timeout, as Linux's timer wheel coarsens long timers. Every ACK restarts a busy QP's
+/// timer, and the deadline index keeps the earlier entry until it comes
+/// ([`crate::engine::schedule::Schedule::file`]): with exact deadlines a thousand busy QPs'
+/// entries came due at a thousand different times per timeout, each a wake-up of the poll
+/// thread (1,600 a second with 64 ms timers); on the grid they come due together, at most
+/// [`TIMER_SLACK_DIV`] times per timeout. IBTA 9.7.6.1.3 bounds the timer from below only.
+pub fn timer_deadline(now: u64, timeout_ns: u64) -> u64 {
+    let grid = (timeout_ns / TIMER_SLACK_DIV).checked_ilog2().map_or(1, |b| 1u64 << b);
+    (now.saturating_add(timeout_ns)).div_ceil(grid).saturating_mul(grid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +123,33 @@ mod tests {
         e.keep(probe); // resent by the timer: still timed from its first sending
         e.acked(Psn::new(200), 1_150_000_000);
         assert!(e.srtt_ns().unwrap() > 10_000_000, "the late ACK is a (long) sample");
+    }
+
+    #[test]
+    fn timers_land_on_a_grid_a_sixteenth_of_their_length_late_at_most() {
+        for timeout in [8_192u64, 67_108_864, 4 * 67_108_864, 15, 1] {
+            for now in [0u64, 1, 12_345_678_901, u64::MAX / 2] {
+                let d = timer_deadline(now, timeout);
+                assert!(d >= now + timeout, "never early: {now} + {timeout} -> {d}");
+                assert!(d - (now + timeout) <= timeout / TIMER_SLACK_DIV, "late by at most 1/16: {d}");
+            }
+        }
+        // A busy QP's restarts (one per ACK, every 50 µs) within a 64 ms timeout's grid
+        // step give one deadline, and a thousand QPs started at random times share at most
+        // 17 deadlines per timeout.
+        let timeout = 67_108_864;
+        let restarts: std::collections::BTreeSet<u64> =
+            (0..80u64).map(|k| timer_deadline(1_000_000_000 + k * 50_000, timeout)).collect();
+        assert!(restarts.len() <= 2, "{restarts:?}");
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let spread: std::collections::BTreeSet<u64> = (0..1000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                timer_deadline(x % timeout, timeout)
+            })
+            .collect();
+        assert!(spread.len() <= 17, "{} distinct deadlines", spread.len());
     }
 }
