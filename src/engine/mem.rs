@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 pub mod mw;
 mod odp;
+mod words;
 
 const WORD: usize = 8;
 
@@ -177,11 +178,9 @@ impl SharedMem {
         let (first, rest) = out.split_at_mut(head);
         self.read_partial(offset, first);
         let at = offset + head;
-        let mut chunks = rest.chunks_exact_mut(WORD);
-        for (chunk, word) in (&mut chunks).zip(&self.words[at / WORD..]) {
-            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
-        }
-        let tail = chunks.into_remainder();
+        let whole = rest.len() / WORD;
+        let (middle, tail) = rest.split_at_mut(whole * WORD);
+        words::load(&self.words[at / WORD..at / WORD + whole], middle);
         let tail_at = offset + total - tail.len();
         self.read_partial(tail_at, tail);
         true
@@ -207,13 +206,9 @@ impl SharedMem {
         let (first, rest) = data.split_at(head);
         self.write_partial(offset, first);
         let at = offset + head;
-        let mut chunks = rest.chunks_exact(WORD);
-        for (chunk, word) in (&mut chunks).zip(&self.words[at / WORD..]) {
-            let mut b = [0u8; WORD];
-            b.copy_from_slice(chunk);
-            word.store(u64::from_le_bytes(b), Ordering::Relaxed);
-        }
-        let tail = chunks.remainder();
+        let whole = rest.len() / WORD;
+        let (middle, tail) = rest.split_at(whole * WORD);
+        words::store(middle, &self.words[at / WORD..at / WORD + whole]);
         self.write_partial(offset + data.len() - tail.len(), tail);
         true
     }
