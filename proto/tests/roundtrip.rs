@@ -124,6 +124,17 @@ proptest! {
     }
 
     #[test]
+    fn emitting_around_the_payload_writes_every_other_byte(r in roce(&PAYLOAD), junk in any::<u8>()) {
+        let mut whole = vec![0u8; r.buffer_len()];
+        r.emit(&mut whole).unwrap();
+        // A recycled buffer: old bytes everywhere, the payload then written in place.
+        let mut around = vec![junk; r.buffer_len() + 7];
+        let at = r.emit_around_payload(&mut around).unwrap();
+        around[at..at + r.payload.len()].copy_from_slice(r.payload);
+        prop_assert_eq!(&around[..whole.len()], &whole[..]);
+    }
+
+    #[test]
     fn eths_round_trip(
         reth in reth(),
         syn in syndrome(),

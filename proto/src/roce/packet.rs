@@ -197,6 +197,16 @@ impl<'a> RoceRepr<'a> {
 
     /// Writes the packet into `buf[..self.buffer_len()]` with a zero ICRC.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        let at = self.emit_around_payload(buf)?;
+        buf[at..at + self.payload.len()].copy_from_slice(self.payload);
+        Ok(())
+    }
+
+    /// As [`RoceRepr::emit`], leaving the payload's bytes as they were: for a payload the
+    /// caller writes in place itself (from registered memory), of which `self.payload`
+    /// gives only the length. Every other byte is written (pad and ICRC zero), so `buf`
+    /// need not be cleared first. Returns where the payload starts.
+    pub fn emit_around_payload(&self, buf: &mut [u8]) -> Result<usize> {
         self.check_consistent()?;
         let total = self.buffer_len();
         Error::check_len(total, buf.len())?;
@@ -220,9 +230,8 @@ impl<'a> RoceRepr<'a> {
         put!(self.atomic_ack_eth, 8);
         put!(self.immdt, 4);
         put!(self.ieth, 4);
-        buf[at..at + self.payload.len()].copy_from_slice(self.payload);
         buf[at + self.payload.len()..].fill(0);
-        Ok(())
+        Ok(at)
     }
 }
 

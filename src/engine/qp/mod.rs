@@ -14,7 +14,7 @@ use super::mem::{MrTable, Pd};
 use super::verbs::{Gid, Mtu, QpAttr, QpInit, QpState, QpType, VerbsError, Wc};
 use super::{Stats, Transmit};
 use crate::proto::roce::bth::BthRepr;
-use crate::proto::roce::{Psn, RoceRepr, ICRC_LEN};
+use crate::proto::roce::{Psn, RoceRepr};
 use requester::Requester;
 use responder::Responder;
 use std::collections::VecDeque;
@@ -144,21 +144,22 @@ impl Path {
         repr: &RoceRepr<'_>,
         fill: impl FnOnce(&MrTable, &mut [u8]) -> bool,
     ) -> bool {
-        self.emit_and_queue(ctx, self.dest_gid, repr, fill)
+        self.emit_and_queue(ctx, self.dest_gid, repr, Some(fill))
     }
 
     /// Serializes `repr` and queues it for `dst` (UD).
     pub fn send_to(&self, ctx: &mut Ctx<'_>, dst: Gid, repr: &RoceRepr<'_>) {
-        self.emit_and_queue(ctx, dst, repr, |_, _| true);
+        self.emit_and_queue(ctx, dst, repr, None::<fn(&MrTable, &mut [u8]) -> bool>);
     }
 
-    /// Serializes `repr`, lets `fill` write its payload, and queues it for `dst`.
+    /// Serializes `repr`, lets `fill` (if given) write its payload in place of the
+    /// placeholder, and queues it for `dst`.
     fn emit_and_queue(
         &self,
         ctx: &mut Ctx<'_>,
         dst: Gid,
         repr: &RoceRepr<'_>,
-        fill: impl FnOnce(&MrTable, &mut [u8]) -> bool,
+        fill: Option<impl FnOnce(&MrTable, &mut [u8]) -> bool>,
     ) -> bool {
         // XRC opcodes are RC's with the transport bits 101 (IBTA 9.2.1, Table 38); the
         // requester has put the XRCETH on its requests.
@@ -169,20 +170,33 @@ impl Path {
         } else {
             repr
         };
+        // A recycled buffer keeps its old bytes: every one is written below (headers,
+        // payload, pad, a zero ICRC), and clearing 4 KiB first, then copying a placeholder
+        // payload over it, were 2.5 % and 3.1 % of a WRITE sender's samples.
         let mut buf = ctx.spare.pop().unwrap_or_default();
-        buf.clear();
         buf.resize(repr.buffer_len(), 0);
-        if repr.emit(&mut buf).is_err() {
-            return false;
-        }
-        let at = buf.len() - ICRC_LEN - usize::from(repr.bth.pad_count) - repr.payload.len();
-        if !fill(ctx.mrs, &mut buf[at..at + repr.payload.len()]) {
+        let written = match fill {
+            None => repr.emit(&mut buf).is_ok(),
+            Some(fill) => match repr.emit_around_payload(&mut buf) {
+                Ok(at) => fill(ctx.mrs, &mut buf[at..at + repr.payload.len()]),
+                Err(_) => false,
+            },
+        };
+        if !written {
+            ctx.spare.push(buf);
             return false;
         }
         ctx.stats.tx_packets += 1;
         ctx.out.push_back(Transmit { dst, src: self.src_gid, src_qpn: self.qpn, packet: buf });
         true
     }
+}
+
+/// The payload of a packet whose bytes [`Path::send_filled`] reads from registered memory
+/// in place: a slice of its length (at most the largest MTU), never copied.
+pub(super) fn placeholder(len: usize) -> &'static [u8] {
+    static NONE_YET: [u8; 4096] = [0; 4096];
+    &NONE_YET[..len]
 }
 
 /// A queue pair.

@@ -670,8 +670,11 @@ fn send_read_packet(job: &mut ReadJob, msn: u32, path: &Path, ctx: &mut Ctx<'_>)
         (false, true) => 0x0f,
         (false, false) => 0x0e,
     };
-    let mut data = vec![0u8; n];
-    if !job.mem.read(job.offset, &mut data) {
+    let aeth = (opcode != 0x0e).then_some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn });
+    let mut repr = bare(path.bth(opcode, job.psn, n), None, aeth);
+    repr.payload = super::placeholder(n);
+    let (mem, offset) = (&job.mem, job.offset);
+    if !path.send_filled(ctx, &repr, |_, out| mem.read(offset, out)) {
         // The region was revoked, or is on demand with nothing mapped there: the READ ends
         // with a Remote Access Error NAK at this response's PSN (IBTA 9.7.5.2.4), the
         // responses before it stand.
@@ -680,10 +683,6 @@ fn send_read_packet(job: &mut ReadJob, msn: u32, path: &Path, ctx: &mut Ctx<'_>)
         path.send(ctx, &bare(path.bth(0x11, job.psn, 0), None, Some(aeth)));
         return true;
     }
-    let aeth = (opcode != 0x0e).then_some(AethRepr { syndrome: Syndrome::Ack { credits: 31 }, msn });
-    let mut repr = bare(path.bth(opcode, job.psn, n), None, aeth);
-    repr.payload = &data;
-    path.send(ctx, &repr);
     job.psn = job.psn.next();
     job.offset += n;
     job.remaining -= n;
