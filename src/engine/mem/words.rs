@@ -12,16 +12,29 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Below this many words the loop is faster: `rep movsq` starts in microcode, which cost
+/// an 8-byte WRITE about 50 ns more per message in `cargo bench --bench engine` (544 ns
+/// against 592 ns with every copy a `rep movsq`).
+pub const STRING_COPY_MIN_WORDS: usize = 32;
+
 /// Copies `src` (whole words) into `dst`, which is exactly `8 * src.len()` bytes long.
 pub fn load(src: &[AtomicU64], dst: &mut [u8]) {
     assert_eq!(dst.len(), src.len() * 8, "a word copy covers whole words");
-    load_words(src, dst);
+    if src.len() < STRING_COPY_MIN_WORDS {
+        portable_load(src, dst);
+    } else {
+        load_words(src, dst);
+    }
 }
 
 /// Copies `src`, exactly `8 * dst.len()` bytes long, into the words `dst`.
 pub fn store(src: &[u8], dst: &[AtomicU64]) {
     assert_eq!(src.len(), dst.len() * 8, "a word copy covers whole words");
-    store_words(src, dst);
+    if dst.len() < STRING_COPY_MIN_WORDS {
+        portable_store(src, dst);
+    } else {
+        store_words(src, dst);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -72,7 +85,6 @@ fn store_words(src: &[u8], dst: &[AtomicU64]) {
 }
 
 /// The word-by-word load every target can run.
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn portable_load(src: &[AtomicU64], dst: &mut [u8]) {
     for (chunk, word) in dst.chunks_exact_mut(8).zip(src) {
         chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
@@ -80,7 +92,6 @@ fn portable_load(src: &[AtomicU64], dst: &mut [u8]) {
 }
 
 /// The word-by-word store every target can run.
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn portable_store(src: &[u8], dst: &[AtomicU64]) {
     for (chunk, word) in src.chunks_exact(8).zip(dst) {
         let mut b = [0u8; 8];
@@ -99,7 +110,7 @@ mod tests {
 
     #[test]
     fn the_fast_copy_matches_the_portable_one_and_stays_in_bounds() {
-        for n in [0usize, 1, 2, 3, 7, 8, 9, 63, 64, 65, 512, 513] {
+        for n in [0usize, 1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65, 512, 513] {
             let src = words(n, 0x9e37_79b9_7f4a_7c15);
             // A guard word on each side of the destination must come through untouched.
             let mut fast = vec![0xa5u8; 8 * n + 16];
