@@ -367,8 +367,11 @@ impl RoceDriver {
     }
 
     fn progress_on(&self, mut rx: std::sync::MutexGuard<'_, Box<dyn PacketRx>>, who: Poller) -> usize {
-        let hold_replies = who == Poller::BusyPolling;
         let mut n = rx.recv().unwrap_or(0);
+        // A look that found a stream rather than a ping-pong's packet or two sends its
+        // ACKs now: a receiver that posts no requests would otherwise hold them until a
+        // look finds the socket empty, and its sender waits for them.
+        let hold_replies = who == Poller::BusyPolling && n <= HOLD_REPLIES_MAX_PACKETS;
         let now = self.now_ns();
         self.last_rx_ns.store(now, Ordering::Relaxed);
         let held = self.replies_held.load(Ordering::Acquire);
@@ -493,6 +496,11 @@ pub const APP_POLL_GAP_NS: u64 = 5_000;
 
 /// How long the socket may go unread before a posting thread reads it itself.
 const RX_STALE_NS: u64 = 1_000_000;
+
+/// The most packets a busy-polling caller's look may find and still hold the replies to
+/// them for the caller's next request ([`RoceDriver::progress`]): a ping-pong's look finds
+/// one request and perhaps the ACK of the caller's own.
+const HOLD_REPLIES_MAX_PACKETS: usize = 4;
 
 /// Most receive batches read before timers fire ([`RoceDriver::progress`]): the socket
 /// buffer's worth of small ACKs, bounded so a flood cannot hold the timers off for ever.
