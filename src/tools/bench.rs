@@ -340,10 +340,18 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
         if st.finished() {
             break;
         }
-        // Waiting for credit, nothing may complete: look at the credit words again soon.
-        let wait = if ep.credits { Duration::from_millis(1) } else { Duration::from_secs(30) };
-        let Some(first) = busy.next_completion(&ep.cq, wait) else {
-            if ep.credits && stalled_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
+        // Waiting for credit, nothing may complete: the credit words are looked at with
+        // the CQ, so that a credit is used as soon as its WRITE lands.
+        let mut found = None;
+        busy.until(
+            || {
+                found = ep.cq.poll(1).pop();
+                found.is_some() || (ep.credits && st.credit_came(ep, p))
+            },
+            Duration::from_secs(1),
+        );
+        let Some(first) = found else {
+            if stalled_since.get_or_insert_with(Instant::now).elapsed() < Duration::from_secs(30) {
                 to_post.extend(0..nq);
                 continue;
             }
@@ -410,12 +418,24 @@ impl BwClient {
         self.end.map_or(self.posted[q] < p.iters, |e| Instant::now() < e)
     }
 
+    /// Whether QP `q`'s receiver has room for one more message, by the credit it wrote.
+    fn has_credit(&self, ep: &Endpoint<'_>, p: &Params, q: usize) -> bool {
+        self.posted[q] + 1 - ep.credit(q).min(self.posted[q]) < p.rx_depth as u64
+    }
+
+    /// Whether a QP held back by its credit alone may post again.
+    fn credit_came(&self, ep: &Endpoint<'_>, p: &Params) -> bool {
+        (0..self.posted.len()).any(|q| {
+            self.posted[q] - self.done[q] < p.tx_depth as u64 && self.wants_more(p, q) && self.has_credit(ep, p, q)
+        })
+    }
+
     /// Posts on QP `q` as many requests as its depth (and credits) allow.
     fn post_more(&mut self, ep: &Endpoint<'_>, rem: &[Dest], p: &Params, q: usize) -> Result<(), String> {
         let mut batch = Vec::new();
         let was_awaiting = self.done[q] < self.signaled[q];
         while self.posted[q] - self.done[q] < p.tx_depth as u64 && self.wants_more(p, q) {
-            if ep.credits && self.posted[q] + 1 - ep.credit(q).min(self.posted[q]) >= p.rx_depth as u64 {
+            if ep.credits && !self.has_credit(ep, p, q) {
                 break;
             }
             let n = self.posted[q] + 1;
@@ -492,8 +512,9 @@ fn run_bw_send_server(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwR
     let every = (p.rx_depth / 3).max(1) as u64;
     let mut samples = Vec::new();
     let idle = if p.duration.is_some() { Duration::from_secs(1) } else { Duration::from_secs(30) };
+    let mut busy = ep.ctx.busy_poll();
     while p.duration.is_some() || got < want {
-        let Some(wc) = ep.rcq.wait(idle) else {
+        let Some(wc) = busy.next_completion(&ep.rcq, idle) else {
             if p.duration.is_some() && got > 0 {
                 break;
             }
