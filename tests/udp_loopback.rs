@@ -98,13 +98,18 @@ fn a_peer_that_dies_mid_transfer_ends_every_request_with_retry_exceeded_then_flu
 
 /// A hand-made packet to `qpn`, with its ICRC as a sender at `src:sport` computes it.
 fn forge(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, r: &RoceRepr<'_>) -> Vec<u8> {
+    forge_with_ident(src, sport, dst, dport, 0, r)
+}
+
+/// As [`forge`], for a datagram with IPv4 Identification `ident`.
+fn forge_with_ident(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, ident: u16, r: &RoceRepr<'_>) -> Vec<u8> {
     let mut buf = vec![0u8; r.buffer_len()];
     r.emit(&mut buf).unwrap();
     let mut udp = [0u8; 8];
     udp[0..2].copy_from_slice(&sport.to_be_bytes());
     udp[2..4].copy_from_slice(&dport.to_be_bytes());
     udp[4..6].copy_from_slice(&((8 + buf.len()) as u16).to_be_bytes());
-    let (ip, _) = ip_header(src.into(), dst.into(), 8 + buf.len(), 0, true, 0);
+    let (ip, _) = ip_header(src.into(), dst.into(), 8 + buf.len(), ident, true, 0);
     icrc::fill(IpHeader::V4(&ip[..20]), &udp, &mut buf).unwrap();
     buf
 }
@@ -302,6 +307,59 @@ fn the_poll_threads_sleep_while_both_sides_of_a_ping_pong_busy_poll() {
     // timer is set again from the next post), and the sections' starts and ends.
     let ms = started.elapsed().as_millis() as u64;
     assert!(woke.0 + woke.1 <= 2 * ms + 20, "the poll threads woke {woke:?} times in {ms} ms");
+}
+
+/// A busy poller holds the ACK of a request that came alone for its own next request (a
+/// ping-pong's ACK and WRITE leave together), but a look that finds a stream sends its
+/// ACKs at once: a caller that only receives would otherwise hold them until a look found
+/// the socket empty, while its sender waited.
+#[test]
+fn a_busy_poller_holds_a_lone_requests_ack_and_sends_a_streams_at_once() {
+    let (a, b) = pair([127, 10, 8], 64 << 10);
+    // B's second QP, whose peer is a plain UDP socket: what reaches B is exactly what it sends.
+    let b2 = b.ctx.create_qp(&b._pd, &b.cq, &b.cq, QpType::Rc, QpCaps::default(), None).unwrap();
+    b2.connect_rc(a.ctx.gid(0).unwrap(), 0x77, 0x500, 0x600, Mtu::M1024).unwrap();
+    let (a_ip, b_ip) = (Ipv4Addr::new(127, 10, 8, 1), Ipv4Addr::new(127, 10, 8, 2));
+    let inj = UdpSocket::bind((a_ip, 0)).unwrap();
+    let (sport, to) = (inj.local_addr().unwrap().port(), (b_ip, b.ctx.port()));
+    let reth = RethRepr { va: b.mr.addr(), rkey: b.mr.rkey(), dma_len: 8 };
+    let packet = |psn: u32, ident: u16| {
+        forge_with_ident(a_ip, sport, b_ip, to.1, ident, &write_only(b2.qp_num(), psn, reth, b"12345678"))
+    };
+    let sent = || b.ctx.stats().tx_datagrams;
+    let busy = b.ctx.busy_poll();
+    // Entering the section wakes B's poll thread once, which reads the socket if it is free.
+    std::thread::sleep(Duration::from_millis(20));
+    // Looks on B's thread until one finds something; the datagrams it found.
+    let look = || {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match b.ctx.progress() {
+                0 if Instant::now() < deadline => std::thread::yield_now(),
+                n => return n,
+            }
+        }
+    };
+    let before = sent();
+    inj.send_to(&packet(0x500, 0), to).unwrap();
+    assert_eq!(look(), 1);
+    assert_eq!(sent(), before, "the lone WRITE's ACK waits for B's next post or empty look");
+    assert_eq!(b.ctx.progress(), 0);
+    assert_eq!(sent(), before + 1, "a look that found nothing sent it");
+    // Eight more in one GSO send (UDP_SEGMENT), which B's GRO socket reads as one buffer.
+    let eight: Vec<u8> = (0..8u16).flat_map(|k| packet(0x501 + u32::from(k), k)).collect();
+    let segment = packet(0x500, 0).len() as libc::c_int;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&inj);
+    // SAFETY: setsockopt on a live socket with a pointer to an int and its size.
+    let rc = unsafe {
+        libc::setsockopt(fd, libc::SOL_UDP, 103 /* UDP_SEGMENT */, (&raw const segment).cast(), 4)
+    };
+    assert_eq!(rc, 0, "UDP_SEGMENT on the injector");
+    inj.send_to(&eight, to).unwrap();
+    assert_eq!(look(), 8);
+    assert_eq!(sent(), before + 2, "the look that found eight sent their ACK with it");
+    drop(busy);
+    assert_eq!(b2.query().unwrap().rq_psn, 0x509, "every WRITE was taken in order");
 }
 
 /// A READ target serving on its own thread (`Context::serve_while`) receives and answers
