@@ -327,8 +327,14 @@ fn a_busy_poller_holds_a_lone_requests_ack_and_sends_a_streams_at_once() {
         forge_with_ident(a_ip, sport, b_ip, to.1, ident, &write_only(b2.qp_num(), psn, reth, b"12345678"))
     };
     let sent = || b.ctx.stats().tx_datagrams;
+    let woken = b.ctx.stats().poll_thread_wakeups;
     let busy = b.ctx.busy_poll();
-    // Entering the section wakes B's poll thread once, which reads the socket if it is free.
+    // Entering the section wakes B's poll thread once, which reads the socket if it is
+    // free; from then on it sleeps, with no timer to wake it, and the looks are B's own.
+    let deadline = Instant::now() + WAIT;
+    while b.ctx.stats().poll_thread_wakeups == woken && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     std::thread::sleep(Duration::from_millis(20));
     // Looks on B's thread until one finds something; the datagrams it found.
     let look = || {
