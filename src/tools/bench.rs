@@ -415,7 +415,12 @@ impl BwClient {
 
     /// Whether QP `q` may post request number `posted + 1`.
     fn wants_more(&self, p: &Params, q: usize) -> bool {
-        self.end.map_or(self.posted[q] < p.iters, |e| Instant::now() < e)
+        self.wants_more_at(p, q, Instant::now())
+    }
+
+    /// As [`BwClient::wants_more`], at time `now`.
+    fn wants_more_at(&self, p: &Params, q: usize, now: Instant) -> bool {
+        self.end.map_or(self.posted[q] < p.iters, |e| now < e)
     }
 
     /// Whether QP `q`'s receiver has room for one more message, by the credit it wrote.
@@ -423,10 +428,14 @@ impl BwClient {
         self.posted[q] + 1 - ep.credit(q).min(self.posted[q]) < p.rx_depth as u64
     }
 
-    /// Whether a QP held back by its credit alone may post again.
+    /// Whether a QP held back by its credit alone may post again (looked at between two
+    /// looks for input, so the clock is read once for all the QPs).
     fn credit_came(&self, ep: &Endpoint<'_>, p: &Params) -> bool {
+        let now = Instant::now();
         (0..self.posted.len()).any(|q| {
-            self.posted[q] - self.done[q] < p.tx_depth as u64 && self.wants_more(p, q) && self.has_credit(ep, p, q)
+            self.posted[q] - self.done[q] < p.tx_depth as u64
+                && self.wants_more_at(p, q, now)
+                && self.has_credit(ep, p, q)
         })
     }
 
