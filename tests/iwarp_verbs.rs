@@ -256,6 +256,28 @@ fn every_send_completes(c: &Side, posted: u64) {
     assert_eq!(c.qp.state(), Some(QpState::Err));
 }
 
+/// Posts `n` 64 KiB Sends on each of `qps` in turn, each QP stopping at its first
+/// refusal, which may only come once the receiver's Terminate has put it in ERR (its poll
+/// thread can take that in while this thread still posts); how many each QP posted.
+fn post_sends_until_refused(qps: [&Side; 2], n: u64) -> [u64; 2] {
+    let mut posted = [0u64; 2];
+    for i in 0..n {
+        for (k, c) in qps.iter().enumerate() {
+            if posted[k] < i {
+                continue;
+            }
+            match c.qp.post_send(wr(i, SendOp::Send, vec![c.mr.sge(0, 65536)])) {
+                Ok(()) => posted[k] += 1,
+                Err(e) => {
+                    assert_eq!(e, VerbsError::InvalidRequest);
+                    assert_eq!(c.qp.state(), Some(QpState::Err), "Send {i} refused on a QP not in ERR");
+                }
+            }
+        }
+    }
+    posted
+}
+
 /// A sender far ahead of its receiver (perftest's ib_send_bw on iWARP, which has no RNR):
 /// the receiver runs out of receives and terminates while the sender still has Sends
 /// queued behind a full TCP window. Every Send the sender posted completes, the queued
@@ -271,14 +293,9 @@ fn sends_queued_behind_a_terminated_connection_all_complete() {
             s.qp.post_recv(RecvWr { wr_id: i, sgl: vec![s.mr.sge(0, 65536)] }).unwrap();
         }
     }
-    let posted = 200u64;
-    for i in 0..posted {
-        for c in [&a1, &a2] {
-            c.qp.post_send(wr(i, SendOp::Send, vec![c.mr.sge(0, 65536)])).unwrap();
-        }
-    }
-    for c in [&a1, &a2] {
-        every_send_completes(c, posted);
+    let posted = post_sends_until_refused([&a1, &a2], 200);
+    for (c, n) in [&a1, &a2].into_iter().zip(posted) {
+        every_send_completes(c, n);
     }
 }
 
@@ -288,8 +305,7 @@ fn sends_queued_behind_a_terminated_connection_all_complete() {
 fn sends_queued_towards_a_vanished_peer_all_complete() {
     let a = open([127, 0, 0, 1], |_| {});
     let (a1, a2) = (side(&a), side(&a));
-    let posted = 200u64;
-    {
+    let posted = {
         let b = open([127, 0, 0, 1], |_| {});
         let (b1, b2) = (side(&b), side(&b));
         connect(&b, &b1, &a1);
@@ -297,15 +313,12 @@ fn sends_queued_towards_a_vanished_peer_all_complete() {
         for s in [&b1, &b2] {
             s.qp.post_recv(RecvWr { wr_id: 0, sgl: vec![s.mr.sge(0, 65536)] }).unwrap();
         }
-        for i in 0..posted {
-            for c in [&a1, &a2] {
-                c.qp.post_send(wr(i, SendOp::Send, vec![c.mr.sge(0, 65536)])).unwrap();
-            }
-        }
+        let posted = post_sends_until_refused([&a1, &a2], 200);
         std::thread::sleep(Duration::from_millis(20));
-    }
-    for c in [&a1, &a2] {
-        every_send_completes(c, posted);
+        posted
+    };
+    for (c, n) in [&a1, &a2].into_iter().zip(posted) {
+        every_send_completes(c, n);
     }
 }
 
