@@ -4,7 +4,10 @@
 
 mod tools;
 use std::time::Duration;
-use tools::{finish, text, tool, tool_on};
+use tools::{await_listener, finish, text, tool, tool_on};
+
+/// How long a server may take to start listening on a loaded machine.
+const LISTEN_LIMIT: Duration = Duration::from_secs(20);
 
 /// Runs a pingpong server on `net`.1 and its client on `net`.2; both must report the
 /// iterations done.
@@ -100,7 +103,10 @@ fn rping(transport: &str, net: &str, port: &str) {
     let server = tool_on("rping", transport, &server_addr, &["-s", "-a", &server_addr, "-p", port, "-C", count])
         .spawn()
         .expect("rping runs");
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        await_listener(transport, &server_addr, port.parse().expect("a port"), LISTEN_LIMIT),
+        "rping {transport} listens"
+    );
     let client =
         tool_on("rping", transport, &format!("{net}.2"), &["-c", "-v", "-a", &server_addr, "-p", port, "-C", count])
             .spawn()
@@ -307,39 +313,53 @@ fn several_processes_share_one_address() {
     for port in ["18631", "18632"] {
         let args = ["-d", "softrdma0", "-g", "0", "-n", iters, "-p", port, "-s", "4096", "-e"];
         let server = tool("ibv_rc_pingpong", "127.0.26.1", &args).spawn().expect("the tool runs");
-        runs.push(("ibv_rc_pingpong server", server));
+        runs.push((format!("ibv_rc_pingpong server {port}"), server));
     }
-    for (transport, net) in [("rocev2", "127.0.27"), ("iwarp", "127.0.28")] {
-        let server_addr = format!("{net}.1");
-        for port in ["18641", "18642"] {
-            let args = ["-s", "-a", &server_addr, "-p", port, "-C", "20"];
-            runs.push(("rping server", tool_on("rping", transport, &server_addr, &args).spawn().expect("rping runs")));
-        }
+    let rpings = [
+        ("rocev2", "127.0.27", 18641),
+        ("rocev2", "127.0.27", 18642),
+        ("iwarp", "127.0.28", 18641),
+        ("iwarp", "127.0.28", 18642),
+    ];
+    for (transport, net, port) in rpings {
+        let (server_addr, port) = (format!("{net}.1"), port.to_string());
+        let args = ["-s", "-a", &server_addr, "-p", &port, "-C", "20"];
+        let server = tool_on("rping", transport, &server_addr, &args).spawn().expect("rping runs");
+        runs.push((format!("rping server {transport} {port}"), server));
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // Neither tool's client retries a refused connection.
+    for (transport, net, port) in rpings {
+        assert!(await_listener(transport, &format!("{net}.1"), port, LISTEN_LIMIT), "rping {transport} {port} listens");
+    }
+    for port in [18631, 18632] {
+        assert!(await_listener("tcp", "", port, LISTEN_LIMIT), "ibv_rc_pingpong {port} listens");
+    }
     for port in ["18631", "18632"] {
         let args = ["-d", "softrdma0", "-g", "0", "-n", iters, "-p", port, "-s", "4096", "-e", "127.0.0.1"];
         let client = tool("ibv_rc_pingpong", "127.0.26.2", &args).spawn().expect("the tool runs");
-        runs.push(("ibv_rc_pingpong client", client));
+        runs.push((format!("ibv_rc_pingpong client {port}"), client));
     }
-    for (transport, net) in [("rocev2", "127.0.27"), ("iwarp", "127.0.28")] {
-        let server_addr = format!("{net}.1");
-        for port in ["18641", "18642"] {
-            let args = ["-c", "-v", "-a", &server_addr, "-p", port, "-C", "20"];
-            let client = tool_on("rping", transport, &format!("{net}.2"), &args).spawn().expect("rping runs");
-            runs.push(("rping client", client));
-        }
+    for (transport, net, port) in rpings {
+        let (server_addr, port) = (format!("{net}.1"), port.to_string());
+        let args = ["-c", "-v", "-a", &server_addr, "-p", &port, "-C", "20"];
+        let client = tool_on("rping", transport, &format!("{net}.2"), &args).spawn().expect("rping runs");
+        runs.push((format!("rping client {transport} {port}"), client));
     }
-    for (who, child) in runs {
-        let out = finish(child, Duration::from_secs(60));
-        let all = text(&out);
-        assert!(out.status.success(), "{who}:\n{all}");
-        match who {
-            "rping client" => assert_eq!(all.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count(), 20),
-            "rping server" => {}
-            _ => assert!(all.contains(&format!("{iters} iters in")), "{who}:\n{all}"),
-        }
-    }
+    let failed: Vec<String> = runs
+        .into_iter()
+        .filter_map(|(who, child)| {
+            let out = finish(child, Duration::from_secs(60));
+            let all = text(&out);
+            let ok = out.status.success()
+                && if who.starts_with("rping client") {
+                    all.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count() == 20
+                } else {
+                    who.starts_with("rping server") || all.contains(&format!("{iters} iters in"))
+                };
+            (!ok).then(|| format!("{who} ({}):\n{all}", out.status))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// A C program using the extended post-send API (`ibv_create_qp_ex`, `ibv_wr_*`) and the

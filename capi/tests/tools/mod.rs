@@ -108,3 +108,38 @@ impl Drop for Reaped {
         }
     }
 }
+
+/// Waits (at most `limit`) until a server of `transport` on `addr` listens on `port`, so a
+/// client started after it is not refused by a server still starting (on a loaded machine
+/// a fixed pause was not always enough). A TCP listener (an iWARP one, or perftest's and
+/// ibv_rc_pingpong's exchange) shows in /proc/net/tcp{,6} in state 0A; a RoCEv2 rdma_cm one
+/// holds its port's abstract name on the shared address (/proc/net/unix,
+/// src/transport/share.rs). False if it never came.
+pub fn await_listener(transport: &str, addr: &str, port: u16, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let found = match transport {
+            "tcp" | "iwarp" => tcp_listens(port),
+            _ => std::fs::read_to_string("/proc/net/unix")
+                .is_ok_and(|t| t.lines().any(|l| l.ends_with(&format!("@softrdma/{addr}/4791/svc/{port}")))),
+        };
+        if found {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Whether some TCP socket listens on `port` (tests give each server a port of its own).
+fn tcp_listens(port: u16) -> bool {
+    let local = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|file| {
+        std::fs::read_to_string(file).is_ok_and(|t| {
+            t.lines().any(|l| {
+                let mut f = l.split_whitespace();
+                f.nth(1).is_some_and(|a| a.ends_with(&local)) && f.nth(1) == Some("0A")
+            })
+        })
+    })
+}
