@@ -6,20 +6,14 @@
 
 mod common;
 use common::*;
-use softrdma::engine::cc::CcConfig;
 use softrdma::engine::mem::{Access, Pd};
 use softrdma::engine::verbs::*;
 use softrdma::engine::{Device, DeviceConfig};
 use softrdma::sim::{Faults, Sim};
 
 fn shipped_device(i: u8, qps: usize) -> Device {
-    // The UDP driver's defaults (`OpenConfig::new`).
-    let cc = CcConfig {
-        loss_window_max_packets: 256,
-        loss_window_initial_packets: 4,
-        loss_window_device_packets: 1024,
-        ..CcConfig::default()
-    };
+    // The UDP driver's defaults.
+    let cc = softrdma::verbs::OpenConfig::new(std::net::Ipv4Addr::LOCALHOST.into()).cc;
     Device::new(DeviceConfig {
         gid: gid_from_ipv4([10, 0, 0, i]),
         seed: Some(u64::from(i)),

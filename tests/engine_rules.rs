@@ -185,7 +185,7 @@ fn duplicate_read_is_reexecuted_from_its_resource() {
 // (each new request restarts the whole response; with reordering that was a flood).
 #[test]
 fn a_missing_read_response_is_asked_for_once() {
-    // With the loss window the drivers ship, as the swarm seed that found it had.
+    // With the loss window the drivers shipped when a swarm seed found it.
     let cc = softrdma::engine::cc::CcConfig {
         loss_window_max_packets: 256,
         loss_window_initial_packets: 4,

@@ -89,6 +89,17 @@ impl LossWindow {
         }
     }
 
+    /// Never more than `max` packets from now on (the path's MTU, once known, puts a
+    /// byte limit on what is in flight): a window that grew past what may be sent would
+    /// still be past it after halving, and a loss would not slow the sender.
+    pub fn cap_at(&mut self, max: u32) {
+        if max < self.max {
+            self.max = max.max(1);
+            self.packets = self.packets.min(self.max);
+            self.ssthresh = self.ssthresh.min(self.max);
+        }
+    }
+
     /// A sequence NAK reported a hole while later packets got through: halve.
     pub fn on_loss(&mut self) {
         self.ssthresh = (self.packets / 2).max(2);
@@ -223,6 +234,22 @@ mod tests {
         assert_eq!(w.packets, 1, "a timeout restarts from one packet");
         w.on_acked(40);
         assert_eq!(w.packets, 32, "slow start up to half the old window");
+    }
+
+    #[test]
+    fn a_window_capped_below_its_size_halves_from_the_cap() {
+        let mut w = LossWindow::new(4, 1024);
+        w.on_acked(2000);
+        assert_eq!(w.packets, 1024);
+        w.cap_at(256);
+        assert_eq!(w.packets, 256, "a path MTU of 4096 allows 256 packets of 1 MiB");
+        w.on_acked(2000);
+        assert_eq!(w.packets, 256, "it does not grow past the cap");
+        w.on_loss();
+        assert_eq!(w.packets, 128, "so a loss slows the sender at once");
+        w.cap_at(512);
+        w.on_acked(100_000);
+        assert_eq!(w.packets, 256, "a larger cap later does not lift it");
     }
 
     #[test]

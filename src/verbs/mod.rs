@@ -181,7 +181,7 @@ impl OpenConfig {
             // 0.67-0.93x (median 0.82 of 12 runs), at 8192 0.85-0.99x (median 0.90 of 12,
             // alternated with those), never a retransmission timeout.
             cc: CcConfig {
-                loss_window_max_packets: 256,
+                loss_window_max_packets: crate::engine::qp::requester::MAX_INFLIGHT_PSNS,
                 loss_window_initial_packets: 4,
                 loss_window_device_packets: 8192,
                 ..CcConfig::default()

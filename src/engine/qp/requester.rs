@@ -10,9 +10,23 @@ use std::collections::VecDeque;
 
 /// AckReq on at least every this many packets of a long message (IBTA 9.7.2).
 pub const ACK_REQ_EVERY: u32 = 16;
-/// PSNs in flight at most (far below the 2^23 window of IBTA 9.7.1.1): go-back-N resends
-/// everything after a loss, so the window bounds the cost of one.
-pub const MAX_INFLIGHT_PSNS: u32 = 256;
+/// Bytes of request packets in flight at most, so PSNs in flight at most
+/// [`max_inflight_psns`] (far below the 2^23 window of IBTA 9.7.1.1): go-back-N resends
+/// everything after a loss, so the window bounds the cost of one, and the queue a window
+/// can build on a slow path must drain within the stretched retransmission timer
+/// (`tests/busy_paths.rs`: 2,048 packets of 4 KiB on a 10 MB/s path timed out 47 times).
+/// Counted in bytes, not packets, so a small path MTU does not shrink it: between two
+/// QEMU/TCG VMs (path MTU 1024, interop/compare) 64 KiB WRITEs moved 20.9-22.4 MB/s with
+/// 256 packets (256 KiB) in flight, both sides partly idle, and 31.8-33.7 with 1,024.
+pub const MAX_INFLIGHT_BYTES: usize = 1 << 20;
+/// The most packets in flight: [`MAX_INFLIGHT_BYTES`] at the smallest path MTU that
+/// carries data in bulk (1024), the loss window's largest for the drivers.
+pub const MAX_INFLIGHT_PSNS: u32 = (MAX_INFLIGHT_BYTES / 1024) as u32;
+
+/// PSNs in flight at most on a path of `mtu` bytes.
+pub fn max_inflight_psns(mtu: usize) -> u32 {
+    (MAX_INFLIGHT_BYTES / mtu.max(1)).clamp(1, MAX_INFLIGHT_PSNS as usize) as u32
+}
 
 /// Longest SEND/WRITE copied at post (a cache line: the latency tests' 8 and 64 bytes
 /// keep the path they were tuned on); longer ones are read from memory in place, packet by
@@ -262,6 +276,10 @@ impl Requester {
             return 0;
         }
         self.rnr_until = None;
+        let max_inflight = max_inflight_psns(path.mtu);
+        if let Some(win) = self.window.as_mut() {
+            win.cap_at(max_inflight);
+        }
         let mut sent = 0;
         while sent < budget && self.send_idx < self.wqes.len() {
             let w = &mut self.wqes[self.send_idx];
@@ -281,7 +299,7 @@ impl Requester {
             if self.window.as_ref().is_some_and(|win| !win.allows(self.unacked_in_flight(), ctx.window_cap)) {
                 break;
             }
-            if !self.start_next() {
+            if !self.start_next(max_inflight) {
                 break;
             }
             let ack_at_edge = self.ack_at_window_edge(ctx.window_cap);
@@ -329,7 +347,7 @@ impl Requester {
     /// Assigns PSNs to the WQE at `send_idx` if it has none; false when it must wait.
     /// Called for every packet: the send queue is scanned (for the ORD) only when a READ
     /// or atomic starts, never per packet of a message already under way.
-    fn start_next(&mut self) -> bool {
+    fn start_next(&mut self, max_inflight: u32) -> bool {
         let w = &self.wqes[self.send_idx];
         if w.started || w.done.is_some() {
             return true;
@@ -339,7 +357,7 @@ impl Requester {
         }
         let inflight = self.inflight_psns();
         let w = &mut self.wqes[self.send_idx];
-        if inflight + w.npkts > MAX_INFLIGHT_PSNS && inflight > 0 {
+        if inflight + w.npkts > max_inflight && inflight > 0 {
             return false;
         }
         w.started = true;
@@ -651,5 +669,18 @@ pub fn bare(
         immdt: None,
         ieth: None,
         payload: &[],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_in_flight_limit_is_a_mebibyte_whatever_the_path_mtu() {
+        assert_eq!(max_inflight_psns(4096), 256);
+        assert_eq!(max_inflight_psns(1024), 1024);
+        assert_eq!(max_inflight_psns(256), MAX_INFLIGHT_PSNS, "never past the packet limit");
+        assert_eq!(max_inflight_psns(usize::MAX), 1);
     }
 }
