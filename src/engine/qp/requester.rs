@@ -120,6 +120,9 @@ pub struct Requester {
     pub rnr_until: Option<u64>,
     /// The PSN of the last go-back-N, while packets from it are being resent.
     pub rewound_to: Option<Psn>,
+    /// The first PSN no request had covered when that go-back-N began: past it, packets
+    /// are sent for the first time and a loss among them is a new one.
+    resend_end: Option<Psn>,
     /// The highest PSN the responder has acknowledged.
     pub acked: Option<Psn>,
     /// DCQCN pacing, once a CNP has arrived (congestion control on).
@@ -151,6 +154,7 @@ impl Requester {
             timer: None,
             rnr_until: None,
             rewound_to: None,
+            resend_end: None,
             acked: None,
             limiter: None,
             paced_until: None,
@@ -406,8 +410,20 @@ impl Requester {
             w.next_pkt =
                 if j == i && !w.wr.op.is_read_or_atomic() { w.first_psn.distance_to(psn).max(0) as u32 } else { 0 };
         }
+        self.resend_end = self.sent_end();
         self.send_idx = i;
         self.rewound_to = Some(psn);
+    }
+
+    /// The PSN after the last one a request sent so far covers (a READ's request covers
+    /// its responses' PSNs).
+    fn sent_end(&self) -> Option<Psn> {
+        let m = self.max_sent?;
+        let w = self.wqes.iter().rev().find(|w| w.started && m.in_window(w.first_psn, w.npkts));
+        Some(match w {
+            Some(w) if w.wr.op.is_read_or_atomic() => w.end_psn(),
+            _ => m.next(),
+        })
     }
 
     /// With a loss window, the responder must be asked to acknowledge before the window
@@ -451,12 +467,13 @@ impl Requester {
     }
 
     /// True when a go-back-N to `psn` would only repeat one already under way: `psn` lies
-    /// between the last rewind point and what has been resent since. Packets sent before
-    /// that rewind, still in flight, make the responder NAK again; following each such NAK
-    /// would resend the window over and over.
+    /// between the last rewind point and what has been resent since, and had been sent
+    /// before that rewind. Packets sent before that rewind, still in flight, make the
+    /// responder NAK again; following each such NAK would resend the window over and over.
     pub fn already_resending(&self, psn: Psn) -> bool {
+        let before_end = self.resend_end.is_some_and(|e| psn.serial_cmp(e).is_lt());
         match self.rewound_to {
-            Some(r) => r.serial_cmp(psn).is_le() && psn.serial_cmp(self.send_cursor()).is_lt(),
+            Some(r) => r.serial_cmp(psn).is_le() && psn.serial_cmp(self.send_cursor()).is_lt() && before_end,
             None => false,
         }
     }
