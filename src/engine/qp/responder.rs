@@ -76,6 +76,10 @@ pub struct Responder {
     pub epsn: Psn,
     msn: u32,
     nak_sent: bool,
+    /// Requests executed in order since the last ACK or NAK went out, none asking for one.
+    ack_owed: bool,
+    /// A sequence NAK went out and no ACK since: the requester is going back.
+    nak_unanswered: bool,
     pub(crate) cur: Option<Inbound>,
     pub(crate) rq: VecDeque<RecvWqe>,
     /// The shared receive queue this QP takes from instead of `rq`.
@@ -100,6 +104,8 @@ impl Responder {
             epsn: Psn::new(0),
             msn: 0,
             nak_sent: false,
+            ack_owed: false,
+            nak_unanswered: false,
             uc_resync: false,
             srq: None,
             cur: None,
@@ -194,8 +200,17 @@ impl Responder {
                 if !self.nak_sent {
                     self.nak_sent = true;
                     ctx.stats.seq_naks_sent += 1;
+                    // The NAK acknowledges what came before it (IBTA 9.7.5.2.2), but rxe
+                    // ignores a second sequence NAK within one message until an ACK has
+                    // come, and waits for its timer instead: so after a NAK, what was
+                    // executed since is acknowledged first, by an ACK of its own.
+                    if self.ack_owed && self.nak_unanswered {
+                        self.push_ack();
+                    }
                     let syn = Syndrome::Nak(NakCode::PsnSequenceError);
                     self.replies.push_back(Reply::Nak(self.epsn, syn));
+                    self.ack_owed = false;
+                    self.nak_unanswered = true;
                 }
                 return None;
             }
@@ -213,6 +228,8 @@ impl Responder {
                     matches!(info.operation, Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd);
                 if r.bth.ack_req && !answered {
                     self.push_ack();
+                } else {
+                    self.ack_owed = !answered;
                 }
                 None
             }
@@ -587,6 +604,8 @@ impl Responder {
     }
 
     fn push_ack(&mut self) {
+        self.ack_owed = false;
+        self.nak_unanswered = false;
         // Coalesce: one ACK stands for every request before it (IBTA 9.7.5.2.1).
         if !matches!(self.replies.back(), Some(Reply::Ack)) {
             self.replies.push_back(Reply::Ack);
