@@ -63,7 +63,7 @@ fn out_of_sequence_naks_once_then_stays_silent() {
     assert_eq!(syndrome_of(&out), vec![(0x11, e.next().value(), Syndrome::Nak(NakCode::PsnSequenceError))]);
 }
 
-// IBTA 9.7.5.2.2: a sequence NAK acknowledges the requests before it; the ones executed
+// IBTA 9.7.5.2.1: a sequence NAK acknowledges the requests before it; the ones executed
 // since the last reply are acknowledged by an ACK of their own first, since rxe ignores a
 // second sequence NAK within one message until an ACK arrives (and waits for its
 // retransmission timer: 64 KiB WRITEs from rxe with 1 % loss moved 5 MB/s).

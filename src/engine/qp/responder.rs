@@ -200,7 +200,7 @@ impl Responder {
                 if !self.nak_sent {
                     self.nak_sent = true;
                     ctx.stats.seq_naks_sent += 1;
-                    // The NAK acknowledges what came before it (IBTA 9.7.5.2.2), but rxe
+                    // The NAK acknowledges what came before it (IBTA 9.7.5.2.1), but rxe
                     // ignores a second sequence NAK within one message until an ACK has
                     // come, and waits for its timer instead: so after a NAK, what was
                     // executed since is acknowledged first, by an ACK of its own.
