@@ -141,3 +141,34 @@ fn idle_connections_leave_a_busy_one_its_whole_window() {
     let (alone, beside) = (one_busy_beside(0), one_busy_beside(1000));
     assert!(beside * 10 <= alone * 11, "alone {alone} ns, beside 1000 idle QPs {beside} ns");
 }
+
+/// Packets QP `q` of device 0 puts on the wire at once for a 64 KiB WRITE, nothing answered.
+fn first_burst(sim: &mut Sim, q: u32, ma: &softrdma::engine::mem::Mr, mb: &softrdma::engine::mem::Mr) -> usize {
+    let w = wr(1, SendOp::Write(remote(mb, 0)), vec![sge(ma, 0, 1 << 16)]);
+    sim.devices[0].post_send(q, w).unwrap();
+    let now = sim.now;
+    std::iter::from_fn(|| sim.devices[0].poll_transmit(now)).count()
+}
+
+// A QP taken back to RESET and connected again is a new connection: it starts with the
+// driver's loss window, as a newly created one does, not with none at all.
+#[test]
+fn a_qp_reset_and_connected_again_starts_with_the_loss_window() {
+    let mut sim = Sim::new(vec![shipped_device(1, 2), shipped_device(2, 2)], Faults::none(), 5);
+    let cqs = [sim.devices[0].create_cq(64), sim.devices[1].create_cq(64)];
+    let at = Attrs { mtu: Mtu::M4096, ..Attrs::default() };
+    let first = connect_qps(&mut sim, QpType::Rc, &at, cqs, None, None);
+    let second = connect_qps(&mut sim, QpType::Rc, &at, cqs, None, None);
+    let ma = sim.devices[0].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap();
+    let mb = sim.devices[1].reg_mr(Pd(1), 1 << 16, Access::ALL).unwrap();
+    let initial =
+        softrdma::verbs::OpenConfig::new(std::net::Ipv4Addr::LOCALHOST.into()).cc.loss_window_initial_packets as usize;
+    assert_eq!(first_burst(&mut sim, first[0], &ma, &mb), initial, "a new QP: the initial window");
+    sim.devices[0].modify_qp(second[0], &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    let gid = sim.devices[1].gid();
+    let (init, rtr, rts) = attrs_for(QpType::Rc, &at, gid, second[1], at.psn_b, at.psn_a, 0);
+    for a in [init, rtr, rts] {
+        sim.devices[0].modify_qp(second[0], &a).unwrap();
+    }
+    assert_eq!(first_burst(&mut sim, second[0], &ma, &mb), initial, "after RESET: the initial window again");
+}

@@ -61,13 +61,21 @@ pub struct LossWindow {
     max: u32,
     ssthresh: u32,
     credit: u32,
+    /// What [`LossWindow::new`] was given, for [`LossWindow::restarted`].
+    configured: (u32, u32),
 }
 
 impl LossWindow {
     /// A window of `initial` packets growing to at most `max`.
     pub fn new(initial: u32, max: u32) -> Self {
-        let max = max.max(1);
-        LossWindow { packets: initial.clamp(1, max), max, ssthresh: max, credit: 0 }
+        let cap = max.max(1);
+        LossWindow { packets: initial.clamp(1, cap), max: cap, ssthresh: cap, credit: 0, configured: (initial, max) }
+    }
+
+    /// The window a new connection of the same QP starts with (after RESET): as
+    /// configured, whatever this one learnt or was capped to.
+    pub fn restarted(&self) -> Self {
+        LossWindow::new(self.configured.0, self.configured.1)
     }
 
     /// True when one more packet may go out with `in_flight` unacknowledged, within the
@@ -250,6 +258,10 @@ mod tests {
         w.cap_at(512);
         w.on_acked(100_000);
         assert_eq!(w.packets, 256, "a larger cap later does not lift it");
+        let mut again = w.restarted();
+        assert_eq!(again.packets, 4, "a restarted window starts as configured");
+        again.on_acked(2000);
+        assert_eq!(again.packets, 1024, "and is no longer capped");
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub fn connect_qps(
 }
 
 /// The INIT, RTR and RTS attributes of one side, by transport (IBTA 11.2.5.2 tables).
-fn attrs_for(
+pub fn attrs_for(
     ty: QpType,
     at: &Attrs,
     peer_gid: Gid,

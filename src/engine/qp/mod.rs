@@ -273,7 +273,10 @@ impl Qp {
         self.req.apply(a);
         self.resp.apply(a);
         if to == QpState::Reset {
+            // The loss window is the device's setting, not the old connection's state.
+            let window = self.req.window.as_ref().map(crate::engine::cc::LossWindow::restarted);
             self.req = Requester::new(self.init.caps);
+            self.req.window = window;
             self.resp = Responder::new(self.init.caps);
             self.resp.srq = self.init.srq;
         }
