@@ -306,6 +306,7 @@ impl Context {
                     source_ports: cfg.source_ports,
                     offload: cfg.udp_offload,
                     share: cfg.share_address,
+                    ecn: cfg.cc.enabled,
                 };
                 let (tx, rx) = udp::open(&ucfg, log.clone())?;
                 let stats = tx.stats().clone();
