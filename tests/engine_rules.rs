@@ -566,7 +566,28 @@ fn entering_error_flushes_everything() {
     p.sim.devices[1].modify_qp(p.qb, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() }).unwrap();
     let got: Vec<_> = p.completions(1).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(0, WcStatus::WrFlushErr), (1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]);
-    assert_eq!(p.sim.devices[1].post_send(p.qb, wr(9, SendOp::Send, vec![])), Err(VerbsError::InvalidRequest));
+}
+
+// IBTA 10.3.1.7: a QP in ERR takes what is posted and flushes it at once, sends as well as
+// receives (a drain posts a request there and waits for its completion); a request that
+// is malformed whatever the state is still refused, and nothing goes on the wire.
+#[test]
+fn a_request_posted_in_error_completes_flushed() {
+    let mut p = pair(Attrs::default());
+    p.sim.devices[1].modify_qp(p.qb, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() }).unwrap();
+    let sent_before = p.sim.devices[1].stats.tx_packets;
+    p.sim.devices[1]
+        .post_send(p.qb, wr(7, SendOp::Write(Remote { addr: 0, rkey: 1 }), vec![sge(&p.mb, 0, 8)]))
+        .unwrap();
+    p.sim.devices[1].post_recv(p.qb, RecvWr { wr_id: 8, sgl: vec![sge(&p.mb, 0, 10)] }).unwrap();
+    p.sim.devices[1].post_send(p.qb, wr(9, SendOp::Send, vec![])).unwrap();
+    let too_many_sges = vec![sge(&p.mb, 0, 1); 64];
+    assert_eq!(p.sim.devices[1].post_send(p.qb, wr(10, SendOp::Send, too_many_sges)), Err(VerbsError::InvalidRequest));
+    let got: Vec<_> = p.completions(1).iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    let flushed = |id, op| (id, WcStatus::WrFlushErr, op);
+    assert_eq!(got, vec![flushed(7, WcOpcode::RdmaWrite), flushed(8, WcOpcode::Recv), flushed(9, WcOpcode::Send)]);
+    p.settle();
+    assert_eq!(p.sim.devices[1].stats.tx_packets, sent_before, "nothing was sent");
 }
 
 // A peer cannot make the responder hold unbounded state: 10,000 duplicate atomics, never

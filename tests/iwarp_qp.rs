@@ -231,6 +231,25 @@ fn a_bad_stag_or_bounds_is_a_tagged_buffer_terminate_and_nothing_is_written() {
     assert_eq!(read(&b.mr, (1 << 20) - 8, 8), vec![0; 8]);
 }
 
+/// A QP in ERR (here after the peer's Terminate) takes what is posted and flushes it at
+/// once, as siw does and a drain expects (IBTA vol. 1 10.3.1.7); nothing more goes on the
+/// stream, and a request malformed in any state is still refused.
+#[test]
+fn a_request_posted_in_error_completes_flushed_and_sends_nothing() {
+    let (mut a, mut b) = refused(|m| SendOp::Write(Remote { addr: m.addr, rkey: m.rkey ^ 0x100 }), false);
+    assert_eq!(a.qp.state(), QpState::Err);
+    a.wcs.clear();
+    let remote = Remote { addr: b.mr.addr, rkey: b.mr.rkey };
+    a.qp.post_send(wr(3, SendOp::Write(remote), vec![sge(&a.mr, 0, 8)]), &a.mrs).unwrap();
+    a.qp.post_send(wr(4, SendOp::Send, vec![sge(&a.mr, 0, 8)]), &a.mrs).unwrap();
+    let two_sges = vec![sge(&a.mr, 0, 4), sge(&a.mr, 4, 4)];
+    assert_eq!(a.qp.post_send(wr(5, SendOp::Read(remote), two_sges), &a.mrs), Err(VerbsError::InvalidRequest));
+    assert!(a.qp.take_output(&a.mrs).is_empty(), "nothing is sent");
+    pump(&mut a, &mut b, &mut Rng::new(8));
+    let got: Vec<_> = a.wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    assert_eq!(got, [(3, WcStatus::WrFlushErr, WcOpcode::RdmaWrite), (4, WcStatus::WrFlushErr, WcOpcode::Send)]);
+}
+
 #[test]
 fn a_send_with_no_receive_and_a_too_long_send_are_untagged_terminates() {
     let (a, b) = refused(|_| SendOp::Send, false);

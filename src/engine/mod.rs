@@ -778,6 +778,9 @@ impl Device {
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
         let xrc_target = matches!(qp.init.xrc, Some(Xrc::Target { .. }));
+        if qp.state == QpState::Err && !xrc_target {
+            return self.flush_posted_send(qpn, wr);
+        }
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || xrc_target {
             return Err(VerbsError::InvalidRequest);
         }
@@ -791,6 +794,22 @@ impl Device {
             settle(qp, &mut ctx);
         }
         self.touch(qpn);
+        Ok(())
+    }
+
+    /// A send request posted to a QP in the Error state is taken and completes at once with
+    /// a flush error (IBTA vol. 1 10.3.1.7), as rxe, siw and hardware do: a drain (the
+    /// kernel's `ib_drain_sq`) posts one there and waits for its completion.
+    fn flush_posted_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::NotFound)?;
+        let raw = qp.init.qp_type == QpType::RawPacket;
+        if wr.sgl.len() > qp.req.max_sge() || !(raw || qp::requester::op_allowed(&wr, &qp.path)) {
+            return Err(VerbsError::InvalidRequest);
+        }
+        let wc = Wc::new(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), qpn, 0);
+        if self.cqs.push(qp.init.send_cq, wc) {
+            self.stats.completions += 1;
+        }
         Ok(())
     }
 

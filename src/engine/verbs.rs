@@ -63,6 +63,20 @@ pub enum SendOp {
 }
 
 impl SendOp {
+    /// The opcode its completion carries.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendImm(_) | SendOp::SendInv(_) => WcOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteImm(..) => WcOpcode::RdmaWrite,
+            SendOp::Read(_) => WcOpcode::RdmaRead,
+            SendOp::CompareSwap(..) => WcOpcode::CompSwap,
+            SendOp::FetchAdd(..) => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite(..) => WcOpcode::AtomicWrite,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
+        }
+    }
+
     /// True for operations that need responder resources (READ, atomics).
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(self, SendOp::Read(_) | SendOp::CompareSwap(..) | SendOp::FetchAdd(..))

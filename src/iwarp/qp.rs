@@ -347,7 +347,7 @@ impl IwarpQp {
 
     /// `ibv_post_send`: Send (with solicited event and invalidate), Write, Read.
     pub fn post_send(&mut self, wr: SendWr, mrs: &MrTable) -> Result<(), VerbsError> {
-        if self.state != QpState::Rts {
+        if !matches!(self.state, QpState::Rts | QpState::Err) {
             return Err(VerbsError::InvalidRequest);
         }
         let rfc7306 =
@@ -361,13 +361,19 @@ impl IwarpQp {
             // No memory windows on iWARP (siw has none either).
             return Err(VerbsError::InvalidRequest);
         }
-        if self.sq.len() + self.waiting.len() >= self.max_send_wr {
-            return Err(VerbsError::QueueFull);
-        }
         let is_read = matches!(wr.op, SendOp::Read(_));
         if is_read && wr.sgl.len() != 1 {
             // An iWARP Read places into one tagged buffer (RFC 5040 §5.2).
             return Err(VerbsError::InvalidRequest);
+        }
+        if self.state == QpState::Err {
+            // Taken and flushed at once (IBTA vol. 1 10.3.1.7, as siw does): a drain
+            // (`ib_drain_sq`) posts one there and waits for its completion.
+            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(&wr.op), self.qpn, 0));
+            return Ok(());
+        }
+        if self.sq.len() + self.waiting.len() >= self.max_send_wr {
+            return Err(VerbsError::QueueFull);
         }
         // Requests go on the wire in posting order: behind a Read that waits for the ORD,
         // and, on the responder of a peer-to-peer connection, until the initiator's RTR

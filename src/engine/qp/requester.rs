@@ -80,16 +80,7 @@ impl SendWqe {
     }
     /// The completion opcode.
     pub fn wc_opcode(&self) -> WcOpcode {
-        match self.wr.op {
-            SendOp::Send | SendOp::SendImm(_) | SendOp::SendInv(_) => WcOpcode::Send,
-            SendOp::Write(_) | SendOp::WriteImm(..) => WcOpcode::RdmaWrite,
-            SendOp::Read(_) => WcOpcode::RdmaRead,
-            SendOp::CompareSwap(..) => WcOpcode::CompSwap,
-            SendOp::FetchAdd(..) => WcOpcode::FetchAdd,
-            SendOp::AtomicWrite(..) => WcOpcode::AtomicWrite,
-            SendOp::BindMw(_) => WcOpcode::BindMw,
-            SendOp::LocalInv(_) => WcOpcode::LocalInv,
-        }
+        self.wr.op.wc_opcode()
     }
 }
 
@@ -185,6 +176,11 @@ impl Requester {
     }
 
     /// Queues a work request (IBTA 11.4.1.1); local protection errors complete in error.
+    /// The most scatter/gather elements a request may carry.
+    pub fn max_sge(&self) -> usize {
+        self.caps.max_sge
+    }
+
     pub fn post(&mut self, wr: SendWr, pd: Pd, mrs: &MrTable, path: &Path) -> Result<(), VerbsError> {
         if self.wqes.len() >= self.caps.max_send_wr {
             return Err(VerbsError::QueueFull);
@@ -199,16 +195,7 @@ impl Requester {
     /// most one per tagged buffer it held, go on a send queue the application sized.
     pub(crate) fn post_unchecked(&mut self, wr: SendWr, pd: Pd, mrs: &MrTable, path: &Path) -> Result<(), VerbsError> {
         let mtu = path.mtu;
-        // IBTA 9.8.1 / 9.8.4: UC has no READ or atomics; UD sends single-packet SENDs only.
-        let allowed = match path.qp_type {
-            // XRC has no ATOMIC WRITE opcode.
-            QpType::Rc => !(path.xrc && matches!(wr.op, SendOp::AtomicWrite(..))),
-            QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::AtomicWrite(..)),
-            QpType::Ud => wr.ud.is_some() && matches!(wr.op, SendOp::Send | SendOp::SendImm(_)),
-            // The device sends a raw QP's frames when they are posted (Device::post_send).
-            QpType::RawPacket => false,
-        };
-        if !allowed {
+        if !op_allowed(&wr, path) {
             return Err(VerbsError::InvalidRequest);
         }
         let sgl_len: usize = wr.sgl.iter().map(|s| s.length as usize).sum();
@@ -492,6 +479,18 @@ impl Requester {
     pub fn deadline(&self) -> Option<u64> {
         let increase = self.limiter.as_ref().and_then(|l| l.next_increase());
         [self.timer, self.rnr_until, self.paced_until, increase].into_iter().flatten().min()
+    }
+}
+
+/// True if the QP's transport has `wr`'s operation: IBTA 9.8.1 / 9.8.4, UC has no READ or
+/// atomics and UD sends single-packet SENDs only; XRC has no ATOMIC WRITE opcode.
+pub fn op_allowed(wr: &SendWr, path: &Path) -> bool {
+    match path.qp_type {
+        QpType::Rc => !(path.xrc && matches!(wr.op, SendOp::AtomicWrite(..))),
+        QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::AtomicWrite(..)),
+        QpType::Ud => wr.ud.is_some() && matches!(wr.op, SendOp::Send | SendOp::SendImm(_)),
+        // The device sends a raw QP's frames when they are posted (Device::post_send).
+        QpType::RawPacket => false,
     }
 }
 
