@@ -954,11 +954,14 @@ pub struct BusyPoll<'a> {
 }
 
 /// How long a busy-poller's looks may find nothing before it waits in `poll(2)` instead:
-/// longer than a round trip on the slowest path it is meant for (600-900 µs between two
-/// one-vCPU QEMU/TCG guests), where waiting at once was measured slower than spinning
-/// (RoCEv2 64-byte WRITE latency 579-874 µs against 415-458 µs), and short enough that a
-/// caller whose peer went quiet stops burning a CPU within a millisecond.
-pub const BUSY_POLL_IDLE_NS: u64 = 1_000_000;
+/// several round trips on the slowest path it is meant for (two one-vCPU QEMU/TCG guests,
+/// whose ping-pong round trips run 0.4-1 ms and often several), where waiting at once was
+/// measured slower than spinning (RoCEv2 64-byte WRITE latency 579-874 µs against 415-458
+/// µs), and so was waiting after 1 ms (the WRITE, READ and SEND ping-pongs 211-267, 288-498
+/// and 216-247 µs against 206-226, 270-272 and 204-205 after 5 ms: a third of the
+/// iterations slept), and short enough that a caller whose peer went quiet stops burning a
+/// CPU within a few milliseconds.
+pub const BUSY_POLL_IDLE_NS: u64 = 5_000_000;
 
 /// The longest a [`BusyPoll::until`] waits for input before it looks again and lets its caller
 /// check again (a completion can also come from the poll thread: a timer, a write the
