@@ -958,9 +958,9 @@ pub struct BusyPoll<'a> {
 /// whose ping-pong round trips run 0.4-1 ms and often several), where waiting at once was
 /// measured slower than spinning (RoCEv2 64-byte WRITE latency 579-874 µs against 415-458
 /// µs), and so was waiting after 1 ms (the WRITE, READ and SEND ping-pongs 211-267, 288-498
-/// and 216-247 µs against 206-226, 270-272 and 204-205 after 5 ms: a third of the
-/// iterations slept), and short enough that a caller whose peer went quiet stops burning a
-/// CPU within a few milliseconds.
+/// and 216-247 µs against 206-226, 270-272 and 204-205 after 5 ms; 30 % of the client's
+/// context switches were that sleep), and short enough that a caller whose peer went
+/// quiet stops burning a CPU within a few milliseconds.
 pub const BUSY_POLL_IDLE_NS: u64 = 5_000_000;
 
 /// The longest a [`BusyPoll::until`] waits for input before it looks again and lets its caller
