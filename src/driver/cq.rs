@@ -133,6 +133,11 @@ impl CqQueue {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|(wc, _)| wc.qpn != qpn);
     }
 
+    /// The oldest completion, if any, without waiting (and without a vector to hold it).
+    pub fn poll_one(&self) -> Option<Wc> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).pop_front().map(|(w, _)| w)
+    }
+
     /// Up to `max` completions, without waiting.
     pub fn poll(&self, max: usize) -> Vec<Wc> {
         let mut q = self.entries.lock().unwrap_or_else(|e| e.into_inner());

@@ -345,7 +345,7 @@ pub fn run_bw_client(ep: &Endpoint<'_>, rem: &[Dest], p: &Params) -> Result<BwRe
         let mut found = None;
         busy.until(
             || {
-                found = ep.cq.poll(1).pop();
+                found = ep.cq.poll_one();
                 found.is_some() || (ep.credits && st.credit_came(ep, p))
             },
             Duration::from_secs(1),

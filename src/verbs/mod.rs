@@ -984,7 +984,7 @@ impl BusyPoll<'_> {
         let mut wc = None;
         self.until(
             || {
-                wc = cq.poll(1).pop();
+                wc = cq.poll_one();
                 wc.is_some()
             },
             limit,
@@ -996,23 +996,30 @@ impl BusyPoll<'_> {
 /// Looks for input with `look` (returning what it handled) until `cond` holds, or `limit`
 /// passes; returns whether it held. Looks spin while they find traffic; after
 /// [`BUSY_POLL_IDLE_NS`] of nothing, the caller waits in `poll(2)`, at most
-/// [`LOOK_WAIT_MAX`] at a time; every 64 looks it yields the CPU.
+/// [`LOOK_WAIT_MAX`] at a time; every 64 looks it yields the CPU. The clock is read once
+/// the first look is due and then only by looks that find nothing: a condition already
+/// true, and the look that brought what made it true (a ping-pong's critical path), read
+/// none.
 fn look_until(
     ctx: &Context,
     mut look: impl FnMut() -> usize,
     mut cond: impl FnMut() -> bool,
     limit: Option<std::time::Duration>,
 ) -> bool {
-    let start = std::time::Instant::now();
-    let mut idle_since = start;
+    let (mut start, mut idle_since) = (None, None);
     let mut looks = 0u32;
     while !cond() {
+        let start = *start.get_or_insert_with(std::time::Instant::now);
         // A wait that ends with input leaves it to the next look, which counts it as
         // traffic: the caller spins again while input keeps coming.
         if look() > 0 {
-            idle_since = std::time::Instant::now();
-        } else if idle_since.elapsed().as_nanos() as u64 >= BUSY_POLL_IDLE_NS {
-            ctx.wait_input(LOOK_WAIT_MAX);
+            idle_since = None;
+        } else {
+            let now = std::time::Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since).as_nanos() as u64 >= BUSY_POLL_IDLE_NS {
+                ctx.wait_input(LOOK_WAIT_MAX);
+            }
         }
         looks = looks.wrapping_add(1);
         if looks.is_multiple_of(64) {
@@ -1176,6 +1183,11 @@ pub struct CompletionQueue {
 }
 
 impl CompletionQueue {
+    /// One completion if there is one, without waiting (`ibv_poll_cq` for one entry).
+    pub fn poll_one(&self) -> Option<Wc> {
+        self.queue.poll_one()
+    }
+
     /// `ibv_poll_cq`: up to `max` completions, without waiting.
     pub fn poll(&self, max: usize) -> Vec<Wc> {
         self.queue.poll(max)
