@@ -344,14 +344,18 @@ pub fn set_udp_gro(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::SOL_UDP, UDP_GRO, 1)
 }
 
-/// One message of [`send_segmented`]: datagrams for one destination, every one as long
-/// as the first except the last, which may be shorter; sent as one UDP GSO send when
-/// there are several.
-pub struct Segmented<'a> {
+/// One message of [`send_segmented`]: datagrams `first..first + count` of the ones given
+/// with it, for one destination, every one as long as the first except the last, which
+/// may be shorter; sent as one UDP GSO send when there are several. (Indexes rather than
+/// slices, so that a sender keeps its list of messages from send to send.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segmented {
     /// Where they go.
     pub dst: SocketAddr,
-    /// The datagrams, in order.
-    pub datagrams: Vec<&'a [u8]>,
+    /// The first datagram's index.
+    pub first: usize,
+    /// How many.
+    pub count: usize,
 }
 
 /// The buffers [`send_segmented`] builds its system call in, kept per thread: a sender
@@ -371,19 +375,24 @@ thread_local! {
 
 /// Sends each message with one `sendmmsg`, a message of several datagrams as one GSO send
 /// (`UDP_SEGMENT`); returns how many messages went out.
-pub fn send_segmented(fd: RawFd, msgs: &[Segmented<'_>]) -> io::Result<usize> {
-    SEND_SCRATCH.with(|s| send_segmented_in(&mut s.borrow_mut(), fd, msgs))
+pub fn send_segmented<D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[Segmented]) -> io::Result<usize> {
+    SEND_SCRATCH.with(|s| send_segmented_in(&mut s.borrow_mut(), fd, datagrams, msgs))
 }
 
-fn send_segmented_in(s: &mut SendScratch, fd: RawFd, msgs: &[Segmented<'_>]) -> io::Result<usize> {
+fn send_segmented_in<D: AsRef<[u8]>>(
+    s: &mut SendScratch,
+    fd: RawFd,
+    datagrams: &[D],
+    msgs: &[Segmented],
+) -> io::Result<usize> {
     let SendScratch { addrs, iovs, cmsgs, hdrs } = s;
     addrs.clear();
     addrs.extend(msgs.iter().map(|m| std_to_sockaddr(&m.dst)));
     iovs.clear();
     iovs.extend(
         msgs.iter()
-            .flat_map(|m| m.datagrams.iter())
-            .map(|d| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() }),
+            .flat_map(|m| &datagrams[m.first..m.first + m.count])
+            .map(|d| libc::iovec { iov_base: d.as_ref().as_ptr() as *mut libc::c_void, iov_len: d.as_ref().len() }),
     );
     cmsgs.clear();
     cmsgs.resize(msgs.len(), CmsgBuf([0u8; CMSG_SPACE]));
@@ -395,10 +404,10 @@ fn send_segmented_in(s: &mut SendScratch, fd: RawFd, msgs: &[Segmented<'_>]) -> 
         h.msg_hdr.msg_name = (&mut addrs[i].0 as *mut libc::sockaddr_storage).cast();
         h.msg_hdr.msg_namelen = addrs[i].1;
         h.msg_hdr.msg_iov = &mut iovs[first_iov];
-        h.msg_hdr.msg_iovlen = m.datagrams.len();
-        first_iov += m.datagrams.len();
-        if m.datagrams.len() > 1 {
-            let segment = m.datagrams[0].len() as u16;
+        h.msg_hdr.msg_iovlen = m.count;
+        first_iov += m.count;
+        if m.count > 1 {
+            let segment = datagrams[m.first].as_ref().len() as u16;
             h.msg_hdr.msg_control = cmsgs[i].0.as_mut_ptr().cast();
             // SAFETY: CMSG_SPACE of a u16 is far below the buffer's CMSG_SPACE bytes.
             h.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;

@@ -165,6 +165,7 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
         log: log.clone(),
         peer_ports: rustc_hash::FxHashMap::default(),
         batch: Vec::new(),
+        chunks: Vec::new(),
         offload,
     };
     let poll_set = match share {
@@ -196,6 +197,8 @@ pub struct UdpTx {
     log: Option<Arc<FrameLog>>,
     peer_ports: rustc_hash::FxHashMap<IpAddr, u16>,
     batch: Vec<Pending>,
+    /// The messages of the last send, kept so that a send allocates none.
+    chunks: Vec<sys::Segmented>,
     offload: bool,
 }
 
@@ -205,6 +208,12 @@ struct Pending {
     dst: SocketAddr,
     packet: Vec<u8>,
     socket: usize,
+}
+
+impl AsRef<[u8]> for Pending {
+    fn as_ref(&self) -> &[u8] {
+        &self.packet
+    }
 }
 
 impl UdpTx {
@@ -284,7 +293,8 @@ impl UdpTx {
 
     /// Seals and sends `run` (one socket's packets).
     fn send_run(&mut self, run: &mut [Pending]) {
-        let mut chunks = Vec::new();
+        let mut chunks = std::mem::take(&mut self.chunks);
+        chunks.clear();
         let mut i = 0;
         while i < run.len() {
             let dst = run[i].dst;
@@ -295,59 +305,55 @@ impl UdpTx {
             let mut j = i;
             while j < i + same {
                 let n = if self.offload { gso::chunk_len(run[j..i + same].iter().map(|p| p.packet.len())) } else { 1 };
-                chunks.push((j, n));
+                chunks.push(sys::Segmented { dst, first: j, count: n });
                 j += n;
             }
             i += same;
         }
         // A chunk one of whose packets cannot be sealed is not sent (counted by `seal`).
-        chunks.retain(|&(at, n)| (0..n).all(|k| self.seal(&mut run[at + k], gso::segment_ident(k))));
-        let msgs: Vec<sys::Segmented<'_>> = chunks
-            .iter()
-            .map(|&(at, n)| sys::Segmented {
-                dst: run[at].dst,
-                datagrams: run[at..at + n].iter().map(|p| &p.packet[..]).collect(),
-            })
-            .collect();
-        let Some(refused) = self.send_messages(run[0].socket, &msgs) else { return };
-        drop(msgs);
-        // The kernel cannot segment on this path (Linux refuses UDP_SEGMENT when the link
-        // has no checksum offload): offload stays off, and what was refused goes out one
-        // datagram each, sealed again with the Identification a lone datagram gets.
-        self.offload = false;
-        let singles: Vec<usize> =
-            chunks[refused..].iter().flat_map(|&(at, n)| at..at + n).filter(|&i| self.seal(&mut run[i], 0)).collect();
-        let msgs: Vec<sys::Segmented<'_>> =
-            singles.iter().map(|&i| sys::Segmented { dst: run[i].dst, datagrams: vec![&run[i].packet[..]] }).collect();
-        self.send_messages(run[0].socket, &msgs);
+        chunks.retain(|c| (0..c.count).all(|k| self.seal(&mut run[c.first + k], gso::segment_ident(k))));
+        if let Some(refused) = self.send_messages(run, &chunks) {
+            // The kernel cannot segment on this path (Linux refuses UDP_SEGMENT when the
+            // link has no checksum offload): offload stays off, and what was refused goes
+            // out one datagram each, sealed again with the Identification a lone datagram
+            // gets.
+            self.offload = false;
+            let mut singles = Vec::new();
+            for i in chunks[refused..].iter().flat_map(|c| c.first..c.first + c.count) {
+                if self.seal(&mut run[i], 0) {
+                    singles.push(sys::Segmented { dst: run[i].dst, first: i, count: 1 });
+                }
+            }
+            self.send_messages(run, &singles);
+        }
+        self.chunks = chunks;
     }
 
-    /// Sends `msgs` from `socket`; returns the index of a GSO send the kernel refused
-    /// (nothing from it on was sent), if one was.
-    fn send_messages(&self, socket: usize, msgs: &[sys::Segmented<'_>]) -> Option<usize> {
+    /// Sends `msgs`, datagrams of `run`, from `run`'s socket; returns the index of a GSO
+    /// send the kernel refused (nothing from it on was sent), if one was.
+    fn send_messages(&self, run: &[Pending], msgs: &[sys::Segmented]) -> Option<usize> {
+        let socket = run.first()?.socket;
         let fd = self.sockets.tx[socket].0.as_raw_fd();
         let mut sent = 0;
         let mut refused = None;
         while sent < msgs.len() {
-            match sys::send_segmented(fd, &msgs[sent..]) {
+            match sys::send_segmented(fd, run, &msgs[sent..]) {
                 Ok(n) => sent += n.max(1),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let _ = sys::wait_writable(fd);
                 }
-                Err(e)
-                    if msgs[sent].datagrams.len() > 1 && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) =>
-                {
+                Err(e) if msgs[sent].count > 1 && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
                     refused = Some(sent);
                     break;
                 }
                 Err(_) => {
                     // The datagrams are lost, as on a wire; the engine's retransmission covers them.
-                    self.stats.tx_errors.fetch_add(msgs[sent].datagrams.len() as u64, Ordering::Relaxed);
+                    self.stats.tx_errors.fetch_add(msgs[sent].count as u64, Ordering::Relaxed);
                     sent += 1;
                 }
             }
         }
-        let count: usize = msgs[..sent].iter().map(|m| m.datagrams.len()).sum();
+        let count: usize = msgs[..sent].iter().map(|m| m.count).sum();
         self.stats.tx_datagrams.fetch_add(count as u64, Ordering::Relaxed);
         refused
     }
