@@ -50,6 +50,10 @@ impl fmt::Display for IcrcCheck {
 
 const UDP_HEADER_LEN: usize = 8;
 
+/// Bytes after the BTH that join the headers in one run through the CRC: all of a small
+/// packet (an ACK, a READ request, a short WRITE or SEND), whose CRC is then one call.
+const SMALL_TAIL: usize = 64;
+
 /// Copies `ip` into `scratch` (room for the longest IPv4 header, 60 bytes) with the
 /// variant fields masked; returns the header's length.
 fn masked_ip(ip: IpHeader<'_>, scratch: &mut [u8; 60]) -> Result<usize> {
@@ -90,23 +94,29 @@ fn masked_ip(ip: IpHeader<'_>, scratch: &mut [u8; 60]) -> Result<usize> {
 pub fn compute(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<u32> {
     Error::check_len(UDP_HEADER_LEN, udp_header.len())?;
     Error::check_len(bth::LEN + ICRC_LEN, packet.len())?;
-    // The masked headers go to the CRC as one run: on small packets (ACKs, READ
-    // requests) per-call overhead is most of the CRC's cost.
+    // The masked headers (and a small packet's rest) go to the CRC as one run: on small
+    // packets (ACKs, READ requests) per-call overhead is most of the CRC's cost.
     let mut ip_masked = [0u8; 60];
     let ip_len = masked_ip(ip, &mut ip_masked)?;
-    let mut prefix = [0xffu8; 8 + 60 + UDP_HEADER_LEN + bth::LEN];
-    prefix[8..8 + ip_len].copy_from_slice(&ip_masked[..ip_len]);
+    let mut run = [0xffu8; 8 + 60 + UDP_HEADER_LEN + bth::LEN + SMALL_TAIL];
+    run[8..8 + ip_len].copy_from_slice(&ip_masked[..ip_len]);
     let udp_at = 8 + ip_len;
-    prefix[udp_at..udp_at + 6].copy_from_slice(&udp_header[..6]);
+    run[udp_at..udp_at + 6].copy_from_slice(&udp_header[..6]);
     // The UDP checksum (bytes 6 and 7) stays masked.
     let bth_at = udp_at + UDP_HEADER_LEN;
-    prefix[bth_at..bth_at + bth::LEN].copy_from_slice(&packet[..bth::LEN]);
-    prefix[bth_at + bth::RESV8A_OFFSET] = 0xff;
+    run[bth_at..bth_at + bth::LEN].copy_from_slice(&packet[..bth::LEN]);
+    run[bth_at + bth::RESV8A_OFFSET] = 0xff;
     let end = bth_at + bth::LEN;
+    let rest = &packet[bth::LEN..packet.len() - ICRC_LEN];
 
     let mut h = crc32fast::Hasher::new();
-    h.update(&prefix[..end]);
-    h.update(&packet[bth::LEN..packet.len() - ICRC_LEN]);
+    if rest.len() <= SMALL_TAIL {
+        run[end..end + rest.len()].copy_from_slice(rest);
+        h.update(&run[..end + rest.len()]);
+    } else {
+        h.update(&run[..end]);
+        h.update(rest);
+    }
     Ok(h.finalize())
 }
 
@@ -336,6 +346,33 @@ mod tests {
         refilled[16..].fill(0);
         fill(IpHeader::V4(&IP), &UDP, &mut refilled).unwrap();
         assert_eq!(refilled, ACK);
+    }
+
+    /// Small packets run through the CRC with their headers in one call, longer ones in
+    /// two: either way the ICRC is the CRC-32 of the masked headers and the rest, written
+    /// out here byte by byte (Annex A17.3.3), for every length around the switch.
+    #[test]
+    fn one_run_or_two_the_icrc_is_the_same() {
+        for rest_len in 0..=SMALL_TAIL + 70 {
+            let mut packet = [0u8; bth::LEN + SMALL_TAIL + 70 + ICRC_LEN];
+            let packet = &mut packet[..bth::LEN + rest_len + ICRC_LEN];
+            for (i, b) in packet.iter_mut().enumerate() {
+                *b = (i as u8).wrapping_mul(29).wrapping_add(rest_len as u8);
+            }
+            let mut whole = [0u8; 8 + 20 + UDP_HEADER_LEN + bth::LEN + SMALL_TAIL + 70];
+            whole[..8].fill(0xff);
+            whole[8..28].copy_from_slice(&IP);
+            for at in [8 + 1, 8 + 8, 8 + 10, 8 + 11] {
+                whole[at] = 0xff; // TOS, TTL, header checksum
+            }
+            whole[28..36].copy_from_slice(&UDP);
+            whole[34..36].fill(0xff); // UDP checksum
+            whole[36..36 + bth::LEN].copy_from_slice(&packet[..bth::LEN]);
+            whole[36 + 4] = 0xff; // BTH resv8a
+            whole[48..48 + rest_len].copy_from_slice(&packet[bth::LEN..bth::LEN + rest_len]);
+            let expected = crate::crc::crc32(&whole[..48 + rest_len]);
+            assert_eq!(compute(IpHeader::V4(&IP), &UDP, packet).unwrap(), expected, "{rest_len} bytes after the BTH");
+        }
     }
 
     #[test]
