@@ -654,25 +654,18 @@ impl Device {
 
     /// Counts QP `qpn` among the busy ones, or no longer, after an operation on it.
     fn note_window_busy(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get_mut(&qpn) else { return };
-        let busy = qp.req.window.is_some() && qp.req.has_outstanding();
-        if busy != qp.window_busy {
-            qp.window_busy = busy;
-            if busy {
-                self.window_busy_qps += 1;
-            } else {
-                self.window_busy_qps -= 1;
-            }
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            count_window_busy(qp, &mut self.window_busy_qps);
         }
     }
 
     /// QP `qpn` was operated on: it may have something to send, and its deadline may
     /// have moved ([`schedule::Schedule`]).
     fn touch(&mut self, qpn: u32) {
-        if let Some(qp) = self.qps.get(&qpn) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
             self.schedule.touch(qpn, qp.deadline());
+            count_window_busy(qp, &mut self.window_busy_qps);
         }
-        self.note_window_busy(qpn);
     }
 
     /// Every QP was (or may have been) operated on: after the CM's calls.
@@ -1047,6 +1040,20 @@ impl Device {
         }
         self.visit = order;
         self.turns = turns;
+    }
+}
+
+/// Counts `qp` among the `busy` QPs (those with a loss window and requests outstanding),
+/// or no longer, as it now is.
+fn count_window_busy(qp: &mut Qp, busy: &mut u32) {
+    let now_busy = qp.req.window.is_some() && qp.req.has_outstanding();
+    if now_busy != qp.window_busy {
+        qp.window_busy = now_busy;
+        if now_busy {
+            *busy += 1;
+        } else {
+            *busy -= 1;
+        }
     }
 }
 

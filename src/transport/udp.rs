@@ -529,22 +529,25 @@ impl UdpRx {
 
     /// Checks every datagram of the last [`UdpRx::recv`] and hands the good ones to `dev`.
     pub fn deliver(&mut self, dev: &mut Device, now_ns: u64) {
-        let batch = std::mem::replace(&mut self.batch, RecvBatch::new(0, 0));
+        // Borrowed field by field: moving the batch out and back cost a ping-pong's every
+        // receive two copies of it.
+        let UdpRx { batch, share, sockets, recovery, log, stats, .. } = self;
+        let local = (sockets.local, sockets.port);
         for i in 0..batch.len() {
             let Some((bytes, src, tos)) = batch.get(i) else { break };
             let segment = batch.segment_bytes(i).unwrap_or(bytes.len()).max(1);
             for (k, payload) in bytes.chunks(segment).enumerate() {
-                if let Some(share) = self.share.as_mut() {
+                if let Some(share) = share.as_mut() {
                     if share.forward(share::owner_of(payload), src, tos, payload) {
                         continue;
                     }
                 }
-                if let RxVerdict::Good { src, ce } = self.check(src, tos, payload, k) {
+                let got = (src, tos, payload, k);
+                if let RxVerdict::Good { src, ce } = check_received(recovery, local, log.as_deref(), stats, got) {
                     dev.handle_packet_ecn(now_ns, src, ce, payload);
                 }
             }
         }
-        self.batch = batch;
         self.deliver_forwarded(dev, now_ns);
         self.deliver_multicast(dev, now_ns);
     }
@@ -585,35 +588,46 @@ impl UdpRx {
 
     fn check(&mut self, src: SocketAddr, tos: u8, payload: &[u8], segment: usize) -> RxVerdict {
         let local = (self.sockets.local, self.sockets.port);
-        let checked = check_datagram(&mut self.recovery, src, local, tos, payload, segment);
-        if let Some(log) = &self.log {
-            // Only the capture needs the header as it was sent.
-            let (ident, df) = match checked {
-                DatagramCheck::Good { ident, dont_fragment, .. } => (ident, dont_fragment),
-                _ => (0, false),
-            };
-            let (ip, ip_len) = ip_header(unmapped(src.ip()), local.0, 8 + payload.len(), ident, df, tos);
-            log.record(&ip[..ip_len], &udp_header(src.port(), local.1, payload.len()), payload);
-        }
-        match checked {
-            DatagramCheck::Good { src, ce, ident, .. } => {
-                if ident != 0 {
-                    self.stats.rx_ipv4_ident_nonzero.fetch_add(1, Ordering::Relaxed);
-                }
-                RxVerdict::Good { src, ce }
-            }
-            DatagramCheck::BadIcrc => {
-                self.stats.rx_icrc_bad.fetch_add(1, Ordering::Relaxed);
-                RxVerdict::Dropped
-            }
-            DatagramCheck::Runt => self.runt(),
-        }
+        check_received(&mut self.recovery, local, self.log.as_deref(), &self.stats, (src, tos, payload, segment))
     }
 
     fn runt(&self) -> RxVerdict {
         self.stats.rx_runt.fetch_add(1, Ordering::Relaxed);
         RxVerdict::Dropped
     }
+}
+
+/// Checks the ICRC of `payload`, segment `segment` of a datagram from `src` with TOS `tos`
+/// received at `local`; records it in the capture, if one is kept, and counts a drop.
+fn check_received(
+    recovery: &mut icrc::RecoveryCache,
+    local: (IpAddr, u16),
+    log: Option<&FrameLog>,
+    stats: &LinkStats,
+    (src, tos, payload, segment): (SocketAddr, u8, &[u8], usize),
+) -> RxVerdict {
+    let checked = check_datagram(recovery, src, local, tos, payload, segment);
+    if let Some(log) = log {
+        // Only the capture needs the header as it was sent.
+        let (ident, df) = match checked {
+            DatagramCheck::Good { ident, dont_fragment, .. } => (ident, dont_fragment),
+            _ => (0, false),
+        };
+        let (ip, ip_len) = ip_header(unmapped(src.ip()), local.0, 8 + payload.len(), ident, df, tos);
+        log.record(&ip[..ip_len], &udp_header(src.port(), local.1, payload.len()), payload);
+    }
+    let counter = match checked {
+        DatagramCheck::Good { src, ce, ident, .. } => {
+            if ident != 0 {
+                stats.rx_ipv4_ident_nonzero.fetch_add(1, Ordering::Relaxed);
+            }
+            return RxVerdict::Good { src, ce };
+        }
+        DatagramCheck::BadIcrc => &stats.rx_icrc_bad,
+        DatagramCheck::Runt => &stats.rx_runt,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    RxVerdict::Dropped
 }
 
 impl PacketTx for UdpTx {
