@@ -369,7 +369,7 @@ impl IwarpQp {
         if self.state == QpState::Err {
             // Taken and flushed at once (IBTA vol. 1 10.3.1.7, as siw does): a drain
             // (`ib_drain_sq`) posts one there and waits for its completion.
-            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(&wr.op), self.qpn, 0));
+            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), self.qpn, 0));
             return Ok(());
         }
         if self.sq.len() + self.waiting.len() >= self.max_send_wr {
@@ -389,7 +389,7 @@ impl IwarpQp {
 
     fn start(&mut self, wr: SendWr, mrs: &MrTable) {
         let len: u32 = wr.sgl.iter().map(|s| s.length).sum();
-        let opcode = wc_opcode(&wr.op);
+        let opcode = wr.op.wc_opcode();
         let is_read = matches!(wr.op, SendOp::Read(_));
         let read = is_read.then(|| ReadSink { stag: wr.sgl[0].lkey, to: wr.sgl[0].addr, len, placed: 0 });
         let (wr_id, signaled) = (wr.wr_id, wr.signaled);
@@ -884,7 +884,7 @@ impl IwarpQp {
             self.completions.push_back(Wc::new(e.wr_id, status, e.opcode, qpn, e.len));
         }
         for wr in self.waiting.drain(..) {
-            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, wc_opcode(&wr.op), qpn, 0));
+            self.completions.push_back(Wc::new(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), qpn, 0));
         }
         let receives = self.filling.take().map(|f| f.wr).into_iter().chain(self.rq.drain(..));
         let flushed: Vec<Wc> =
@@ -918,14 +918,6 @@ struct Untagged {
     mo: u32,
     inv: u32,
     last: bool,
-}
-
-fn wc_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Write(_) => WcOpcode::RdmaWrite,
-        SendOp::Read(_) => WcOpcode::RdmaRead,
-        _ => WcOpcode::Send,
-    }
 }
 
 fn is_send(op: Opcode) -> bool {
