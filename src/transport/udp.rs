@@ -406,7 +406,8 @@ pub fn check_datagram(
     // segments from 0): right, it costs one CRC; wrong (rxe's running counter, a buffer
     // coalesced from several sends), the fields are solved for.
     let ident = gso::segment_ident(segment);
-    let (ip, ip_len) = ip_header(src_ip, local.0, 8 + payload.len(), ident, true, tos);
+    // The ICRC masks the IPv4 header checksum: it is not computed here.
+    let (ip, ip_len) = ip_header_for_icrc(src_ip, local.0, 8 + payload.len(), ident, true, tos);
     let good =
         |ident, dont_fragment| DatagramCheck::Good { src: ip_to_gid(src_ip), ce: tos & 3 == 3, ident, dont_fragment };
     if ip_len == 20 {
