@@ -97,10 +97,18 @@ const ABSENT_MAX: usize = 1024;
 /// `net.unix.max_dgram_qlen` datagrams, 10 by default) before dropping the packet, as
 /// a full link would; RC retransmits it.
 const FORWARD_WAIT_MS: u64 = 5;
+/// The most packets one look's batch can hand on to other devices: every GRO buffer full
+/// of the smallest packets.
+const LOOK_PACKETS_MAX: usize = super::udp::RX_BATCH * super::udp::GRO_SEGMENTS_MAX;
+/// The most bytes one look's batch can hand on, each packet with its header.
+const LOOK_BYTES_MAX: usize = super::udp::RX_BATCH * super::udp::GRO_BUFFER_BYTES + LOOK_PACKETS_MAX * FORWARD_HEADER;
 /// Forwarded packets a device holds unread by its engine: while it waits for room in
-/// another's queue it reads its own into here, so that two devices forwarding to each
-/// other never wait on each other.
-const FORWARD_BACKLOG_MAX: usize = 256;
+/// another's queue it reads its own into here. It holds two whole looks' batches, so a
+/// device that forwards its whole batch while its peer does the same (and neither engine
+/// reads until its batch is done) always finishes: neither waits on the other.
+const FORWARD_BACKLOG_MAX: usize = 2 * LOOK_PACKETS_MAX;
+/// The backlog's bound in bytes (about 4 MiB, held only by devices that forward).
+const FORWARD_BACKLOG_BYTES: usize = 2 * LOOK_BYTES_MAX + FORWARD_MAX;
 
 /// A connected socket to a device this one forwards to; connected so that it can wait
 /// for room in that device's queue.
@@ -144,9 +152,10 @@ pub struct Share {
     /// Connects tried to other devices' names (what [`ABSENT_RECHECK_MS`] saves).
     probes: u64,
     epoll: super::sys::Epoll,
-    buffers: Vec<(Vec<u8>, usize)>,
-    /// How many of `buffers` the last [`Share::recv`] filled and nobody has taken yet.
-    pending: usize,
+    /// The forwarded packets read and not yet taken, one after another.
+    backlog: Vec<u8>,
+    /// Where each of them lies in `backlog`: start and length.
+    spans: Vec<(usize, usize)>,
     stats: Arc<LinkStats>,
 }
 
@@ -170,7 +179,6 @@ impl Share {
         let epoll = super::sys::Epoll::new()?;
         epoll.add(rx)?;
         epoll.add(own.as_raw_fd())?;
-        let buffers = Vec::new();
         Ok(Share {
             tag,
             scope,
@@ -181,8 +189,8 @@ impl Share {
             out: Vec::new(),
             probes: 0,
             epoll,
-            buffers,
-            pending: 0,
+            backlog: Vec::new(),
+            spans: Vec::new(),
             stats,
         })
     }
@@ -289,7 +297,7 @@ impl Share {
                 return Sent::Dropped;
             }
             let mut fds = vec![pollfd(peer.socket.as_raw_fd(), libc::POLLOUT)];
-            if self.pending < FORWARD_BACKLOG_MAX {
+            if self.backlog_has_room() {
                 let own = std::iter::once(&self.own).chain(self.services.values());
                 fds.extend(own.map(|s| pollfd(s.as_raw_fd(), libc::POLLIN)));
             }
@@ -335,51 +343,56 @@ impl Share {
     /// Reads what other devices handed on, up to one batch, without blocking; returns
     /// the count.
     pub fn recv(&mut self) -> usize {
-        self.fill(FORWARD_BATCH.max(self.pending))
+        self.fill(FORWARD_BATCH.max(self.spans.len()))
     }
 
-    /// Reads forwarded packets until `target` are pending or none are queued; returns
-    /// how many it read.
+    /// Reads forwarded packets until `target` are pending, the backlog is full or none
+    /// are queued; returns how many it read.
     fn fill(&mut self, target: usize) -> usize {
-        let start = self.pending;
-        let mut n = start;
+        let start = self.spans.len();
         let sockets = std::iter::once(&self.own).chain(self.services.values());
-        for s in sockets {
-            while n < target {
-                if n == self.buffers.len() {
-                    self.buffers.push((vec![0u8; FORWARD_MAX], 0));
+        'sockets: for s in sockets {
+            while self.spans.len() < target {
+                let at = self.spans.last().map_or(0, |&(from, len)| from + len);
+                if at + FORWARD_MAX > FORWARD_BACKLOG_BYTES {
+                    break 'sockets;
                 }
-                let (buf, len) = &mut self.buffers[n];
-                match s.recv(buf) {
-                    Ok(got) if got >= FORWARD_HEADER => {
-                        *len = got;
-                        n += 1;
-                    }
+                if self.backlog.len() < at + FORWARD_MAX {
+                    self.backlog.resize(at + FORWARD_MAX, 0);
+                }
+                match s.recv(&mut self.backlog[at..at + FORWARD_MAX]) {
+                    Ok(got) if got >= FORWARD_HEADER => self.spans.push((at, got)),
                     Ok(_) => {}
                     Err(_) => break,
                 }
             }
         }
-        self.pending = n;
-        self.stats.forwarded_in.fetch_add((n - start) as u64, Ordering::Relaxed);
-        n - start
+        let read = self.spans.len() - start;
+        self.stats.forwarded_in.fetch_add(read as u64, Ordering::Relaxed);
+        read
+    }
+
+    /// Whether the backlog can take another packet.
+    fn backlog_has_room(&self) -> bool {
+        let used = self.spans.last().map_or(0, |&(from, len)| from + len);
+        self.spans.len() < FORWARD_BACKLOG_MAX && used + FORWARD_MAX <= FORWARD_BACKLOG_BYTES
     }
 
     /// How many packets the last [`Share::recv`] read that are not yet taken.
     pub fn pending(&self) -> usize {
-        self.pending
+        self.spans.len()
     }
 
     /// The `i`th packet the last [`Share::recv`] read; `None` if it is not one
     /// [`Share::forward`] wrote (another local program's datagram, dropped).
     pub fn received(&self, i: usize) -> Option<Forwarded<'_>> {
-        let (buf, len) = self.buffers.get(i).filter(|_| i < self.pending)?;
-        parse_forwarded(&buf[..*len])
+        let &(from, len) = self.spans.get(i)?;
+        parse_forwarded(&self.backlog[from..from + len])
     }
 
     /// Marks what the last [`Share::recv`] read as taken.
     pub fn clear(&mut self) {
-        self.pending = 0;
+        self.spans.clear();
     }
 }
 
@@ -541,6 +554,63 @@ mod tests {
         let (from_a, from_b) = (flood(a, tb), flood(b, ta));
         assert_eq!(from_a.join().unwrap(), (PACKETS, 0));
         assert_eq!(from_b.join().unwrap(), (PACKETS, 0));
+    }
+
+    #[test]
+    fn two_devices_each_handing_on_a_whole_batch_at_once_lose_nothing() {
+        // As `UdpRx::deliver` does: each forwards a whole look's batch (every GRO buffer
+        // full) before its engine takes what it read meanwhile.
+        let segment = vec![7u8; super::super::udp::GRO_BUFFER_BYTES / super::super::udp::GRO_SEGMENTS_MAX];
+        let addr = IpAddr::from([127, 44, 0, 5]);
+        let (a, b) = (share_on(addr, 4791), share_on(addr, 4791));
+        let from = SocketAddr::from(([127, 44, 0, 9], 50_125));
+        let flood = |mut me: Share, to: u8, segment: Vec<u8>| {
+            std::thread::spawn(move || {
+                for _ in 0..LOOK_PACKETS_MAX {
+                    assert!(me.forward(Owner::Tag(to), from, 0, &segment));
+                }
+                let mut got = me.pending();
+                me.clear();
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while got < LOOK_PACKETS_MAX && Instant::now() < deadline {
+                    got += me.recv();
+                    me.clear();
+                }
+                (got, me.stats.forward_dropped.load(Ordering::Relaxed))
+            })
+        };
+        let (ta, tb) = (a.tag(), b.tag());
+        let (from_a, from_b) = (flood(a, tb, segment.clone()), flood(b, ta, segment));
+        assert_eq!(from_a.join().unwrap(), (LOOK_PACKETS_MAX, 0));
+        assert_eq!(from_b.join().unwrap(), (LOOK_PACKETS_MAX, 0));
+    }
+
+    #[test]
+    fn a_backlog_nobody_takes_stops_at_its_bound_in_bytes() {
+        const SENT: usize = FORWARD_BACKLOG_BYTES / FORWARD_MAX + 40;
+        let addr = IpAddr::from([127, 44, 0, 6]);
+        let (mut a, b) = (share_on(addr, 4791), share_on(addr, 4791));
+        let from = SocketAddr::from(([127, 44, 0, 9], 50_125));
+        let ta = a.tag();
+        let sender = std::thread::spawn(move || {
+            let mut b = b;
+            let largest = vec![1u8; FORWARD_MAX - FORWARD_HEADER];
+            for _ in 0..SENT {
+                assert!(b.forward(Owner::Tag(ta), from, 0, &largest));
+            }
+            b.stats.forward_dropped.load(Ordering::Relaxed)
+        });
+        while !sender.is_finished() {
+            a.fill(FORWARD_BACKLOG_MAX);
+        }
+        let dropped = sender.join().unwrap() as usize;
+        let held = FORWARD_BACKLOG_BYTES / FORWARD_MAX;
+        assert_eq!(a.pending(), held, "the backlog holds as many as its bytes allow");
+        assert!(!a.backlog_has_room());
+        assert!(a.backlog.len() <= FORWARD_BACKLOG_BYTES);
+        assert!(dropped > 0 && dropped <= SENT - held, "{dropped} dropped: the rest waits in a's queue");
+        a.clear();
+        assert!(a.recv() > 0, "taken, the backlog reads again");
     }
 
     #[test]

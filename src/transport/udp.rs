@@ -34,7 +34,12 @@ use std::sync::Arc;
 pub const ROCE_PORT: u16 = 4791;
 
 /// Datagrams read per `recvmmsg`.
-const RX_BATCH: usize = 32;
+pub(super) const RX_BATCH: usize = 32;
+/// A receive buffer's size with GRO on: the largest datagram the kernel coalesces.
+pub(super) const GRO_BUFFER_BYTES: usize = 65536;
+/// The most datagrams the kernel coalesces into one GRO buffer (`UDP_GRO_CNT_MAX`,
+/// net/ipv4/udp_offload.c).
+pub(super) const GRO_SEGMENTS_MAX: usize = 64;
 /// Packets queued before a send (two full GSO sends of the smallest packets).
 const TX_BATCH: usize = 128;
 /// Largest datagram accepted (4096-byte MTU plus every header, with room for jumbo frames).
@@ -133,7 +138,7 @@ pub fn open(cfg: &UdpConfig, log: Option<Arc<FrameLog>>) -> io::Result<(UdpTx, U
     // Without GRO the kernel cuts a GSO send back into datagrams for us; with it, one
     // buffer holds them all, which needs room for a whole GSO send.
     let offload = cfg.offload && sys::set_udp_gro(rx.as_raw_fd()).is_ok();
-    let rx_buffer = if offload { 65536 } else { RX_DATAGRAM_MAX };
+    let rx_buffer = if offload { GRO_BUFFER_BYTES } else { RX_DATAGRAM_MAX };
     let mut tx = Vec::new();
     for _ in 0..cfg.source_ports.max(1) {
         // Nothing is read from the sending sockets.
