@@ -303,6 +303,10 @@ struct PerfArgs {
     /// sender on CNPs (DCQCN), as an RDMA NIC with ECN configured does.
     #[arg(long)]
     cc: bool,
+    /// After the test, print the device's counters (retransmissions, NAKs, datagrams) to
+    /// stderr, or into the JSON document.
+    #[arg(long)]
+    stats: bool,
     #[command(flatten)]
     raw: RawArgs,
 }
@@ -700,6 +704,7 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
         bind: a.bind,
         pcap: a.pcap,
         cc: a.cc,
+        stats: a.stats,
     };
     match softrdma::tools::perf::run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -450,3 +450,22 @@ fn ud_pingpong_runs_between_two_processes() {
         assert!(!o.status.success() && err.contains("larger than port MTU (1024)"), "{err}");
     }
 }
+
+/// `--stats` reports the device's counters: in the JSON document, and on stderr after
+/// the table.
+#[test]
+fn stats_report_what_went_over_the_wire() {
+    let (s, c, _) =
+        pair_run("read-bw", "127.40.0", 19260, &["-n", "100", "-s", "8192", "-m", "1024", "--json", "--stats"]);
+    let (client, server) = (json_of(&c)["device_stats"].clone(), json_of(&s)["device_stats"].clone());
+    // 100 READ requests of one packet each; 8 KiB responses of 8 packets at MTU 1024.
+    assert_eq!((client["tx_packets"].as_u64(), client["rx_packets"].as_u64()), (Some(100), Some(800)), "{client}");
+    assert_eq!((server["tx_packets"].as_u64(), server["rx_packets"].as_u64()), (Some(800), Some(100)), "{server}");
+    assert_eq!(client["retransmit_timeouts"].as_u64(), Some(0), "a lossless path: {client}");
+    let (s, c, _) = pair_run("write-lat", "127.40.0", 19261, &["-n", "50", "--stats"]);
+    for o in [&s, &c] {
+        assert!(o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("device counters: {") && err.contains("\"retransmit_timeouts\":0"), "{err}");
+    }
+}

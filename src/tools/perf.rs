@@ -44,6 +44,8 @@ pub struct ToolArgs {
     pub raw: Option<RawConfig>,
     /// RoCEv2 congestion control on (CNPs on ECN-CE, DCQCN pacing).
     pub cc: bool,
+    /// Report the device's counters after the test.
+    pub stats: bool,
 }
 
 /// Sizes of a run: 2^1..=2^23 with `-a` (perftest's range), else the one size.
@@ -95,10 +97,36 @@ pub fn run(a: &ToolArgs) -> Result<(), String> {
         Test::WriteLat | Test::SendLat | Test::ReadLat => latency(a, &p, &mut oob, &ep, &mine, &theirs),
     };
     let results = out?;
+    let counters = a.stats.then(|| device_counters(&ctx.stats()));
     if a.json {
-        println!("{}", json!({ "test": p.title(), "mtu": mtu.bytes(), "results": results }));
+        let mut doc = json!({ "test": p.title(), "mtu": mtu.bytes(), "results": results });
+        if let Some(c) = counters {
+            doc["device_stats"] = c;
+        }
+        println!("{doc}");
+    } else if let Some(c) = counters {
+        eprintln!("device counters: {c}");
     }
     Ok(())
+}
+
+/// The counters that tell how a run went on the wire: what was sent and received, what
+/// was lost and repaired, what the peer refused.
+fn device_counters(s: &crate::verbs::DeviceStats) -> serde_json::Value {
+    let e = &s.engine;
+    json!({
+        "tx_packets": e.tx_packets, "rx_packets": e.rx_packets,
+        "tx_datagrams": s.tx_datagrams, "rx_datagrams": s.rx_datagrams, "tx_errors": s.tx_errors,
+        "rx_icrc_bad": s.rx_icrc_bad, "rx_malformed": e.rx_malformed, "rx_unknown_qp": e.rx_unknown_qp,
+        "retransmit_timeouts": e.retransmit_timeouts,
+        "seq_naks_sent": e.seq_naks_sent, "seq_naks_received": e.seq_naks_received,
+        "rnr_naks_sent": e.rnr_naks_sent, "rnr_naks_received": e.rnr_naks_received,
+        "naks_sent": e.naks_sent, "duplicates_received": e.duplicates_received,
+        "out_of_order_responses": e.out_of_order_responses,
+        "cnps_sent": e.cnps_sent, "cnps_received": e.cnps_received,
+        "poll_thread_wakeups": s.poll_thread_wakeups, "poll_thread_packets": s.poll_thread_packets,
+        "iwarp_connections": s.iwarp_connections,
+    })
 }
 
 /// The out-of-band connection and the configuration of the device to open: over TCP
