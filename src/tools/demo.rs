@@ -122,6 +122,14 @@ pub fn udp_latency(size: usize, iters: usize, spin: bool) -> std::io::Result<Lat
     udp_latency_on(UdpSocket::bind((A, 0))?, UdpSocket::bind((B, 0))?, size, iters, spin)
 }
 
+/// The 8-byte ping-pong with a RoCEv2 device's socket calls and none of its work
+/// ([`crate::transport::udp_floor`]): one-way times, µs.
+pub fn roce_calls_latency(iters: usize) -> std::io::Result<LatResult> {
+    let mut usec = crate::transport::udp_floor::ping_pong_us(IpAddr::V4(A), IpAddr::V4(B), iters)?;
+    usec.sort_by(f64::total_cmp);
+    Ok(LatResult { size: 8, usec })
+}
+
 /// As [`udp_latency`], between sockets `a` and `b` (made wherever the path is).
 pub fn udp_latency_on(a: UdpSocket, b: UdpSocket, size: usize, iters: usize, spin: bool) -> std::io::Result<LatResult> {
     let (to_a, to_b) = (a.local_addr()?, b.local_addr()?);
@@ -343,13 +351,14 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     } else {
         f64::NAN
     };
-    let (udp_lat_blocking, udp_lat) = if roce_rows_wanted {
+    let (udp_lat_blocking, udp_lat, udp_lat_floor) = if roce_rows_wanted {
         // The latency tools spin; so does the second baseline, which makes it the one to
-        // compare with.
+        // compare with. The third is the kernel's share of a RoCEv2 WRITE ping-pong.
         let blocking = udp_latency(8, 20_000, false).map_err(|e| format!("UDP baseline: {e}"))?;
-        (blocking, udp_latency(8, 20_000, true).map_err(|e| format!("UDP baseline: {e}"))?)
+        let spinning = udp_latency(8, 20_000, true).map_err(|e| format!("UDP baseline: {e}"))?;
+        (blocking, spinning, roce_calls_latency(20_000).map_err(|e| format!("UDP baseline: {e}"))?)
     } else {
-        (LatResult::default(), LatResult::default())
+        (LatResult::default(), LatResult::default(), LatResult::default())
     };
     let roce = roce_rows(&a, &b, args, udp_bw, udp_lat.typical())?;
     let scale = match idle {
@@ -365,12 +374,12 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         None
     };
     if args.json {
-        let doc = json_doc(args, &roce, [&udp_lat, &udp_lat_blocking], udp_bw, scale, &stats, &iw);
+        let doc = json_doc(args, &roce, [&udp_lat, &udp_lat_blocking, &udp_lat_floor], udp_bw, scale, &stats, &iw);
         println!("{doc}");
         return Ok(());
     }
     if roce_rows_wanted {
-        print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking], datagram, &roce.bw, &roce.lat);
+        print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking, &udp_lat_floor], datagram, &roce.bw, &roce.lat);
     }
     if let Some(iw) = &iw {
         super::demo_iwarp::print(iw);
@@ -412,7 +421,7 @@ fn baseline_us(r: &LatResult) -> Option<f64> {
 fn json_doc(
     args: &DemoArgs,
     roce: &RoceRows,
-    udp_lat: [&LatResult; 2],
+    udp_lat: [&LatResult; 3],
     udp_bw: f64,
     scale: Option<(f64, f64, f64)>,
     stats: &[crate::verbs::DeviceStats; 2],
@@ -439,7 +448,8 @@ fn json_doc(
             "ratio": s.2 / s.1})
     });
     json!({"iwarp": iw.as_ref().map(super::demo_iwarp::json), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": baseline_us(udp_lat[0]),
-        "udp_blocking_t_typical_us": baseline_us(udp_lat[1]), "bandwidth": bw, "latency": lat,
+        "udp_blocking_t_typical_us": baseline_us(udp_lat[1]),
+        "udp_roce_calls_t_typical_us": baseline_us(udp_lat[2]), "bandwidth": bw, "latency": lat,
         "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
         "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad})
 }
@@ -485,7 +495,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn print_table(
     a: &Context,
     udp_bw: f64,
-    udp_lat: [&LatResult; 2],
+    udp_lat: [&LatResult; 3],
     datagram: usize,
     bw: &[Row],
     lat: &[(Row, LatResult)],
@@ -501,6 +511,12 @@ fn print_table(
         udp_lat[0].typical()
     );
     println!("   blocking in recv: {:.2} usec one-way", udp_lat[1].typical());
+    println!(
+        "   spinning, with a device's socket calls (40 and 20 bytes in one GSO send, received with GRO): {:.2} usec ({:.2}x),",
+        udp_lat[2].typical(),
+        udp_lat[2].typical() / udp_lat[0].typical()
+    );
+    println!("     the kernel's share of a WRITE ping-pong (a request and the ACK it held each turn)");
     println!("{line}");
     println!(" test        #bytes     #iterations    BW average[MB/sec]    of UDP");
     for r in bw {

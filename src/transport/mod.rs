@@ -10,6 +10,7 @@ pub mod share;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
 pub mod udp;
+pub mod udp_floor;
 pub mod udp_mcast;
 
 pub use link::{LinkStats, PacketRx, PacketTx};

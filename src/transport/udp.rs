@@ -119,7 +119,7 @@ struct Sockets {
     port: u16,
 }
 
-fn open_socket(addr: SocketAddr, shared: bool, ecn: bool) -> io::Result<UdpSocket> {
+pub(super) fn open_socket(addr: SocketAddr, shared: bool, ecn: bool) -> io::Result<UdpSocket> {
     let s = if shared { sys::bind_udp_shared(addr)? } else { UdpSocket::bind(addr)? };
     s.set_nonblocking(true)?;
     let fd = s.as_raw_fd();

@@ -1,0 +1,104 @@
+//! The kernel's share of a RoCEv2 ping-pong, measured apart from softrdma's own work: an
+//! endpoint that makes the socket calls a device makes for a WRITE ping-pong (a request
+//! and the ACK it held, sent as one GSO message; received with GRO and its control
+//! messages, on sockets opened as a device opens them) and nothing else. `softrdma demo`
+//! times a ping-pong of these beside plain UDP's.
+
+use super::sys::{self, RecvBatch, Segmented};
+use super::udp::{open_socket, GRO_BUFFER_BYTES};
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// An 8-byte RDMA WRITE Only with its RETH (BTH 12, RETH 16, payload 8, ICRC 4) and an
+/// ACK (BTH 12, AETH 4, ICRC 4): what each side of a WRITE ping-pong sends per turn.
+const PAIR: [usize; 2] = [40, 20];
+
+/// One side of the ping-pong.
+pub struct FloorEndpoint {
+    rx: UdpSocket,
+    tx: UdpSocket,
+    batch: RecvBatch,
+    datagrams: [Vec<u8>; 2],
+}
+
+impl FloorEndpoint {
+    /// Opens the receive socket (shared, with GRO, as a device's) and a sending socket on
+    /// `addr`, both on ports the kernel picks.
+    pub fn open(addr: IpAddr) -> io::Result<FloorEndpoint> {
+        let rx = open_socket(SocketAddr::new(addr, 0), true, false)?;
+        sys::set_udp_gro(rx.as_raw_fd())?;
+        let tx = open_socket(SocketAddr::new(addr, 0), false, false)?;
+        let datagrams = PAIR.map(|n| vec![0u8; n]);
+        Ok(FloorEndpoint { rx, tx, batch: RecvBatch::new(1, GRO_BUFFER_BYTES), datagrams })
+    }
+
+    /// Where the peer sends to.
+    pub fn local(&self) -> io::Result<SocketAddr> {
+        self.rx.local_addr()
+    }
+
+    /// Sends the pair to `to` in one GSO message.
+    pub fn send_pair(&self, to: SocketAddr) -> io::Result<()> {
+        let msg = Segmented { dst: to, first: 0, count: PAIR.len() };
+        sys::send_segmented(self.tx.as_raw_fd(), &self.datagrams, &[msg]).map(|_| ())
+    }
+
+    /// Spins on the socket until a message arrives; the error if none came within `limit`.
+    pub fn recv_spinning(&mut self, limit: Duration) -> io::Result<()> {
+        let start = Instant::now();
+        loop {
+            if self.batch.recv(self.rx.as_raw_fd())? > 0 {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer's pair did not arrive"));
+            }
+        }
+    }
+}
+
+/// One-way times (half of each round trip, µs) of `iters` exchanges between endpoints on
+/// `a` and `b`, each on a thread of its own.
+pub fn ping_pong_us(a: IpAddr, b: IpAddr, iters: usize) -> io::Result<Vec<f64>> {
+    let (mut x, mut y) = (FloorEndpoint::open(a)?, FloorEndpoint::open(b)?);
+    let (to_x, to_y) = (x.local()?, y.local()?);
+    let limit = Duration::from_secs(2);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for _ in 0..iters {
+                if y.recv_spinning(limit).and_then(|()| y.send_pair(to_x)).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut stamps = Vec::with_capacity(iters + 1);
+        for _ in 0..iters {
+            stamps.push(Instant::now());
+            x.send_pair(to_y)?;
+            x.recv_spinning(limit)?;
+        }
+        stamps.push(Instant::now());
+        Ok(stamps.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / 2.0).collect())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_turn_delivers_the_pair_as_one_message() {
+        let (a, b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+        let (x, mut y) = (FloorEndpoint::open(a).unwrap(), FloorEndpoint::open(b).unwrap());
+        x.send_pair(y.local().unwrap()).unwrap();
+        y.recv_spinning(Duration::from_secs(2)).unwrap();
+        let (bytes, _, _) = y.batch.get(0).unwrap();
+        assert_eq!(bytes.len(), 60, "both datagrams in one buffer");
+        assert_eq!(y.batch.segment_bytes(0), Some(40), "GRO reports the first one's size");
+        let times = ping_pong_us(a, b, 200).unwrap();
+        assert_eq!(times.len(), 200);
+        assert!(times.iter().all(|&t| t > 0.0));
+    }
+}
