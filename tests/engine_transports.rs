@@ -100,6 +100,53 @@ fn ud_limits() {
     assert!(drain(&mut t.sim.devices[1], 0).is_empty());
 }
 
+// IBTA vol. 1 10.3.1 (SQEr): a UD or UC send that fails locally takes the QP to SQE, not
+// ERR: the rest of the send queue and later posts are flushed, receives go on, and a move
+// back to RTS sends again.
+#[test]
+fn a_failed_ud_or_uc_send_stops_the_send_queue_only() {
+    for ty in [QpType::Ud, QpType::Uc] {
+        let mut t = two(ty);
+        let (to_1, to_0) = match ty {
+            QpType::Ud => (Some(t.dest(1, 0x1111_0001)), Some(t.dest(0, 0x1111_0000))),
+            _ => (None, None),
+        };
+        let too_long = if ty == QpType::Ud { 5000 } else { 4 };
+        let bad = Sge { lkey: t.m[0].lkey ^ 0xff, ..sge(&t.m[0], 0, too_long) };
+        let first = if ty == QpType::Ud { sge(&t.m[0], 0, too_long) } else { bad };
+        let dev0 = |t: &mut Two, wr| t.sim.devices[0].post_send(t.q[0], wr);
+        dev0(&mut t, send(1, SendOp::Send, vec![first], to_1)).unwrap();
+        let four = sge(&t.m[0], 0, 4);
+        dev0(&mut t, send(2, SendOp::Send, vec![four], to_1)).unwrap();
+        t.settle();
+        let want = if ty == QpType::Ud { WcStatus::LocLenErr } else { WcStatus::LocProtErr };
+        let s: Vec<_> = t.wcs(0).iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(s, [(1, want), (2, WcStatus::WrFlushErr)], "{ty:?}");
+        assert_eq!(t.sim.devices[0].qp_state(t.q[0]), Some(QpState::Sqe), "{ty:?}");
+        dev0(&mut t, send(3, SendOp::Send, vec![four], to_1)).unwrap();
+        t.settle();
+        assert_eq!(t.wcs(0)[0].status, WcStatus::WrFlushErr, "{ty:?}: posted in SQE, flushed");
+        assert_eq!(t.sim.devices[1].stats.rx_packets, 0, "{ty:?}: nothing was sent");
+        // The receive queue still serves the peer.
+        t.sim.devices[0].post_recv(t.q[0], RecvWr { wr_id: 8, sgl: vec![sge(&t.m[0], 0, 100)] }).unwrap();
+        t.sim.devices[1].post_send(t.q[1], send(4, SendOp::Send, vec![sge(&t.m[1], 0, 4)], to_0)).unwrap();
+        t.settle();
+        let r = t.wcs(0);
+        assert_eq!((r[0].wr_id, r[0].status), (8, WcStatus::Success), "{ty:?}");
+        // Back to RTS, it sends again.
+        let rts = QpAttr { state: Some(QpState::Rts), ..QpAttr::default() };
+        t.sim.devices[0].modify_qp(t.q[0], &rts).unwrap();
+        t.sim.devices[1].post_recv(t.q[1], RecvWr { wr_id: 9, sgl: vec![sge(&t.m[1], 0, 100)] }).unwrap();
+        dev0(&mut t, send(5, SendOp::Send, vec![four], to_1)).unwrap();
+        t.settle();
+        assert_eq!(t.wcs(0)[0].status, WcStatus::Success, "{ty:?}");
+        assert_eq!(
+            t.wcs(1).iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(4, WcStatus::Success), (9, WcStatus::Success)]
+        );
+    }
+}
+
 // IBTA 9.8.3: UC delivers WRITE and SEND without acknowledgements.
 #[test]
 fn uc_write_and_send() {

@@ -771,7 +771,7 @@ impl Device {
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound)?;
         let xrc_target = matches!(qp.init.xrc, Some(Xrc::Target { .. }));
-        if qp.state == QpState::Err && !xrc_target {
+        if matches!(qp.state, QpState::Err | QpState::Sqe) && !xrc_target {
             return self.flush_posted_send(qpn, wr);
         }
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || xrc_target {
@@ -792,7 +792,8 @@ impl Device {
 
     /// A send request posted to a QP in the Error state is taken and completes at once with
     /// a flush error (IBTA vol. 1 10.3.1.7), as rxe, siw and hardware do: a drain (the
-    /// kernel's `ib_drain_sq`) posts one there and waits for its completion.
+    /// kernel's `ib_drain_sq`) posts one there and waits for its completion. So does one
+    /// posted in the Send Queue Error state (10.3.1, SQEr).
     fn flush_posted_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get(&qpn).ok_or(VerbsError::NotFound)?;
         let raw = qp.init.qp_type == QpType::RawPacket;
@@ -903,7 +904,9 @@ impl Device {
         // Only the QP's own peer may reach it, with a CNP or a CE mark as with anything
         // else: a stranger must not slow a connection down.
         let connected = qp.init.qp_type != QpType::Ud;
-        if (connected && qp.path.dest_gid != src) || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if (connected && qp.path.dest_gid != src)
+            || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+        {
             ctx.stats.rx_unknown_qp += 1;
             return;
         }
@@ -1214,9 +1217,14 @@ fn responder_error_event(nak: crate::proto::roce::ext::NakCode, qpn: u32) -> eve
     }
 }
 
-/// Retires finished send WQEs; a failed one takes the QP to ERR.
+/// Retires finished send WQEs; a failed one takes an RC QP to ERR, and a UD or UC QP to
+/// SQE, whose receive queue goes on (IBTA vol. 1 10.3.1, the SQEr state).
 fn settle(qp: &mut Qp, ctx: &mut Ctx<'_>) {
     if qp.req.retire(qp.path.qpn, qp.init.send_cq, ctx) == Verdict::Error {
-        qp.enter_error(ctx);
+        if matches!(qp.init.qp_type, QpType::Ud | QpType::Uc) {
+            qp.enter_send_queue_error(ctx);
+        } else {
+            qp.enter_error(ctx);
+        }
     }
 }

@@ -303,6 +303,16 @@ impl Qp {
         }
     }
 
+    /// Moves a UD or UC QP to SQE after a send failed: the rest of its send queue is
+    /// flushed and it sends nothing more until moved back to RTS, while its receive queue
+    /// goes on (IBTA vol. 1 10.3.1, the SQEr state).
+    pub fn enter_send_queue_error(&mut self, ctx: &mut Ctx<'_>) {
+        self.state = QpState::Sqe;
+        for (cq, wc) in self.req.flush(self.path.qpn) {
+            ctx.complete(cq.unwrap_or(self.init.send_cq), wc);
+        }
+    }
+
     /// A QP on an SRQ entering ERR raises "last WQE reached" once (IBTA 10.2.9.5): the
     /// application may then take it off the SRQ knowing no receive is still in flight.
     fn note_last_wqe(&self, was: QpState, ctx: &mut Ctx<'_>) {
