@@ -5,6 +5,7 @@
 
 use super::bench::{self, BwResult, Endpoint, LatResult, Params, Test};
 use crate::transport::udp::ROCE_PORT;
+use crate::transport::udp_floor;
 use crate::verbs::{Context, Mtu, OpenConfig};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -122,10 +123,10 @@ pub fn udp_latency(size: usize, iters: usize, spin: bool) -> std::io::Result<Lat
     udp_latency_on(UdpSocket::bind((A, 0))?, UdpSocket::bind((B, 0))?, size, iters, spin)
 }
 
-/// The 8-byte ping-pong with a RoCEv2 device's socket calls and none of its work
-/// ([`crate::transport::udp_floor`]): one-way times, µs.
-pub fn roce_calls_latency(iters: usize) -> std::io::Result<LatResult> {
-    let mut usec = crate::transport::udp_floor::ping_pong_us(IpAddr::V4(A), IpAddr::V4(B), iters)?;
+/// A ping-pong of turns of `sizes` with a RoCEv2 device's socket calls and none of its
+/// work ([`udp_floor`]): one-way times, µs.
+pub fn roce_calls_latency(sizes: &[usize], iters: usize) -> std::io::Result<LatResult> {
+    let mut usec = udp_floor::ping_pong_us(IpAddr::V4(A), IpAddr::V4(B), sizes, iters)?;
     usec.sort_by(f64::total_cmp);
     Ok(LatResult { size: 8, usec })
 }
@@ -351,14 +352,16 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     } else {
         f64::NAN
     };
-    let (udp_lat_blocking, udp_lat, udp_lat_floor) = if roce_rows_wanted {
+    let (udp_lat_blocking, udp_lat, floor) = if roce_rows_wanted {
         // The latency tools spin; so does the second baseline, which makes it the one to
-        // compare with. The third is the kernel's share of a RoCEv2 WRITE ping-pong.
-        let blocking = udp_latency(8, 20_000, false).map_err(|e| format!("UDP baseline: {e}"))?;
-        let spinning = udp_latency(8, 20_000, true).map_err(|e| format!("UDP baseline: {e}"))?;
-        (blocking, spinning, roce_calls_latency(20_000).map_err(|e| format!("UDP baseline: {e}"))?)
+        // compare with. The floors are the kernel's share of RoCEv2's ping-pongs.
+        let e = |e: std::io::Error| format!("UDP baseline: {e}");
+        let blocking = udp_latency(8, 20_000, false).map_err(e)?;
+        let spinning = udp_latency(8, 20_000, true).map_err(e)?;
+        let write_turn = roce_calls_latency(udp_floor::WRITE_TURN, 20_000).map_err(e)?;
+        (blocking, spinning, [write_turn, roce_calls_latency(udp_floor::READ_LEG, 20_000).map_err(e)?])
     } else {
-        (LatResult::default(), LatResult::default(), LatResult::default())
+        (LatResult::default(), LatResult::default(), [LatResult::default(), LatResult::default()])
     };
     let roce = roce_rows(&a, &b, args, udp_bw, udp_lat.typical())?;
     let scale = match idle {
@@ -374,12 +377,13 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         None
     };
     if args.json {
-        let doc = json_doc(args, &roce, [&udp_lat, &udp_lat_blocking, &udp_lat_floor], udp_bw, scale, &stats, &iw);
+        let doc =
+            json_doc(args, &roce, [&udp_lat, &udp_lat_blocking, &floor[0], &floor[1]], udp_bw, scale, &stats, &iw);
         println!("{doc}");
         return Ok(());
     }
     if roce_rows_wanted {
-        print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking, &udp_lat_floor], datagram, &roce.bw, &roce.lat);
+        print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking, &floor[0], &floor[1]], datagram, &roce.bw, &roce.lat);
     }
     if let Some(iw) = &iw {
         super::demo_iwarp::print(iw);
@@ -421,7 +425,7 @@ fn baseline_us(r: &LatResult) -> Option<f64> {
 fn json_doc(
     args: &DemoArgs,
     roce: &RoceRows,
-    udp_lat: [&LatResult; 3],
+    udp_lat: [&LatResult; 4],
     udp_bw: f64,
     scale: Option<(f64, f64, f64)>,
     stats: &[crate::verbs::DeviceStats; 2],
@@ -449,7 +453,8 @@ fn json_doc(
     });
     json!({"iwarp": iw.as_ref().map(super::demo_iwarp::json), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": baseline_us(udp_lat[0]),
         "udp_blocking_t_typical_us": baseline_us(udp_lat[1]),
-        "udp_roce_calls_t_typical_us": baseline_us(udp_lat[2]), "bandwidth": bw, "latency": lat,
+        "udp_roce_calls_t_typical_us": baseline_us(udp_lat[2]),
+        "udp_roce_calls_single_t_typical_us": baseline_us(udp_lat[3]), "bandwidth": bw, "latency": lat,
         "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
         "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad})
 }
@@ -495,7 +500,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn print_table(
     a: &Context,
     udp_bw: f64,
-    udp_lat: [&LatResult; 3],
+    udp_lat: [&LatResult; 4],
     datagram: usize,
     bw: &[Row],
     lat: &[(Row, LatResult)],
@@ -511,12 +516,14 @@ fn print_table(
         udp_lat[0].typical()
     );
     println!("   blocking in recv: {:.2} usec one-way", udp_lat[1].typical());
+    let x = |r: &LatResult| r.typical() / udp_lat[0].typical();
+    println!(" the kernel's share of RoCEv2's, spinning, with a device's socket calls and none of its work:");
     println!(
-        "   spinning, with a device's socket calls (40 and 20 bytes in one GSO send, received with GRO): {:.2} usec ({:.2}x),",
+        "   a WRITE's turn, 40 and 20 bytes in one GSO send, received with GRO: {:.2} usec one-way ({:.2}x)",
         udp_lat[2].typical(),
-        udp_lat[2].typical() / udp_lat[0].typical()
+        x(udp_lat[2])
     );
-    println!("     the kernel's share of a WRITE ping-pong (a request and the ACK it held each turn)");
+    println!("   a READ's leg, one 32-byte datagram: {:.2} usec one-way ({:.2}x)", udp_lat[3].typical(), x(udp_lat[3]));
     println!("{line}");
     println!(" test        #bytes     #iterations    BW average[MB/sec]    of UDP");
     for r in bw {

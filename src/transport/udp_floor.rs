@@ -1,8 +1,8 @@
 //! The kernel's share of a RoCEv2 ping-pong, measured apart from softrdma's own work: an
-//! endpoint that makes the socket calls a device makes for a WRITE ping-pong (a request
-//! and the ACK it held, sent as one GSO message; received with GRO and its control
-//! messages, on sockets opened as a device opens them) and nothing else. `softrdma demo`
-//! times a ping-pong of these beside plain UDP's.
+//! endpoint that makes the socket calls a device makes (a WRITE ping-pong's turn is a
+//! request and the ACK it held, sent as one GSO message; a READ's leg is one datagram;
+//! received with GRO and its control messages, on sockets opened as a device opens them)
+//! and nothing else. `softrdma demo` times ping-pongs of these beside plain UDP's.
 
 use super::sys::{self, RecvBatch, Segmented};
 use super::udp::{open_socket, GRO_BUFFER_BYTES};
@@ -13,24 +13,29 @@ use std::time::{Duration, Instant};
 
 /// An 8-byte RDMA WRITE Only with its RETH (BTH 12, RETH 16, payload 8, ICRC 4) and an
 /// ACK (BTH 12, AETH 4, ICRC 4): what each side of a WRITE ping-pong sends per turn.
-const PAIR: [usize; 2] = [40, 20];
+pub const WRITE_TURN: &[usize] = &[40, 20];
+
+/// A READ request (BTH 12, RETH 16, ICRC 4): one leg of a READ's round trip, one datagram
+/// each way as its 8-byte response (28 bytes) is.
+pub const READ_LEG: &[usize] = &[32];
 
 /// One side of the ping-pong.
 pub struct FloorEndpoint {
     rx: UdpSocket,
     tx: UdpSocket,
     batch: RecvBatch,
-    datagrams: [Vec<u8>; 2],
+    datagrams: Vec<Vec<u8>>,
 }
 
 impl FloorEndpoint {
     /// Opens the receive socket (shared, with GRO, as a device's) and a sending socket on
-    /// `addr`, both on ports the kernel picks.
-    pub fn open(addr: IpAddr) -> io::Result<FloorEndpoint> {
+    /// `addr`, both on ports the kernel picks; each turn sends datagrams of `sizes` bytes
+    /// in one message (one GSO send when there are several).
+    pub fn open(addr: IpAddr, sizes: &[usize]) -> io::Result<FloorEndpoint> {
         let rx = open_socket(SocketAddr::new(addr, 0), true, false)?;
         sys::set_udp_gro(rx.as_raw_fd())?;
         let tx = open_socket(SocketAddr::new(addr, 0), false, false)?;
-        let datagrams = PAIR.map(|n| vec![0u8; n]);
+        let datagrams = sizes.iter().map(|&n| vec![0u8; n]).collect();
         Ok(FloorEndpoint { rx, tx, batch: RecvBatch::new(1, GRO_BUFFER_BYTES), datagrams })
     }
 
@@ -39,9 +44,9 @@ impl FloorEndpoint {
         self.rx.local_addr()
     }
 
-    /// Sends the pair to `to` in one GSO message.
-    pub fn send_pair(&self, to: SocketAddr) -> io::Result<()> {
-        let msg = Segmented { dst: to, first: 0, count: PAIR.len() };
+    /// Sends the turn's datagrams to `to` in one message.
+    pub fn send_turn(&self, to: SocketAddr) -> io::Result<()> {
+        let msg = Segmented { dst: to, first: 0, count: self.datagrams.len() };
         sys::send_segmented(self.tx.as_raw_fd(), &self.datagrams, &[msg]).map(|_| ())
     }
 
@@ -59,16 +64,16 @@ impl FloorEndpoint {
     }
 }
 
-/// One-way times (half of each round trip, µs) of `iters` exchanges between endpoints on
-/// `a` and `b`, each on a thread of its own.
-pub fn ping_pong_us(a: IpAddr, b: IpAddr, iters: usize) -> io::Result<Vec<f64>> {
-    let (mut x, mut y) = (FloorEndpoint::open(a)?, FloorEndpoint::open(b)?);
+/// One-way times (half of each round trip, µs) of `iters` exchanges of turns of `sizes`
+/// between endpoints on `a` and `b`, each on a thread of its own.
+pub fn ping_pong_us(a: IpAddr, b: IpAddr, sizes: &[usize], iters: usize) -> io::Result<Vec<f64>> {
+    let (mut x, mut y) = (FloorEndpoint::open(a, sizes)?, FloorEndpoint::open(b, sizes)?);
     let (to_x, to_y) = (x.local()?, y.local()?);
     let limit = Duration::from_secs(2);
     std::thread::scope(|s| {
         s.spawn(move || {
             for _ in 0..iters {
-                if y.recv_spinning(limit).and_then(|()| y.send_pair(to_x)).is_err() {
+                if y.recv_spinning(limit).and_then(|()| y.send_turn(to_x)).is_err() {
                     return;
                 }
             }
@@ -76,7 +81,7 @@ pub fn ping_pong_us(a: IpAddr, b: IpAddr, iters: usize) -> io::Result<Vec<f64>> 
         let mut stamps = Vec::with_capacity(iters + 1);
         for _ in 0..iters {
             stamps.push(Instant::now());
-            x.send_pair(to_y)?;
+            x.send_turn(to_y)?;
             x.recv_spinning(limit)?;
         }
         stamps.push(Instant::now());
@@ -89,16 +94,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_turn_delivers_the_pair_as_one_message() {
+    fn each_turn_arrives_as_one_message() {
         let (a, b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-        let (x, mut y) = (FloorEndpoint::open(a).unwrap(), FloorEndpoint::open(b).unwrap());
-        x.send_pair(y.local().unwrap()).unwrap();
-        y.recv_spinning(Duration::from_secs(2)).unwrap();
-        let (bytes, _, _) = y.batch.get(0).unwrap();
-        assert_eq!(bytes.len(), 60, "both datagrams in one buffer");
-        assert_eq!(y.batch.segment_bytes(0), Some(40), "GRO reports the first one's size");
-        let times = ping_pong_us(a, b, 200).unwrap();
-        assert_eq!(times.len(), 200);
-        assert!(times.iter().all(|&t| t > 0.0));
+        for (sizes, segment) in [(WRITE_TURN, Some(40)), (READ_LEG, None)] {
+            let (x, mut y) = (FloorEndpoint::open(a, sizes).unwrap(), FloorEndpoint::open(b, sizes).unwrap());
+            x.send_turn(y.local().unwrap()).unwrap();
+            y.recv_spinning(Duration::from_secs(2)).unwrap();
+            let (bytes, _, _) = y.batch.get(0).unwrap();
+            assert_eq!(bytes.len(), sizes.iter().sum::<usize>(), "the turn in one buffer");
+            assert_eq!(y.batch.segment_bytes(0), segment, "GRO reports the first datagram's size");
+            let times = ping_pong_us(a, b, sizes, 200).unwrap();
+            assert_eq!(times.len(), 200);
+            assert!(times.iter().all(|&t| t > 0.0));
+        }
     }
 }
