@@ -529,6 +529,17 @@ mod tests {
         b.claim_service(7001).expect("free again");
     }
 
+    /// Reads what is handed on to `me` until `want` packets (counting the `got` already
+    /// taken) or 5 s; returns how many and how many `me` dropped forwarding.
+    fn read_until(me: &mut Share, mut got: usize, want: usize) -> (usize, u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got < want && Instant::now() < deadline {
+            got += me.recv();
+            me.clear();
+        }
+        (got, me.stats.forward_dropped.load(Ordering::Relaxed))
+    }
+
     #[test]
     fn two_devices_flooding_each_other_lose_nothing() {
         // Each forwards more than the kernel queues (`max_dgram_qlen`, 10 by default)
@@ -545,12 +556,7 @@ mod tests {
                     got += me.pending();
                     me.clear();
                 }
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while got < PACKETS && Instant::now() < deadline {
-                    got += me.recv();
-                    me.clear();
-                }
-                (got, me.stats.forward_dropped.load(Ordering::Relaxed))
+                read_until(&mut me, got, PACKETS)
             })
         };
         let (ta, tb) = (a.tag(), b.tag());
@@ -572,14 +578,9 @@ mod tests {
                 for _ in 0..LOOK_PACKETS_MAX {
                     assert!(me.forward(Owner::Tag(to), from, 0, &segment));
                 }
-                let mut got = me.pending();
+                let got = me.pending();
                 me.clear();
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while got < LOOK_PACKETS_MAX && Instant::now() < deadline {
-                    got += me.recv();
-                    me.clear();
-                }
-                (got, me.stats.forward_dropped.load(Ordering::Relaxed))
+                read_until(&mut me, got, LOOK_PACKETS_MAX)
             })
         };
         let (ta, tb) = (a.tag(), b.tag());
