@@ -605,7 +605,9 @@ impl LatResult {
     }
 }
 
-fn lat_result(size: usize, posted: &[Instant], halve: bool) -> LatResult {
+/// The sorted times between successive `posted` instants (halved for a ping-pong's
+/// one-way time), µs.
+pub(super) fn lat_result(size: usize, posted: &[Instant], halve: bool) -> LatResult {
     let div = if halve { 2.0 } else { 1.0 };
     let mut usec: Vec<f64> = posted.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / div).collect();
     usec.sort_by(f64::total_cmp);

@@ -126,9 +126,35 @@ pub fn udp_latency(size: usize, iters: usize, spin: bool) -> std::io::Result<Lat
 /// A ping-pong of turns of `sizes` with a RoCEv2 device's socket calls and none of its
 /// work ([`udp_floor`]): one-way times, µs.
 pub fn roce_calls_latency(sizes: &[usize], iters: usize) -> std::io::Result<LatResult> {
-    let mut usec = udp_floor::ping_pong_us(IpAddr::V4(A), IpAddr::V4(B), sizes, iters)?;
-    usec.sort_by(f64::total_cmp);
-    Ok(LatResult { size: 8, usec })
+    Ok(bench::lat_result(8, &udp_floor::ping_pong(IpAddr::V4(A), IpAddr::V4(B), sizes, iters)?, true))
+}
+
+/// The latency baselines, measured in the run: plain UDP ping-pongs, and the kernel's
+/// share of RoCEv2's ([`udp_floor`]).
+#[derive(Default)]
+struct LatBaselines {
+    /// Plain UDP, both sides spinning: what the latency rows are a ratio to.
+    spinning: LatResult,
+    /// Plain UDP, blocking in recv.
+    blocking: LatResult,
+    /// A WRITE's turn with a device's socket calls.
+    write_turn: LatResult,
+    /// A READ's leg with a device's socket calls.
+    read_leg: LatResult,
+}
+
+impl LatBaselines {
+    fn measure() -> Result<LatBaselines, String> {
+        // The latency tools spin; so does the first baseline, which makes it the one to
+        // compare with.
+        let e = |e: std::io::Error| format!("UDP baseline: {e}");
+        Ok(LatBaselines {
+            blocking: udp_latency(8, 20_000, false).map_err(e)?,
+            spinning: udp_latency(8, 20_000, true).map_err(e)?,
+            write_turn: roce_calls_latency(udp_floor::WRITE_TURN, 20_000).map_err(e)?,
+            read_leg: roce_calls_latency(udp_floor::READ_LEG, 20_000).map_err(e)?,
+        })
+    }
 }
 
 /// As [`udp_latency`], between sockets `a` and `b` (made wherever the path is).
@@ -156,10 +182,7 @@ pub fn udp_latency_on(a: UdpSocket, b: UdpSocket, size: usize, iters: usize, spi
             recv_one(&a, &mut buf, spin)?;
         }
         posted.push(Instant::now());
-        let mut usec: Vec<f64> =
-            posted.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / 2.0).collect();
-        usec.sort_by(f64::total_cmp);
-        Ok(LatResult { size, usec })
+        Ok(bench::lat_result(size, &posted, true))
     })
 }
 
@@ -352,18 +375,8 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     } else {
         f64::NAN
     };
-    let (udp_lat_blocking, udp_lat, floor) = if roce_rows_wanted {
-        // The latency tools spin; so does the second baseline, which makes it the one to
-        // compare with. The floors are the kernel's share of RoCEv2's ping-pongs.
-        let e = |e: std::io::Error| format!("UDP baseline: {e}");
-        let blocking = udp_latency(8, 20_000, false).map_err(e)?;
-        let spinning = udp_latency(8, 20_000, true).map_err(e)?;
-        let write_turn = roce_calls_latency(udp_floor::WRITE_TURN, 20_000).map_err(e)?;
-        (blocking, spinning, [write_turn, roce_calls_latency(udp_floor::READ_LEG, 20_000).map_err(e)?])
-    } else {
-        (LatResult::default(), LatResult::default(), [LatResult::default(), LatResult::default()])
-    };
-    let roce = roce_rows(&a, &b, args, udp_bw, udp_lat.typical())?;
+    let lat_base = if roce_rows_wanted { LatBaselines::measure()? } else { LatBaselines::default() };
+    let roce = roce_rows(&a, &b, args, udp_bw, lat_base.spinning.typical())?;
     let scale = match idle {
         Some(idle) => {
             Some(scale_rows(&a, &b, args, idle).map_err(|e| format!("{e}\n{:?}\n{:?}", a.stats(), b.stats()))?)
@@ -377,13 +390,12 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
         None
     };
     if args.json {
-        let doc =
-            json_doc(args, &roce, [&udp_lat, &udp_lat_blocking, &floor[0], &floor[1]], udp_bw, scale, &stats, &iw);
+        let doc = json_doc(args, &roce, &lat_base, udp_bw, scale, &stats, &iw);
         println!("{doc}");
         return Ok(());
     }
     if roce_rows_wanted {
-        print_table(&a, udp_bw, [&udp_lat, &udp_lat_blocking, &floor[0], &floor[1]], datagram, &roce.bw, &roce.lat);
+        print_table(&a, udp_bw, &lat_base, datagram, &roce.bw, &roce.lat);
     }
     if let Some(iw) = &iw {
         super::demo_iwarp::print(iw);
@@ -425,7 +437,7 @@ fn baseline_us(r: &LatResult) -> Option<f64> {
 fn json_doc(
     args: &DemoArgs,
     roce: &RoceRows,
-    udp_lat: [&LatResult; 4],
+    base: &LatBaselines,
     udp_bw: f64,
     scale: Option<(f64, f64, f64)>,
     stats: &[crate::verbs::DeviceStats; 2],
@@ -451,10 +463,10 @@ fn json_doc(
         json!({"qps": args.qps, "idle_qp_bytes": s.0, "one_qp_bytes_per_s": s.1, "all_qps_bytes_per_s": s.2,
             "ratio": s.2 / s.1})
     });
-    json!({"iwarp": iw.as_ref().map(super::demo_iwarp::json), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": baseline_us(udp_lat[0]),
-        "udp_blocking_t_typical_us": baseline_us(udp_lat[1]),
-        "udp_roce_calls_t_typical_us": baseline_us(udp_lat[2]),
-        "udp_roce_calls_single_t_typical_us": baseline_us(udp_lat[3]), "bandwidth": bw, "latency": lat,
+    json!({"iwarp": iw.as_ref().map(super::demo_iwarp::json), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": baseline_us(&base.spinning),
+        "udp_blocking_t_typical_us": baseline_us(&base.blocking),
+        "udp_roce_calls_t_typical_us": baseline_us(&base.write_turn),
+        "udp_roce_calls_single_t_typical_us": baseline_us(&base.read_leg), "bandwidth": bw, "latency": lat,
         "scale": scale, "retransmit_timeouts": stats[0].engine.retransmit_timeouts + stats[1].engine.retransmit_timeouts,
         "icrc_bad": stats[0].rx_icrc_bad + stats[1].rx_icrc_bad})
 }
@@ -497,14 +509,7 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn print_table(
-    a: &Context,
-    udp_bw: f64,
-    udp_lat: [&LatResult; 4],
-    datagram: usize,
-    bw: &[Row],
-    lat: &[(Row, LatResult)],
-) {
+fn print_table(a: &Context, udp_bw: f64, base: &LatBaselines, datagram: usize, bw: &[Row], lat: &[(Row, LatResult)]) {
     let line = "-".repeat(87);
     let mb = |x: f64| x / f64::from(1 << 20);
     println!("{line}");
@@ -513,17 +518,21 @@ fn print_table(
     println!("   {datagram}-byte datagrams, one stream: {:.2} MB/sec", mb(udp_bw));
     println!(
         "   8-byte ping-pong, spinning on the socket: {:.2} usec one-way (half the round trip, typical);",
-        udp_lat[0].typical()
+        base.spinning.typical()
     );
-    println!("   blocking in recv: {:.2} usec one-way", udp_lat[1].typical());
-    let x = |r: &LatResult| r.typical() / udp_lat[0].typical();
+    println!("   blocking in recv: {:.2} usec one-way", base.blocking.typical());
+    let x = |r: &LatResult| r.typical() / base.spinning.typical();
     println!(" the kernel's share of RoCEv2's, spinning, with a device's socket calls and none of its work:");
     println!(
         "   a WRITE's turn, 40 and 20 bytes in one GSO send, received with GRO: {:.2} usec one-way ({:.2}x)",
-        udp_lat[2].typical(),
-        x(udp_lat[2])
+        base.write_turn.typical(),
+        x(&base.write_turn)
     );
-    println!("   a READ's leg, one 32-byte datagram: {:.2} usec one-way ({:.2}x)", udp_lat[3].typical(), x(udp_lat[3]));
+    println!(
+        "   a READ's leg, one 32-byte datagram: {:.2} usec one-way ({:.2}x)",
+        base.read_leg.typical(),
+        x(&base.read_leg)
+    );
     println!("{line}");
     println!(" test        #bytes     #iterations    BW average[MB/sec]    of UDP");
     for r in bw {
