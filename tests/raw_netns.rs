@@ -48,12 +48,21 @@ fn raw_devices_run_over_ipv6_with_neighbour_discovery() {
 fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and_pings_it() {
     let Some(pair) = pair_or_skip("raw to udp") else { return };
     let (a, b) = udp_and_raw(&pair, FrameIo::PacketSocket);
-    // On a veth the UDP device sends no GSO: the raw device's packet socket would see
-    // one oversized frame.
+    // On a veth the UDP device sends GSO where packet sockets can split it (Linux 6.2):
+    // the raw device's, and an onlooker's, read each send as the frames a wire carries.
     let offload = pair.run_in(0, || softrdma::transport::udp::offload_by_default(IpAddr::from([10, 9, 0, 1])));
-    assert!(!offload, "offloads stay off on a veth");
+    let splits = softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2));
+    assert_eq!(offload, splits, "offloads on a veth exactly where packet sockets split GSO sends");
+    let iface = pair.ifaces[1].clone();
+    let mut onlooker = pair.run_in(1, move || FrameSocket::open(&iface).expect("packet socket"));
     every_operation(&a, &b);
     every_operation(&b, &a);
+    let mut longest = 0;
+    while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
+        longest = longest.max(f.len());
+    }
+    assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
+    assert_eq!(onlooker.gso_sends_split() > 0, splits, "the UDP device's GSO sends were split");
     // The kernel beside the UDP-socket device resolves the raw device's address and gets
     // an answer to its ping.
     let ping = std::process::Command::new("ip")

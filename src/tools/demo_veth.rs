@@ -3,13 +3,14 @@
 //! sockets, raw frames through a packet socket (AF_PACKET) and through AF_XDP; next to
 //! plain UDP on the same veth in the same run, so every figure is also a ratio.
 
-use super::bench::{LatResult, Test};
+use super::bench::{self, LatResult, Test};
 use super::demo::{rdma_bw_mtu, rdma_lat_mtu, udp_bandwidth_on, udp_latency_on};
 use super::netns::VethPair;
 use crate::transport::raw::FrameIo;
+use crate::transport::udp_floor::{self, FloorEndpoint};
 use crate::verbs::{Context, Mtu, OpenConfig};
 use serde_json::json;
-use std::net::UdpSocket;
+use std::net::{IpAddr, UdpSocket};
 
 /// The kernel's addresses on the two veth ends (plain UDP and the UDP-socket devices).
 const KERNEL: [&str; 2] = ["10.99.0.1", "10.99.0.2"];
@@ -73,15 +74,40 @@ fn measure(pair: &VethPair, path: Path, secs: f64) -> Result<PathRow, String> {
     Ok(PathRow { path, bw, lat })
 }
 
-/// Plain UDP across the veth: datagrams one way, and a spinning 8-byte ping-pong.
-fn baseline(pair: &VethPair, secs: f64) -> Result<(f64, LatResult), String> {
+/// The baselines measured across the veth in the run.
+struct Baseline {
+    /// Plain UDP datagrams one way, bytes/s.
+    udp_bw: f64,
+    /// Plain UDP, a spinning 8-byte ping-pong.
+    udp_lat: LatResult,
+    /// The kernel's share of a RoCEv2 WRITE's turn and of a READ's leg over UDP sockets
+    /// ([`udp_floor`]).
+    write_turn: LatResult,
+    read_leg: LatResult,
+}
+
+/// Plain UDP across the veth: datagrams one way, and a spinning 8-byte ping-pong; and the
+/// same ping-pong with a RoCEv2 device's socket calls.
+fn baseline(pair: &VethPair, secs: f64) -> Result<Baseline, String> {
+    let e = |e: std::io::Error| format!("UDP baseline: {e}");
     let socket = |i: usize| {
         let ip = KERNEL[i].to_string();
-        pair.run_in(i, move || UdpSocket::bind((ip.as_str(), 0))).map_err(|e| format!("UDP baseline: {e}"))
+        pair.run_in(i, move || UdpSocket::bind((ip.as_str(), 0))).map_err(e)
     };
-    let bw = udp_bandwidth_on(socket(0)?, socket(1)?, DATAGRAM, secs).map_err(|e| e.to_string())?;
-    let lat = udp_latency_on(socket(0)?, socket(1)?, 8, 20_000, true).map_err(|e| e.to_string())?;
-    Ok((bw, lat))
+    let floor = |sizes: &[usize]| -> Result<LatResult, String> {
+        let sockets = |i: usize| {
+            let ip: IpAddr = KERNEL[i].parse().map_err(|_| "address".to_string())?;
+            pair.run_in(i, move || udp_floor::open_sockets(ip)).map_err(e)
+        };
+        let (x, y) = (FloorEndpoint::on(sockets(0)?, sizes), FloorEndpoint::on(sockets(1)?, sizes));
+        Ok(bench::lat_result(8, &udp_floor::ping_pong_between(x, y, 20_000).map_err(e)?, true))
+    };
+    Ok(Baseline {
+        udp_bw: udp_bandwidth_on(socket(0)?, socket(1)?, DATAGRAM, secs).map_err(e)?,
+        udp_lat: udp_latency_on(socket(0)?, socket(1)?, 8, 20_000, true).map_err(e)?,
+        write_turn: floor(udp_floor::WRITE_TURN)?,
+        read_leg: floor(udp_floor::READ_LEG)?,
+    })
 }
 
 /// Makes the namespaces, measures every path, prints the table (or JSON), and removes them.
@@ -90,7 +116,7 @@ pub fn run(secs: f64, json_out: bool) -> Result<(), String> {
     for (i, ip) in KERNEL.iter().enumerate() {
         pair.kernel_addr(i, &format!("{ip}/24"))?;
     }
-    let (udp_bw, udp_lat) = baseline(&pair, secs)?;
+    let base = baseline(&pair, secs)?;
     let mut rows = Vec::new();
     let mut missing = Vec::new();
     for path in [Path::UdpSocket, Path::Packet, Path::Xdp] {
@@ -100,14 +126,14 @@ pub fn run(secs: f64, json_out: bool) -> Result<(), String> {
         }
     }
     if json_out {
-        print_json(udp_bw, &udp_lat, &rows, &missing);
+        print_json(&base, &rows, &missing);
     } else {
-        print_table(udp_bw, &udp_lat, &rows, &missing);
+        print_table(&base, &rows, &missing);
     }
     Ok(())
 }
 
-fn print_json(udp_bw: f64, udp_lat: &LatResult, rows: &[PathRow], missing: &[(Path, String)]) {
+fn print_json(base: &Baseline, rows: &[PathRow], missing: &[(Path, String)]) {
     let paths: Vec<_> = rows
         .iter()
         .map(|r| {
@@ -117,12 +143,15 @@ fn print_json(udp_bw: f64, udp_lat: &LatResult, rows: &[PathRow], missing: &[(Pa
         })
         .collect();
     let missing: Vec<_> = missing.iter().map(|(p, e)| json!({"path": p.name(), "error": e})).collect();
-    let doc = json!({"link": "veth, MTU 1500, path MTU 1024", "udp_bytes_per_s": udp_bw,
-        "udp_datagram_bytes": DATAGRAM, "udp_t_typical_us": udp_lat.typical(), "paths": paths, "unavailable": missing});
+    let doc = json!({"link": "veth, MTU 1500, path MTU 1024", "udp_bytes_per_s": base.udp_bw,
+        "udp_datagram_bytes": DATAGRAM, "udp_t_typical_us": base.udp_lat.typical(),
+        "udp_roce_calls_t_typical_us": base.write_turn.typical(),
+        "udp_roce_calls_single_t_typical_us": base.read_leg.typical(), "paths": paths, "unavailable": missing});
     println!("{doc}");
 }
 
-fn print_table(udp_bw: f64, udp_lat: &LatResult, rows: &[PathRow], missing: &[(Path, String)]) {
+fn print_table(base: &Baseline, rows: &[PathRow], missing: &[(Path, String)]) {
+    let (udp_bw, udp_lat) = (base.udp_bw, &base.udp_lat);
     let mb = |x: f64| x / f64::from(1 << 20);
     let line = "-".repeat(100);
     println!("{line}");
@@ -132,6 +161,14 @@ fn print_table(udp_bw: f64, udp_lat: &LatResult, rows: &[PathRow], missing: &[(P
         mb(udp_bw)
     );
     println!("   8-byte ping-pong, spinning: {:.2} usec one-way (typical)", udp_lat.typical());
+    let x = |r: &LatResult| r.typical() / udp_lat.typical();
+    println!(
+        " the kernel's share of the UDP-socket path's: a WRITE's turn {:.2} usec one-way ({:.2}x), a READ's leg {:.2} ({:.2}x)",
+        base.write_turn.typical(),
+        x(&base.write_turn),
+        base.read_leg.typical(),
+        x(&base.read_leg)
+    );
     println!("{line}");
     println!(
         " {:<11} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>10}",

@@ -8,7 +8,7 @@ pub mod pcap;
 pub mod raw;
 pub mod share;
 #[allow(unsafe_code)]
-pub(crate) mod sys;
+pub mod sys;
 pub mod udp;
 pub mod udp_floor;
 pub mod udp_mcast;

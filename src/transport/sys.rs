@@ -571,15 +571,35 @@ pub fn open_packet_socket(ifindex: u32) -> io::Result<OwnedFd> {
     Ok(owned)
 }
 
+/// `PACKET_VNET_HDR` (linux/if_packet.h): every frame read from or written to the socket
+/// has a `struct virtio_net_hdr` before it, which says a GSO frame's segment size.
+const PACKET_VNET_HDR: libc::c_int = 15;
+
+/// Puts a virtio-net header before every frame a packet socket reads (and wants one before
+/// every frame it writes: [`send_frames`] with `vnet`).
+pub fn set_packet_vnet_hdr(fd: RawFd) -> io::Result<()> {
+    set_int_option(fd, libc::SOL_PACKET, PACKET_VNET_HDR, 1)
+}
+
 /// Sends whole frames on a bound packet socket with one `sendmmsg`; returns how many went.
-pub fn send_frames(fd: RawFd, frames: &[&[u8]]) -> io::Result<usize> {
-    let mut iovs: Vec<libc::iovec> =
-        frames.iter().map(|d| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() }).collect();
+/// `vnet`: the socket has [`set_packet_vnet_hdr`], so each frame goes after an all-zero
+/// header (no offload asked for).
+pub fn send_frames(fd: RawFd, frames: &[&[u8]], vnet: bool) -> io::Result<usize> {
+    static NO_OFFLOAD: [u8; 10] = [0; 10];
+    let hdr = libc::iovec { iov_base: NO_OFFLOAD.as_ptr() as *mut libc::c_void, iov_len: NO_OFFLOAD.len() };
+    let per = if vnet { 2 } else { 1 };
+    let mut iovs: Vec<libc::iovec> = frames
+        .iter()
+        .flat_map(|d| {
+            let frame = libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() };
+            [hdr, frame].into_iter().skip(2 - per)
+        })
+        .collect();
     // SAFETY: mmsghdr is plain data; all-zero is a valid value.
     let mut hdrs: Vec<libc::mmsghdr> = (0..frames.len()).map(|_| unsafe { zeroed() }).collect();
-    for (h, iov) in hdrs.iter_mut().zip(iovs.iter_mut()) {
-        h.msg_hdr.msg_iov = iov;
-        h.msg_hdr.msg_iovlen = 1;
+    for (h, iov) in hdrs.iter_mut().zip(iovs.chunks_mut(per)) {
+        h.msg_hdr.msg_iov = iov.as_mut_ptr();
+        h.msg_hdr.msg_iovlen = per;
     }
     // SAFETY: the headers point at buffers alive for the call; sendmmsg only reads them.
     let rc = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as u32, 0) };
@@ -618,6 +638,46 @@ pub fn interface_info(name: &str) -> io::Result<(u32, u32)> {
     // SAFETY: the kernel filled the MTU member of the union.
     let mtu = unsafe { req.ifr_ifru.ifru_mtu };
     Ok((index.max(0) as u32, mtu.max(0) as u32))
+}
+
+/// `struct ethtool_drvinfo` (linux/ethtool.h), as far as the driver's name and the rest
+/// of its size.
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    rest: [u8; 160],
+}
+
+/// The name of interface `name`'s driver (e.g. "veth"), from `ETHTOOL_GDRVINFO`, in the
+/// calling thread's network namespace.
+pub fn interface_driver(name: &str) -> io::Result<String> {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_GDRVINFO: u32 = 3;
+    let mut req = ifreq_for(name)?;
+    let mut info = EthtoolDrvinfo { cmd: ETHTOOL_GDRVINFO, driver: [0; 32], rest: [0; 160] };
+    req.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
+    // SAFETY: socket has no pointer arguments; on success we own the returned fd.
+    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: the kernel reads the name from `req` and writes at most the size of
+    // `ethtool_drvinfo` into `info`, both alive across the call.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL as _, &mut req) })?;
+    let len = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
+    Ok(String::from_utf8_lossy(&info.driver[..len]).into_owned())
+}
+
+/// The running kernel's version, (major, minor), from `uname`.
+pub fn kernel_version() -> Option<(u32, u32)> {
+    // SAFETY: utsname is plain data; all-zero is a valid value.
+    let mut uts: libc::utsname = unsafe { zeroed() };
+    // SAFETY: uname fills the live struct it is given.
+    check(unsafe { libc::uname(&mut uts) }).ok()?;
+    // SAFETY: the kernel NUL-terminates the release string.
+    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }.to_string_lossy().into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 /// The name of the interface that holds address `ip`, from `getifaddrs` (in the calling

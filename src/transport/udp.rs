@@ -63,16 +63,28 @@ pub fn interface_of(addr: IpAddr) -> Option<String> {
 }
 
 /// Whether UDP offloads are on by default for a device on `addr`: on loopback, where a
-/// GSO send crosses the stack whole, and on an interface backed by a device (a NIC, or
+/// GSO send crosses the stack whole; on an interface backed by a device (a NIC, or
 /// virtio-net in a VM), whose driver, or the kernel just before it, cuts a GSO send into
-/// datagrams for the wire. On virtual links (veth, bridge, tap) they stay off, because a
-/// veth hands a GSO send to its peer unsegmented, and a packet socket there (softrdma's
-/// raw transport, `softrdma inject`, a capture) would see one oversized frame.
+/// datagrams for the wire; and on a veth (a container's link), which hands a GSO send to
+/// its peer whole: a UDP socket there takes it as datagrams, softrdma's packet sockets
+/// (the raw transport, `softrdma inject`) split it back into frames
+/// ([`super::raw::gso_split`]), and a native XDP program on the peer makes the kernel cut
+/// it first. That needs Linux 6.2, whose packet sockets say a UDP GSO frame's segment
+/// size; before it the veth stays without. On bridges and taps they stay off, so that a
+/// capture there holds the frames the wire carries (a capture on a veth shows a GSO send
+/// as one long frame, as it shows TCP's).
 pub fn offload_by_default(addr: IpAddr) -> bool {
     match sys::interface_of_address(addr) {
-        Ok(iface) => iface == "lo" || backed_by_device(&iface),
+        Ok(iface) => iface == "lo" || backed_by_device(&iface) || is_veth_with_split(&iface),
         Err(_) => addr.is_loopback(),
     }
+}
+
+/// True if `iface` is a veth on a kernel whose packet sockets can split the GSO sends
+/// offloads would hand its peer (Linux 6.2: `VIRTIO_NET_HDR_GSO_UDP_L4`).
+fn is_veth_with_split(iface: &str) -> bool {
+    let name = iface.split(':').next().unwrap_or(iface);
+    sys::kernel_version().is_some_and(|v| v >= (6, 2)) && sys::interface_driver(name).is_ok_and(|d| d == "veth")
 }
 
 /// True if network interface `iface` (an address label such as `eth0:1` names `eth0`)

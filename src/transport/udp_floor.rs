@@ -28,15 +28,17 @@ pub struct FloorEndpoint {
 }
 
 impl FloorEndpoint {
-    /// Opens the receive socket (shared, with GRO, as a device's) and a sending socket on
-    /// `addr`, both on ports the kernel picks; each turn sends datagrams of `sizes` bytes
-    /// in one message (one GSO send when there are several).
+    /// Opens [`open_sockets`] on `addr`; each turn sends datagrams of `sizes` bytes in one
+    /// message (one GSO send when there are several).
     pub fn open(addr: IpAddr, sizes: &[usize]) -> io::Result<FloorEndpoint> {
-        let rx = open_socket(SocketAddr::new(addr, 0), true, false)?;
-        sys::set_udp_gro(rx.as_raw_fd())?;
-        let tx = open_socket(SocketAddr::new(addr, 0), false, false)?;
+        Ok(FloorEndpoint::on(open_sockets(addr)?, sizes))
+    }
+
+    /// As [`FloorEndpoint::open`], on sockets [`open_sockets`] made (in whichever network
+    /// namespace the path needs).
+    pub fn on((rx, tx): (UdpSocket, UdpSocket), sizes: &[usize]) -> FloorEndpoint {
         let datagrams = sizes.iter().map(|&n| vec![0u8; n]).collect();
-        Ok(FloorEndpoint { rx, tx, batch: RecvBatch::new(1, GRO_BUFFER_BYTES), datagrams })
+        FloorEndpoint { rx, tx, batch: RecvBatch::new(1, GRO_BUFFER_BYTES), datagrams }
     }
 
     /// Where the peer sends to.
@@ -64,10 +66,22 @@ impl FloorEndpoint {
     }
 }
 
+/// A device's receive socket (shared, with GRO) and a sending socket on `addr`, both on
+/// ports the kernel picks.
+pub fn open_sockets(addr: IpAddr) -> io::Result<(UdpSocket, UdpSocket)> {
+    let rx = open_socket(SocketAddr::new(addr, 0), true, false)?;
+    sys::set_udp_gro(rx.as_raw_fd())?;
+    Ok((rx, open_socket(SocketAddr::new(addr, 0), false, false)?))
+}
+
 /// When each of `iters` exchanges of turns of `sizes` began, and when the last ended,
 /// between endpoints on `a` and `b`, each on a thread of its own.
 pub fn ping_pong(a: IpAddr, b: IpAddr, sizes: &[usize], iters: usize) -> io::Result<Vec<Instant>> {
-    let (mut x, mut y) = (FloorEndpoint::open(a, sizes)?, FloorEndpoint::open(b, sizes)?);
+    ping_pong_between(FloorEndpoint::open(a, sizes)?, FloorEndpoint::open(b, sizes)?, iters)
+}
+
+/// As [`ping_pong`], between endpoints already open.
+pub fn ping_pong_between(mut x: FloorEndpoint, mut y: FloorEndpoint, iters: usize) -> io::Result<Vec<Instant>> {
     let (to_x, to_y) = (x.local()?, y.local()?);
     let limit = Duration::from_secs(2);
     std::thread::scope(|s| {

@@ -149,9 +149,10 @@ pub struct OpenConfig {
     pub cc: CcConfig,
     /// UDP source ports QPs spread over.
     pub source_ports: usize,
-    /// UDP segmentation and receive offload on the kernel UDP sockets; by default
-    /// ([`udp::offload_by_default`]) on loopback and on a device's interface (a NIC).
-    pub udp_offload: bool,
+    /// UDP segmentation and receive offload on the kernel UDP sockets; `None` (the
+    /// default) decides when the device opens, in the network namespace it opens in
+    /// ([`udp::offload_by_default`]: loopback, a NIC's interface, a veth).
+    pub udp_offload: Option<bool>,
     /// RoCEv2 on raw Ethernet frames on a network interface, with an address of its own
     /// (`addr` is then `raw.ip`); `None`: kernel UDP sockets.
     pub raw: Option<RawConfig>,
@@ -187,7 +188,7 @@ impl OpenConfig {
                 ..CcConfig::default()
             },
             source_ports: 8,
-            udp_offload: udp::offload_by_default(addr),
+            udp_offload: None,
             raw: None,
             share_address: true,
         }
@@ -304,7 +305,7 @@ impl Context {
                     addr: cfg.addr,
                     port: cfg.port,
                     source_ports: cfg.source_ports,
-                    offload: cfg.udp_offload,
+                    offload: cfg.udp_offload.unwrap_or_else(|| udp::offload_by_default(cfg.addr)),
                     share: cfg.share_address,
                     ecn: cfg.cc.enabled,
                 };

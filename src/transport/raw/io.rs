@@ -2,6 +2,7 @@
 //! the device's logic (headers, ICRC, neighbours, ARP) is written once: a packet socket
 //! (`AF_PACKET`) here, AF_XDP in [`super::xdp`].
 
+use super::gso_split::{split_udp_gso, udp_gso_segment_bytes, Segments, VNET_HDR_LEN};
 use crate::transport::sys::{self, RecvBatch};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -59,44 +60,84 @@ const TX_BATCH: usize = 32;
 /// A packet socket's sending side.
 pub struct PacketSocketTx {
     socket: Arc<OwnedFd>,
+    /// Each frame goes after a virtio-net header ([`packet_socket`] asks for them).
+    vnet: bool,
 }
 
-/// A packet socket's receiving side.
+/// A packet socket's receiving side. Each frame comes with a virtio-net header, so a GSO
+/// send from a sender on this host (a veth peer's UDP socket) is split back into its
+/// datagrams ([`gso_split`]) and reads as the frames a wire would carry.
 pub struct PacketSocketRx {
     socket: Arc<OwnedFd>,
     batch: RecvBatch,
+    vnet: bool,
+    /// Frames split out of this batch's GSO sends.
+    split: Segments,
+    /// The batch's frames in order: the buffer each is (or was split from), and which
+    /// split frame it is.
+    order: Vec<(usize, Option<usize>)>,
+    /// GSO sends split since the socket opened.
+    gso_sends_split: u64,
 }
 
 /// Opens a packet socket on interface `ifindex` (promiscuous while open) and splits it.
+/// Frames carry virtio-net headers where the kernel has them (`PACKET_VNET_HDR`).
 pub fn packet_socket(ifindex: u32) -> io::Result<(PacketSocketTx, PacketSocketRx)> {
     let socket = Arc::new(sys::open_packet_socket(ifindex)?);
     sys::set_buffers(socket.as_raw_fd(), crate::transport::udp::SOCKET_BUFFER_BYTES);
     sys::set_packet_auxdata(socket.as_raw_fd())?;
-    let rx = PacketSocketRx { socket: socket.clone(), batch: RecvBatch::new(RX_BATCH, RX_FRAME_MAX) };
-    Ok((PacketSocketTx { socket }, rx))
+    let vnet = sys::set_packet_vnet_hdr(socket.as_raw_fd()).is_ok();
+    let rx = PacketSocketRx {
+        socket: socket.clone(),
+        batch: RecvBatch::new(RX_BATCH, RX_FRAME_MAX + VNET_HDR_LEN),
+        vnet,
+        split: Segments::default(),
+        order: Vec::with_capacity(RX_BATCH),
+        gso_sends_split: 0,
+    };
+    Ok((PacketSocketTx { socket, vnet }, rx))
+}
+
+/// Sends `frames` on packet socket `fd`, waiting for room while the link is busy; returns
+/// how many the kernel refused.
+pub(crate) fn send_all(fd: RawFd, frames: &[&[u8]], vnet: bool) -> usize {
+    let mut refused = 0;
+    for chunk in frames.chunks(TX_BATCH) {
+        let mut sent = 0;
+        while sent < chunk.len() {
+            match sys::send_frames(fd, &chunk[sent..], vnet) {
+                Ok(n) => sent += n.max(1),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let _ = sys::wait_writable(fd);
+                }
+                Err(_) => {
+                    refused += 1;
+                    sent += 1;
+                }
+            }
+        }
+    }
+    refused
+}
+
+impl PacketSocketRx {
+    /// GSO sends this socket has split into frames since it opened.
+    pub fn gso_sends_split(&self) -> u64 {
+        self.gso_sends_split
+    }
+}
+
+impl PacketSocketTx {
+    /// True if each frame goes after a virtio-net header.
+    pub fn vnet(&self) -> bool {
+        self.vnet
+    }
 }
 
 impl FrameTx for PacketSocketTx {
     fn send(&self, frames: &[Vec<u8>]) -> usize {
-        let fd = self.socket.as_raw_fd();
-        let mut refused = 0;
-        for chunk in frames.chunks(TX_BATCH) {
-            let refs: Vec<&[u8]> = chunk.iter().map(|f| &f[..]).collect();
-            let mut sent = 0;
-            while sent < refs.len() {
-                match sys::send_frames(fd, &refs[sent..]) {
-                    Ok(n) => sent += n.max(1),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        let _ = sys::wait_writable(fd);
-                    }
-                    Err(_) => {
-                        refused += 1;
-                        sent += 1;
-                    }
-                }
-            }
-        }
-        refused
+        let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        send_all(self.socket.as_raw_fd(), &refs, self.vnet)
     }
 
     fn describe(&self) -> String {
@@ -110,18 +151,46 @@ impl FrameRx for PacketSocketRx {
     }
 
     fn recv(&mut self) -> io::Result<usize> {
-        self.batch.recv(self.socket.as_raw_fd())
+        let n = self.batch.recv(self.socket.as_raw_fd())?;
+        self.split.clear();
+        self.order.clear();
+        for i in 0..n {
+            let split_from = self.split.len();
+            let made = match self.batch.get(i) {
+                Some((data, _, _)) if self.vnet && data.len() >= VNET_HDR_LEN => {
+                    let (vnet, frame) = data.split_at(VNET_HDR_LEN);
+                    udp_gso_segment_bytes(vnet).map_or(0, |size| split_udp_gso(frame, size, &mut self.split))
+                }
+                _ => 0,
+            };
+            match made {
+                0 => self.order.push((i, None)),
+                _ => {
+                    self.gso_sends_split += 1;
+                    self.order.extend((split_from..split_from + made).map(|k| (i, Some(k))));
+                }
+            }
+        }
+        Ok(self.order.len())
     }
 
     fn frame(&self, i: usize) -> Option<&[u8]> {
-        self.batch.get(i).map(|(f, _, _)| f)
+        match *self.order.get(i)? {
+            (_, Some(k)) => self.split.get(k),
+            (j, None) => {
+                let data = self.batch.get(j)?.0;
+                // A frame shorter than its header is malformed; it reads as empty.
+                Some(if self.vnet { data.get(VNET_HDR_LEN..).unwrap_or_default() } else { data })
+            }
+        }
     }
 
     fn checksum_partial(&self, i: usize) -> bool {
-        self.batch.checksum_partial(i)
+        // A split frame's checksum is partial as its sender left the whole one.
+        self.order.get(i).is_some_and(|&(j, k)| k.is_some() || self.batch.checksum_partial(j))
     }
 
     fn timestamp_ns(&self, i: usize) -> Option<u64> {
-        self.batch.timestamp_ns(i)
+        self.batch.timestamp_ns(self.order.get(i)?.0)
     }
 }

@@ -14,6 +14,7 @@
 //! dies. The address must not be one the kernel holds.
 
 pub mod frame;
+pub mod gso_split;
 pub mod io;
 pub mod neighbour;
 pub mod socket;

@@ -1,0 +1,235 @@
+//! A UDP GSO send split back into the datagrams it stands for. A sender on this host
+//! (a UDP socket with `UDP_SEGMENT` behind a veth, as softrdma's UDP transport is) hands
+//! the peer end one frame holding a whole run of datagrams; a packet socket with a
+//! virtio-net header ([`super::super::sys::set_packet_vnet_hdr`]) learns the segment size
+//! from it, and [`split_udp_gso`] makes the frames the wire would have carried, as the
+//! kernel's own segmentation would (`__udp_gso_segment`): each with its own IP and UDP
+//! lengths, the IPv4 Identification counting up from the first's, and the UDP checksum
+//! left partial (the pseudo-header sum, as the sender left it) for whoever completes it.
+
+use super::frame::ETH_HEADER_LEN;
+use crate::transport::headers::ipv4_checksum;
+
+/// The most datagrams one GSO send holds (`UDP_MAX_SEGMENTS`, include/linux/udp.h): a
+/// frame that would split into more is not split.
+pub const GSO_SEGMENTS_MAX: usize = 128;
+
+/// virtio-net header `gso_type` of a UDP GSO send (`VIRTIO_NET_HDR_GSO_UDP_L4`).
+pub const VNET_GSO_UDP_L4: u8 = 5;
+/// Length of the virtio-net header (`struct virtio_net_hdr`) before each frame.
+pub const VNET_HDR_LEN: usize = 10;
+
+/// What a virtio-net header says of the frame after it: its segment size when it is a
+/// UDP GSO send, else `None`. Fields are in the host's byte order (legacy virtio on a
+/// packet socket).
+pub fn udp_gso_segment_bytes(vnet: &[u8]) -> Option<usize> {
+    let hdr: &[u8; VNET_HDR_LEN] = vnet.get(..VNET_HDR_LEN)?.try_into().ok()?;
+    // Bit 7 of gso_type is the ECN flag, which only TCP sends carry.
+    let size = usize::from(u16::from_ne_bytes([hdr[4], hdr[5]]));
+    (hdr[1] & 0x7f == VNET_GSO_UDP_L4 && size > 0).then_some(size)
+}
+
+/// Reused buffers for the frames one receive split into.
+#[derive(Debug, Default)]
+pub struct Segments {
+    bufs: Vec<Vec<u8>>,
+    used: usize,
+}
+
+impl Segments {
+    /// Forgets the frames (keeps their buffers).
+    pub fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    /// Frame `i` since the last [`Segments::clear`].
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        self.bufs[..self.used].get(i).map(|b| &b[..])
+    }
+
+    /// Frames held.
+    pub fn len(&self) -> usize {
+        self.used
+    }
+
+    /// True when none is held.
+    pub fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+
+    fn next_buffer(&mut self) -> &mut Vec<u8> {
+        if self.used == self.bufs.len() {
+            self.bufs.push(Vec::new());
+        }
+        self.used += 1;
+        let buf = &mut self.bufs[self.used - 1];
+        buf.clear();
+        buf
+    }
+}
+
+/// Where the IP and UDP headers of an Ethernet frame are, and how long its UDP payload is.
+struct UdpFrame {
+    ipv4: bool,
+    /// Offset of the UDP header.
+    udp_at: usize,
+    /// Bytes of UDP payload (within the IP packet's own length).
+    payload: usize,
+}
+
+fn udp_frame(frame: &[u8]) -> Option<UdpFrame> {
+    let be16 = |at: usize| frame.get(at..at + 2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])));
+    let (ipv4, udp_at, ip_end) = match frame.get(12..14)? {
+        [0x08, 0x00] => {
+            let ihl = usize::from(frame.get(ETH_HEADER_LEN)? & 0x0f) * 4;
+            (ihl >= 20 && *frame.get(23)? == 17).then_some(())?;
+            (true, ETH_HEADER_LEN + ihl, ETH_HEADER_LEN + be16(16)?)
+        }
+        // IPv6 with the UDP header straight after its own (no extension headers).
+        [0x86, 0xdd] => {
+            (*frame.get(20)? == 17).then_some(())?;
+            (false, ETH_HEADER_LEN + 40, ETH_HEADER_LEN + 40 + be16(18)?)
+        }
+        _ => return None,
+    };
+    let end = ip_end.min(frame.len());
+    let payload = end.checked_sub(udp_at + 8)?;
+    Some(UdpFrame { ipv4, udp_at, payload })
+}
+
+/// The one's-complement sum of the UDP pseudo-header (RFC 768, RFC 8200 §8.1) for a
+/// datagram of `udp_len` bytes, folded: what a sender leaves in the checksum field for
+/// the NIC to finish.
+fn pseudo_header_sum(frame: &[u8], ipv4: bool, udp_len: usize) -> u16 {
+    let addrs = if ipv4 { &frame[26..34] } else { &frame[22..54] };
+    let mut sum: u64 = addrs.chunks(2).map(|c| u64::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    sum += 17 + udp_len as u64;
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// Splits `frame`, an Ethernet frame holding one UDP GSO send of `segment_bytes`-byte
+/// datagrams (the last may be shorter), into one frame per datagram, appended to `out`.
+/// Returns how many; 0 (and nothing appended) when it is not a UDP frame over IPv4 or
+/// IPv6, holds one datagram only, or would make more than [`GSO_SEGMENTS_MAX`].
+pub fn split_udp_gso(frame: &[u8], segment_bytes: usize, out: &mut Segments) -> usize {
+    let Some(f) = udp_frame(frame) else { return 0 };
+    if segment_bytes == 0 || f.payload <= segment_bytes || f.payload.div_ceil(segment_bytes) > GSO_SEGMENTS_MAX {
+        return 0;
+    }
+    let headers = &frame[..f.udp_at + 8];
+    let ident = u16::from_be_bytes([frame[18], frame[19]]);
+    let payload = &frame[f.udp_at + 8..f.udp_at + 8 + f.payload];
+    let chunks = payload.chunks(segment_bytes);
+    let n = chunks.len();
+    for (k, chunk) in chunks.enumerate() {
+        let buf = out.next_buffer();
+        buf.extend_from_slice(headers);
+        buf.extend_from_slice(chunk);
+        let udp_len = 8 + chunk.len();
+        if f.ipv4 {
+            let ip_len = (f.udp_at - ETH_HEADER_LEN + udp_len) as u16;
+            buf[16..18].copy_from_slice(&ip_len.to_be_bytes());
+            buf[18..20].copy_from_slice(&ident.wrapping_add(k as u16).to_be_bytes());
+            buf[24..26].fill(0);
+            let sum = ipv4_checksum(&buf[ETH_HEADER_LEN..f.udp_at]);
+            buf[24..26].copy_from_slice(&sum.to_be_bytes());
+        } else {
+            buf[18..20].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        }
+        buf[f.udp_at + 4..f.udp_at + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        let partial = pseudo_header_sum(buf, f.ipv4, udp_len);
+        buf[f.udp_at + 6..f.udp_at + 8].copy_from_slice(&partial.to_be_bytes());
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::raw::frame::complete_partial_checksum;
+    use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
+
+    /// A frame as a veth peer hands over a GSO send: one UDP header and IP header over the
+    /// whole payload, the checksum left partial over the whole length.
+    fn super_frame(ipv4: bool, payload: &[u8]) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let b = if ipv4 { b.ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64) } else { b.ipv6([0xfd; 16], [0xfe; 16], 64) };
+        let mut f = Vec::new();
+        b.udp(0xc000, 4791).write(&mut f, payload).unwrap();
+        if ipv4 {
+            f[18..20].copy_from_slice(&0xfff0u16.to_be_bytes());
+            f[24..26].fill(0);
+            let sum = ipv4_checksum(&f[14..34]);
+            f[24..26].copy_from_slice(&sum.to_be_bytes());
+        }
+        let at = if ipv4 { 34 } else { 54 };
+        let partial = pseudo_header_sum(&f, ipv4, 8 + payload.len());
+        f[at + 6..at + 8].copy_from_slice(&partial.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn a_gso_send_splits_into_the_datagrams_the_wire_would_carry() {
+        let payload: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
+        for ipv4 in [true, false] {
+            let mut out = Segments::default();
+            assert_eq!(split_udp_gso(&super_frame(ipv4, &payload), 1000, &mut out), 3);
+            for (k, want) in payload.chunks(1000).enumerate() {
+                let mut f = out.get(k).unwrap().to_vec();
+                complete_partial_checksum(&mut f);
+                let p = SlicedPacket::from_ethernet(&f).expect("a well-formed frame");
+                let Some(TransportSlice::Udp(udp)) = p.transport else { panic!("UDP") };
+                assert_eq!(udp.payload(), want, "segment {k}");
+                assert_eq!(usize::from(udp.length()), 8 + want.len());
+                match p.net {
+                    Some(etherparse::NetSlice::Ipv4(ip)) => {
+                        assert_eq!(ip.header().identification(), 0xfff0u16.wrapping_add(k as u16));
+                        assert_eq!(ipv4_checksum(ip.header().slice()), 0, "the IPv4 header checksum holds");
+                        let sum = udp.to_header().calc_checksum_ipv4(&ip.header().to_header(), want).unwrap();
+                        assert_eq!(udp.checksum(), sum, "completed, the UDP checksum holds");
+                    }
+                    Some(etherparse::NetSlice::Ipv6(ip)) => {
+                        let sum = udp.to_header().calc_checksum_ipv6(&ip.header().to_header(), want).unwrap();
+                        assert_eq!(udp.checksum(), sum, "completed, the UDP checksum holds");
+                    }
+                    _ => panic!("IP"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn frames_that_are_not_a_gso_send_of_udp_stay_whole() {
+        let mut out = Segments::default();
+        let one = super_frame(true, &[7; 1000]);
+        assert_eq!(split_udp_gso(&one, 1000, &mut out), 0, "one datagram only");
+        assert_eq!(split_udp_gso(&one, 0, &mut out), 0, "no segment size");
+        assert_eq!(split_udp_gso(&super_frame(true, &[7; 1290]), 10, &mut out), 0, "129 segments");
+        let mut tcp = one.clone();
+        tcp[23] = 6;
+        assert_eq!(split_udp_gso(&tcp, 100, &mut out), 0, "not UDP");
+        // Cut short of two 4-byte datagrams (42 bytes of headers): nothing to split.
+        for cut in 0..=46 {
+            assert_eq!(split_udp_gso(&one[..cut], 4, &mut out), 0, "cut at {cut}");
+        }
+        assert!(out.is_empty());
+        // A header claiming more than arrived splits only what arrived.
+        let short = super_frame(true, &[7; 3000]);
+        assert_eq!(split_udp_gso(&short[..short.len() - 1500], 1000, &mut out), 2);
+    }
+
+    #[test]
+    fn the_virtio_net_header_says_which_frames_are_udp_gso_sends() {
+        let mut hdr = [0u8; VNET_HDR_LEN];
+        assert_eq!(udp_gso_segment_bytes(&hdr), None, "no GSO");
+        hdr[1] = VNET_GSO_UDP_L4;
+        hdr[4..6].copy_from_slice(&1052u16.to_ne_bytes());
+        assert_eq!(udp_gso_segment_bytes(&hdr), Some(1052));
+        hdr[1] = 1; // TCPv4
+        assert_eq!(udp_gso_segment_bytes(&hdr), None);
+        assert_eq!(udp_gso_segment_bytes(&hdr[..9]), None, "too short");
+    }
+}
