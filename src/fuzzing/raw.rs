@@ -1,10 +1,12 @@
 //! The raw device's receive check fed arbitrary frames: `frame::classify` for an IPv4 and an
-//! IPv6 device, and what it learns fed to a neighbour table; and raw packet QPs' flow
+//! IPv6 device, and what it learns fed to a neighbour table; a packet socket's split of a
+//! GSO send into frames; and raw packet QPs' flow
 //! steering and receive-side scaling, which see every frame the device does not take.
 
 use crate::engine::mem::Pd;
 use crate::engine::raw::{FlowKind, FlowRule, FlowSpec, FlowTable, Layer, RxHash, WorkQueue};
 use crate::transport::raw::frame::{classify, Inbound, Local};
+use crate::transport::raw::gso_split::{split_udp_gso, Segments, GSO_SEGMENTS_MAX};
 use crate::transport::raw::neighbour::{Neighbours, MAX_NEIGHBOURS};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -78,4 +80,24 @@ pub fn raw_frame(data: &[u8]) {
         }
     }
     assert!(table.len() <= MAX_NEIGHBOURS);
+    gso_split(data);
+}
+
+/// Oracles for a packet socket's split of a GSO send ([`split_udp_gso`]): at most
+/// [`GSO_SEGMENTS_MAX`] frames, none longer than the frame they came from, each one the
+/// device's receive check takes without a panic.
+fn gso_split(data: &[u8]) {
+    let mut out = Segments::default();
+    for frame in data.chunks(512) {
+        // The segment size is the frame's first byte (and 1 to 256), so inputs reach it.
+        let size = usize::from(frame.first().copied().unwrap_or(0)) + 1;
+        out.clear();
+        let n = split_udp_gso(frame, size, &mut out);
+        assert!(n <= GSO_SEGMENTS_MAX && out.len() == n);
+        for k in 0..n {
+            let piece = out.get(k).expect("each frame split");
+            assert!(piece.len() <= frame.len(), "headers and one datagram, within the frame");
+            let _ = classify(&V4, piece);
+        }
+    }
 }

@@ -29,42 +29,38 @@ pub fn udp_gso_segment_bytes(vnet: &[u8]) -> Option<usize> {
     (hdr[1] & 0x7f == VNET_GSO_UDP_L4 && size > 0).then_some(size)
 }
 
-/// Reused buffers for the frames one receive split into.
+/// The frames one receive split into, end to end in one reused buffer: its size is that of
+/// the largest batch split (the frames' bytes plus a set of headers per datagram), so a
+/// sender cannot make it grow beyond what one batch of frames holds.
 #[derive(Debug, Default)]
 pub struct Segments {
-    bufs: Vec<Vec<u8>>,
-    used: usize,
+    bytes: Vec<u8>,
+    /// Where each frame ends in `bytes`.
+    ends: Vec<usize>,
 }
 
 impl Segments {
-    /// Forgets the frames (keeps their buffers).
+    /// Forgets the frames (keeps the buffer).
     pub fn clear(&mut self) {
-        self.used = 0;
+        self.bytes.clear();
+        self.ends.clear();
     }
 
     /// Frame `i` since the last [`Segments::clear`].
     pub fn get(&self, i: usize) -> Option<&[u8]> {
-        self.bufs[..self.used].get(i).map(|b| &b[..])
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        Some(&self.bytes[start..end])
     }
 
     /// Frames held.
     pub fn len(&self) -> usize {
-        self.used
+        self.ends.len()
     }
 
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
-        self.used == 0
-    }
-
-    fn next_buffer(&mut self) -> &mut Vec<u8> {
-        if self.used == self.bufs.len() {
-            self.bufs.push(Vec::new());
-        }
-        self.used += 1;
-        let buf = &mut self.bufs[self.used - 1];
-        buf.clear();
-        buf
+        self.ends.is_empty()
     }
 }
 
@@ -125,9 +121,11 @@ pub fn split_udp_gso(frame: &[u8], segment_bytes: usize, out: &mut Segments) -> 
     let chunks = payload.chunks(segment_bytes);
     let n = chunks.len();
     for (k, chunk) in chunks.enumerate() {
-        let buf = out.next_buffer();
-        buf.extend_from_slice(headers);
-        buf.extend_from_slice(chunk);
+        let at = out.bytes.len();
+        out.bytes.extend_from_slice(headers);
+        out.bytes.extend_from_slice(chunk);
+        out.ends.push(out.bytes.len());
+        let buf = &mut out.bytes[at..];
         let udp_len = 8 + chunk.len();
         if f.ipv4 {
             let ip_len = (f.udp_at - ETH_HEADER_LEN + udp_len) as u16;
@@ -219,6 +217,21 @@ mod tests {
         // A header claiming more than arrived splits only what arrived.
         let short = super_frame(true, &[7; 3000]);
         assert_eq!(split_udp_gso(&short[..short.len() - 1500], 1000, &mut out), 2);
+    }
+
+    #[test]
+    fn the_split_frames_take_one_batch_worth_of_memory_however_often_they_come() {
+        let mut out = Segments::default();
+        let largest = super_frame(true, &[7; 128 * 500]);
+        assert_eq!(split_udp_gso(&largest, 500, &mut out), GSO_SEGMENTS_MAX, "at the limit");
+        let held = out.bytes.len();
+        assert_eq!(held, GSO_SEGMENTS_MAX * (42 + 500), "each datagram with its own headers");
+        let cap = out.bytes.capacity();
+        for size in [500, 1000, 64, 8000] {
+            out.clear();
+            split_udp_gso(&largest, size, &mut out);
+            assert!(out.bytes.len() <= held && out.bytes.capacity() == cap, "no growth at {size}");
+        }
     }
 
     #[test]
