@@ -369,7 +369,10 @@ fn a_busy_poller_holds_a_lone_requests_ack_and_sends_a_streams_at_once() {
 }
 
 /// A READ target serving on its own thread (`Context::serve_while`) receives and answers
-/// the READs there, not on its poll thread.
+/// the READs there, not on its poll thread. When the serving thread is kept off the CPU
+/// (the other tests of this file, on two cores), the poll thread answers meanwhile, as it
+/// should; so of up to three runs of 2,000 READs, one must see the poll thread take fewer
+/// than 1 % of them (it took 45-361 in the runs where the serving thread was starved).
 #[test]
 fn a_read_target_serving_on_its_thread_answers_without_its_poll_thread() {
     const READS: u64 = 2000;
@@ -378,22 +381,29 @@ fn a_read_target_serving_on_its_thread_answers_without_its_poll_thread() {
         s.qp.modify(&QpAttr { timeout: Some(10), ..QpAttr::default() }).unwrap();
     }
     b.mr.write(0, &pattern(64, 3));
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let before = b.ctx.stats().poll_thread_packets;
-    std::thread::scope(|s| {
-        s.spawn(|| b.ctx.serve_while(|| !done.load(std::sync::atomic::Ordering::Acquire)));
-        let from = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() };
-        let mut busy = a.ctx.busy_poll();
-        for n in 1..=READS {
-            a.qp.post_send(SendWr::new(n, SendOp::Read(from), vec![a.mr.sge(0, 64)])).unwrap();
-            assert_eq!(busy.next_completion(&a.cq, WAIT).map(|w| w.status), Some(WcStatus::Success), "READ {n}");
-        }
-        done.store(true, std::sync::atomic::Ordering::Release);
-    });
-    let mut got = [0u8; 64];
-    assert!(a.mr.read(0, &mut got) && got[..] == pattern(64, 3)[..]);
-    let by_poll_thread = b.ctx.stats().poll_thread_packets - before;
-    assert!(by_poll_thread < READS / 100, "B's poll thread received {by_poll_thread} of {READS} READs");
+    let mut taken = Vec::new();
+    while taken.len() < 3 && taken.iter().all(|&n| n >= READS / 100) {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let before = b.ctx.stats().poll_thread_packets;
+        std::thread::scope(|s| {
+            s.spawn(|| b.ctx.serve_while(|| !done.load(std::sync::atomic::Ordering::Acquire)));
+            let from = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() };
+            let mut busy = a.ctx.busy_poll();
+            for n in 1..=READS {
+                a.qp.post_send(SendWr::new(n, SendOp::Read(from), vec![a.mr.sge(0, 64)])).unwrap();
+                assert_eq!(busy.next_completion(&a.cq, WAIT).map(|w| w.status), Some(WcStatus::Success), "READ {n}");
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let mut got = [0u8; 64];
+        assert!(a.mr.read(0, &mut got) && got[..] == pattern(64, 3)[..]);
+        taken.push(b.ctx.stats().poll_thread_packets - before);
+    }
+    assert!(
+        taken.iter().any(|&n| n < READS / 100),
+        "B's poll thread received {taken:?} of {READS} READs in each run ({:?})",
+        b.ctx.stats()
+    );
 }
 
 /// `rounds` WRITEs of a 4-byte count each way (one word of the region, so it lands whole),
