@@ -77,6 +77,32 @@ fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and
     assert_eq!((sa.rx_icrc_bad, sb.rx_icrc_bad), (0, 0), "{sa:?} {sb:?}");
 }
 
+#[test]
+fn a_udp_socket_device_sends_gso_over_ipv6_to_a_raw_device_which_splits_it() {
+    let Some(pair) = pair_or_skip("udp to raw, ipv6") else { return };
+    let added = std::process::Command::new("ip")
+        .args(["-n", &pair.ns[0], "addr", "add", "fd00:9::1/64", "dev", &pair.ifaces[0], "nodad"])
+        .status()
+        .expect("ip");
+    assert!(added.success());
+    let a = side(open_in(&pair, 0, OpenConfig::new("fd00:9::1".parse().unwrap())), 4 << 20);
+    let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "fd00:9::2/64", FrameIo::PacketSocket)), 4 << 20);
+    connect(&a, &b);
+    let iface = pair.ifaces[1].clone();
+    let mut onlooker = pair.run_in(1, move || FrameSocket::open(&iface).expect("packet socket"));
+    every_operation(&a, &b);
+    every_operation(&b, &a);
+    let splits = softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2));
+    let mut longest = 0;
+    while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
+        longest = longest.max(f.len());
+    }
+    assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
+    assert_eq!(onlooker.gso_sends_split() > 0, splits, "the UDP device's GSO sends were split");
+    let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
+    assert_eq!((sa.rx_icrc_bad, sb.rx_icrc_bad, sb.rx_runt), (0, 0, 0), "{sa:?} {sb:?}");
+}
+
 /// A SEND Only with AckReq and an 8-byte payload to `qpn` at `psn`, room for the ICRC.
 fn send_only(qpn: u32, psn: u32) -> Vec<u8> {
     let q = qpn.to_be_bytes();
