@@ -21,8 +21,19 @@ fn raw_devices_run_every_operation_over_ipv4_with_data_checked() {
     let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "10.9.0.1/24", FrameIo::PacketSocket)), 4 << 20);
     let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
+    let iface = pair.ifaces[1].clone();
+    let mut onlooker = pair.run_in(1, move || FrameSocket::open(&iface).expect("packet socket"));
     every_operation(&a, &b);
     every_operation(&b, &a);
+    // A sends a run of its frames as one GSO send where packet sockets can split it again
+    // (Linux 6.2): B's, and an onlooker's, read them as the frames a wire carries.
+    let splits = softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2));
+    let mut longest = 0;
+    while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
+        longest = longest.max(f.len());
+    }
+    assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
+    assert_eq!(onlooker.gso_sends_split() > 0, splits, "A's runs of frames left as GSO sends");
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     // A spoke first: it asked for B's MAC, B answered and learned A's from the request.
     assert!(sa.neighbour_requests >= 1 && sb.neighbour_replies >= 1, "{sa:?} {sb:?}");

@@ -6,7 +6,9 @@
 use crate::engine::mem::Pd;
 use crate::engine::raw::{FlowKind, FlowRule, FlowSpec, FlowTable, Layer, RxHash, WorkQueue};
 use crate::transport::raw::frame::{classify, Inbound, Local};
-use crate::transport::raw::gso_split::{split_udp_gso, Segments, GSO_SEGMENTS_MAX};
+use crate::transport::raw::gso::{
+    merge_udp_run, split_udp_gso, udp_gso_segment_bytes, udp_run_len, Segments, GSO_SEGMENTS_MAX, MERGE_FRAMES_MAX,
+};
 use crate::transport::raw::neighbour::{Neighbours, MAX_NEIGHBOURS};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -98,6 +100,23 @@ fn gso_split(data: &[u8]) {
             let piece = out.get(k).expect("each frame split");
             assert!(piece.len() <= frame.len(), "headers and one datagram, within the frame");
             let _ = classify(&V4, piece);
+        }
+    }
+    // The frames as a run to send: what merges into one GSO send splits back into the
+    // same frames, payloads and all.
+    let frames: Vec<&[u8]> = data.chunks(512).collect();
+    let n = udp_run_len(&frames);
+    assert!(n <= frames.len().min(MERGE_FRAMES_MAX));
+    if n >= 2 {
+        let mut merged = Vec::new();
+        let vnet = merge_udp_run(&frames[..n], &mut merged);
+        let size = udp_gso_segment_bytes(&vnet).expect("a UDP GSO header");
+        out.clear();
+        assert_eq!(split_udp_gso(&merged, size, &mut out), n, "splits into the frames merged");
+        for (k, f) in frames[..n].iter().enumerate() {
+            let piece = out.get(k).expect("each frame");
+            // Same length, same last payload byte (every merged frame has a payload).
+            assert_eq!((piece.len(), piece.last()), (f.len(), f.last()), "frame {k}");
         }
     }
 }

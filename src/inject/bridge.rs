@@ -53,7 +53,8 @@ struct Port {
 
 fn open(iface: &str) -> Result<Port, String> {
     let (ifindex, _) = sys::interface_info(iface).map_err(|e| format!("interface {iface}: {e}"))?;
-    let (tx, rx) = packet_socket(ifindex).map_err(|e| format!("packet socket on {iface} (needs CAP_NET_RAW): {e}"))?;
+    let (tx, rx) =
+        packet_socket(ifindex, false).map_err(|e| format!("packet socket on {iface} (needs CAP_NET_RAW): {e}"))?;
     // Times are the kernel's receive times, not when the bridge read a batch.
     sys::set_receive_timestamps(rx.fd()).map_err(|e| format!("timestamps on {iface}: {e}"))?;
     Ok(Port { tx, rx })

@@ -576,25 +576,27 @@ pub fn open_packet_socket(ifindex: u32) -> io::Result<OwnedFd> {
 const PACKET_VNET_HDR: libc::c_int = 15;
 
 /// Puts a virtio-net header before every frame a packet socket reads (and wants one before
-/// every frame it writes: [`send_frames`] with `vnet`).
+/// every frame it writes: [`send_frames`] with headers).
 pub fn set_packet_vnet_hdr(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::SOL_PACKET, PACKET_VNET_HDR, 1)
 }
 
 /// Sends whole frames on a bound packet socket with one `sendmmsg`; returns how many went.
-/// `vnet`: the socket has [`set_packet_vnet_hdr`], so each frame goes after an all-zero
-/// header (no offload asked for).
-pub fn send_frames(fd: RawFd, frames: &[&[u8]], vnet: bool) -> io::Result<usize> {
+/// `vnet`: the socket has [`set_packet_vnet_hdr`], and frame `i` goes after header `i`.
+pub fn send_frames(fd: RawFd, frames: &[&[u8]], vnet: Option<&[[u8; 10]]>) -> io::Result<usize> {
+    // A frame without a header of its own goes after this one: no offload asked for.
     static NO_OFFLOAD: [u8; 10] = [0; 10];
-    let hdr = libc::iovec { iov_base: NO_OFFLOAD.as_ptr() as *mut libc::c_void, iov_len: NO_OFFLOAD.len() };
-    let per = if vnet { 2 } else { 1 };
-    let mut iovs: Vec<libc::iovec> = frames
-        .iter()
-        .flat_map(|d| {
-            let frame = libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() };
-            [hdr, frame].into_iter().skip(2 - per)
-        })
-        .collect();
+    let iov = |d: &[u8]| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() };
+    let per = if vnet.is_some() { 2 } else { 1 };
+    let mut iovs: Vec<libc::iovec> = Vec::with_capacity(per * frames.len());
+    for (i, f) in frames.iter().enumerate() {
+        if let Some(h) = vnet.and_then(|hs| hs.get(i)) {
+            iovs.push(iov(h));
+        } else if vnet.is_some() {
+            iovs.push(iov(&NO_OFFLOAD));
+        }
+        iovs.push(iov(f));
+    }
     // SAFETY: mmsghdr is plain data; all-zero is a valid value.
     let mut hdrs: Vec<libc::mmsghdr> = (0..frames.len()).map(|_| unsafe { zeroed() }).collect();
     for (h, iov) in hdrs.iter_mut().zip(iovs.chunks_mut(per)) {

@@ -68,7 +68,7 @@ pub fn interface_of(addr: IpAddr) -> Option<String> {
 /// datagrams for the wire; and on a veth (a container's link), which hands a GSO send to
 /// its peer whole: a UDP socket there takes it as datagrams, softrdma's packet sockets
 /// (the raw transport, `softrdma inject`) split it back into frames
-/// ([`super::raw::gso_split`]), and a native XDP program on the peer makes the kernel cut
+/// ([`super::raw::gso`]), and a native XDP program on the peer makes the kernel cut
 /// it first. That needs Linux 6.2, whose packet sockets say a UDP GSO frame's segment
 /// size; before it the veth stays without. On bridges and taps they stay off, so that a
 /// capture there holds the frames the wire carries (a capture on a veth shows a GSO send

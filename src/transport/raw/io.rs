@@ -2,7 +2,7 @@
 //! the device's logic (headers, ICRC, neighbours, ARP) is written once: a packet socket
 //! (`AF_PACKET`) here, AF_XDP in [`super::xdp`].
 
-use super::gso_split::{split_udp_gso, udp_gso_segment_bytes, Segments, VNET_HDR_LEN};
+use super::gso::{merge_udp_run, split_udp_gso, udp_gso_segment_bytes, udp_run_len, Segments, VNET_HDR_LEN};
 use crate::transport::sys::{self, RecvBatch};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -62,11 +62,13 @@ pub struct PacketSocketTx {
     socket: Arc<OwnedFd>,
     /// Each frame goes after a virtio-net header ([`packet_socket`] asks for them).
     vnet: bool,
+    /// Runs of frames that can leave as one GSO send do ([`merge_udp_run`]).
+    merge: bool,
 }
 
 /// A packet socket's receiving side. Each frame comes with a virtio-net header, so a GSO
 /// send from a sender on this host (a veth peer's UDP socket) is split back into its
-/// datagrams ([`gso_split`]) and reads as the frames a wire would carry.
+/// datagrams ([`super::gso`]) and reads as the frames a wire would carry.
 pub struct PacketSocketRx {
     socket: Arc<OwnedFd>,
     batch: RecvBatch,
@@ -81,8 +83,10 @@ pub struct PacketSocketRx {
 }
 
 /// Opens a packet socket on interface `ifindex` (promiscuous while open) and splits it.
-/// Frames carry virtio-net headers where the kernel has them (`PACKET_VNET_HDR`).
-pub fn packet_socket(ifindex: u32) -> io::Result<(PacketSocketTx, PacketSocketRx)> {
+/// Frames carry virtio-net headers where the kernel has them (`PACKET_VNET_HDR`); with
+/// `merge`, runs of frames sent that can leave as one GSO send do (the raw device's own
+/// frames; a bridge passing frames on sends them as they came).
+pub fn packet_socket(ifindex: u32, merge: bool) -> io::Result<(PacketSocketTx, PacketSocketRx)> {
     let socket = Arc::new(sys::open_packet_socket(ifindex)?);
     sys::set_buffers(socket.as_raw_fd(), crate::transport::udp::SOCKET_BUFFER_BYTES);
     sys::set_packet_auxdata(socket.as_raw_fd())?;
@@ -95,29 +99,51 @@ pub fn packet_socket(ifindex: u32) -> io::Result<(PacketSocketTx, PacketSocketRx
         order: Vec::with_capacity(RX_BATCH),
         gso_sends_split: 0,
     };
-    Ok((PacketSocketTx { socket, vnet }, rx))
+    Ok((PacketSocketTx { socket, vnet, merge }, rx))
 }
 
 /// Sends `frames` on packet socket `fd`, waiting for room while the link is busy; returns
-/// how many the kernel refused.
-pub(crate) fn send_all(fd: RawFd, frames: &[&[u8]], vnet: bool) -> usize {
-    let mut refused = 0;
-    for chunk in frames.chunks(TX_BATCH) {
-        let mut sent = 0;
-        while sent < chunk.len() {
-            match sys::send_frames(fd, &chunk[sent..], vnet) {
-                Ok(n) => sent += n.max(1),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let _ = sys::wait_writable(fd);
-                }
-                Err(_) => {
-                    refused += 1;
-                    sent += 1;
-                }
+/// which the kernel refused. `vnet`: the socket wants a virtio-net header before each
+/// frame, `vnet[i]` before frame `i` (all-zero after the last given).
+pub(crate) fn send_all(fd: RawFd, frames: &[&[u8]], vnet: Option<&[[u8; VNET_HDR_LEN]]>) -> Vec<usize> {
+    let mut refused = Vec::new();
+    let mut sent = 0;
+    while sent < frames.len() {
+        let end = (sent + TX_BATCH).min(frames.len());
+        let hdrs = vnet.map(|h| h.get(sent..end.min(h.len())).unwrap_or_default());
+        match sys::send_frames(fd, &frames[sent..end], hdrs) {
+            Ok(n) => sent += n.max(1),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let _ = sys::wait_writable(fd);
+            }
+            Err(_) => {
+                refused.push(sent);
+                sent += 1;
             }
         }
     }
     refused
+}
+
+/// Runs of `frames` that can leave as one GSO send merged ([`merge_udp_run`]): the frames
+/// to send, each after its virtio-net header, and for each how many it stands for.
+fn merge_runs(frames: &[&[u8]], bufs: &mut Vec<Vec<u8>>) -> (Vec<[u8; VNET_HDR_LEN]>, Vec<usize>) {
+    let (mut hdrs, mut counts) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while i < frames.len() {
+        let n = udp_run_len(&frames[i..]).max(1);
+        if n >= 2 {
+            let mut buf = Vec::new();
+            hdrs.push(merge_udp_run(&frames[i..i + n], &mut buf));
+            bufs.push(buf);
+        } else {
+            hdrs.push([0; VNET_HDR_LEN]);
+            bufs.push(Vec::new());
+        }
+        counts.push(n);
+        i += n;
+    }
+    (hdrs, counts)
 }
 
 impl PacketSocketRx {
@@ -137,7 +163,27 @@ impl PacketSocketTx {
 impl FrameTx for PacketSocketTx {
     fn send(&self, frames: &[Vec<u8>]) -> usize {
         let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
-        send_all(self.socket.as_raw_fd(), &refs, self.vnet)
+        if !(self.vnet && self.merge) {
+            let hdrs = self.vnet.then_some(&[][..]);
+            return send_all(self.socket.as_raw_fd(), &refs, hdrs).len();
+        }
+        let mut bufs = Vec::new();
+        let (hdrs, counts) = merge_runs(&refs, &mut bufs);
+        let mut at = 0;
+        let out: Vec<&[u8]> = counts
+            .iter()
+            .zip(&bufs)
+            .map(|(&n, buf)| {
+                at += n;
+                if n >= 2 {
+                    &buf[..]
+                } else {
+                    refs[at - 1]
+                }
+            })
+            .collect();
+        // A refused merged send loses every frame in it.
+        send_all(self.socket.as_raw_fd(), &out, Some(&hdrs)).iter().map(|&i| counts[i]).sum()
     }
 
     fn describe(&self) -> String {

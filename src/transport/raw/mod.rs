@@ -14,7 +14,7 @@
 //! dies. The address must not be one the kernel holds.
 
 pub mod frame;
-pub mod gso_split;
+pub mod gso;
 pub mod io;
 pub mod neighbour;
 pub mod socket;
@@ -221,7 +221,7 @@ pub fn open_frames(cfg: &RawConfig) -> std::io::Result<Frames> {
     let (ifindex, mtu) = sys::interface_info(&cfg.iface).map_err(|e| open_error(cfg, "interface", e))?;
     match cfg.frame_io {
         FrameIo::PacketSocket => {
-            let (tx, rx) = io::packet_socket(ifindex).map_err(|e| open_error(cfg, "packet socket", e))?;
+            let (tx, rx) = io::packet_socket(ifindex, true).map_err(|e| open_error(cfg, "packet socket", e))?;
             Ok(Frames { tx: Arc::new(tx), rx: Box::new(rx), mtu: mtu as usize })
         }
         FrameIo::Xdp => {

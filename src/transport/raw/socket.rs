@@ -24,14 +24,14 @@ impl FrameSocket {
     /// Opens a packet socket on interface `iface` (needs CAP_NET_RAW).
     pub fn open(iface: &str) -> io::Result<FrameSocket> {
         let (ifindex, _) = sys::interface_info(iface)?;
-        let (tx, rx) = packet_socket(ifindex)?;
+        let (tx, rx) = packet_socket(ifindex, false)?;
         Ok(FrameSocket { rx, vnet: tx.vnet(), received: 0, next: 0 })
     }
 
     /// Sends one whole frame.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         loop {
-            match sys::send_frames(self.as_raw_fd(), &[frame], self.vnet) {
+            match sys::send_frames(self.as_raw_fd(), &[frame], self.vnet.then_some(&[][..])) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     sys::wait_writable(self.as_raw_fd())?;

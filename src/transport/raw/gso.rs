@@ -1,4 +1,5 @@
-//! A UDP GSO send split back into the datagrams it stands for. A sender on this host
+//! UDP GSO sends through a packet socket, both ways. Received: a GSO send split back into
+//! the datagrams it stands for ([`split_udp_gso`]). A sender on this host
 //! (a UDP socket with `UDP_SEGMENT` behind a veth, as softrdma's UDP transport is) hands
 //! the peer end one frame holding a whole run of datagrams; a packet socket with a
 //! virtio-net header ([`super::super::sys::set_packet_vnet_hdr`]) learns the segment size
@@ -6,6 +7,12 @@
 //! kernel's own segmentation would (`__udp_gso_segment`): each with its own IP and UDP
 //! lengths, the IPv4 Identification counting up from the first's, and the UDP checksum
 //! left partial (the pseudo-header sum, as the sender left it) for whoever completes it.
+//!
+//! Sent: a run of frames that differ only where the kernel's segmentation would make
+//! them differ (the same Ethernet, IP and UDP headers, the IPv4 Identification counting up,
+//! the same length but for a shorter last one) leaves as one GSO frame after a virtio-net
+//! header ([`merge_udp_run`]); the kernel cuts it into those same frames (with their UDP
+//! checksums computed, which the ICRC masks), or hands it whole to a veth peer.
 
 use super::frame::ETH_HEADER_LEN;
 use crate::transport::headers::ipv4_checksum;
@@ -18,6 +25,13 @@ pub const GSO_SEGMENTS_MAX: usize = 128;
 pub const VNET_GSO_UDP_L4: u8 = 5;
 /// Length of the virtio-net header (`struct virtio_net_hdr`) before each frame.
 pub const VNET_HDR_LEN: usize = 10;
+/// virtio-net header flag: the checksum at `csum_start + csum_offset` is left for the
+/// device (`VIRTIO_NET_HDR_F_NEEDS_CSUM`).
+const VNET_F_NEEDS_CSUM: u8 = 1;
+/// The most frames merged into one GSO send.
+pub const MERGE_FRAMES_MAX: usize = 64;
+/// The most bytes of IP packet a merged send may hold (its length field's range).
+const IP_PACKET_MAX: usize = 65535;
 
 /// What a virtio-net header says of the frame after it: its segment size when it is a
 /// UDP GSO send, else `None`. Fields are in the host's byte order (legacy virtio on a
@@ -144,6 +158,94 @@ pub fn split_udp_gso(frame: &[u8], segment_bytes: usize, out: &mut Segments) -> 
     n
 }
 
+/// True if `f` can follow `first` as the `k`-th datagram of one GSO send: the same
+/// headers but for the lengths, checksums and (IPv4) an Identification `k` above
+/// `first`'s.
+fn follows(first: &[u8], f: &[u8], uf: &UdpFrame, k: usize) -> bool {
+    let same = |r: std::ops::Range<usize>| first.get(r.clone()) == f.get(r);
+    let ports = uf.udp_at..uf.udp_at + 4;
+    if uf.ipv4 {
+        let ident = |x: &[u8]| u16::from_be_bytes([x[18], x[19]]);
+        same(0..16)
+            && same(20..24)
+            && same(26..uf.udp_at)
+            && same(ports)
+            && ident(f) == ident(first).wrapping_add(k as u16)
+    } else {
+        same(0..18) && same(20..54) && same(ports)
+    }
+}
+
+/// How many of `frames` (from the first) can leave as one GSO send: the first, and each
+/// next one that [`follows`] it with the first's length (the last may be shorter), within
+/// [`MERGE_FRAMES_MAX`] and an IP packet's length. 1 when the first is not UDP over IP.
+pub fn udp_run_len(frames: &[&[u8]]) -> usize {
+    let Some(&first) = frames.first() else { return 0 };
+    let Some(uf) = udp_frame(first) else { return 1 };
+    // Only whole frames (no Ethernet padding after the IP packet) merge.
+    if uf.udp_at + 8 + uf.payload != first.len() || uf.payload == 0 {
+        return 1;
+    }
+    let mut bytes = uf.udp_at - ETH_HEADER_LEN + 8 + uf.payload;
+    let mut n = 1;
+    while n < frames.len().min(MERGE_FRAMES_MAX) {
+        let f = frames[n];
+        let Some(u) = udp_frame(f) else { break };
+        let fits = u.udp_at == uf.udp_at && u.udp_at + 8 + u.payload == f.len() && u.payload > 0;
+        if !fits || u.payload > uf.payload || bytes + u.payload > IP_PACKET_MAX || !follows(first, f, &uf, n) {
+            break;
+        }
+        bytes += u.payload;
+        n += 1;
+        if u.payload < uf.payload {
+            break;
+        }
+    }
+    n
+}
+
+/// The virtio-net header that asks the kernel to cut the frame after it into datagrams
+/// of `segment_bytes` of UDP payload, completing each one's UDP checksum (at `udp_at`).
+fn gso_vnet_header(udp_at: usize, segment_bytes: usize) -> [u8; VNET_HDR_LEN] {
+    let mut h = [0u8; VNET_HDR_LEN];
+    h[0] = VNET_F_NEEDS_CSUM;
+    h[1] = VNET_GSO_UDP_L4;
+    for (i, field) in [udp_at + 8, segment_bytes, udp_at, 6].into_iter().enumerate() {
+        h[2 + 2 * i..4 + 2 * i].copy_from_slice(&(field as u16).to_ne_bytes());
+    }
+    h
+}
+
+/// Writes into `out` the one frame that carries `run` (frames [`udp_run_len`] accepted, at
+/// least two) as a GSO send, and returns the virtio-net header to send it after: the
+/// first's headers with the whole length, the UDP checksum left to the kernel, and every
+/// frame's UDP payload.
+pub fn merge_udp_run(run: &[&[u8]], out: &mut Vec<u8>) -> [u8; VNET_HDR_LEN] {
+    let first = run[0];
+    let uf = udp_frame(first).expect("a run udp_run_len accepted");
+    let payload: usize = run.iter().map(|f| f.len() - uf.udp_at - 8).sum();
+    out.clear();
+    out.extend_from_slice(&first[..uf.udp_at + 8]);
+    for f in run {
+        out.extend_from_slice(&f[uf.udp_at + 8..]);
+    }
+    let frame = &mut out[..];
+    let udp_len = 8 + payload;
+    if uf.ipv4 {
+        let ip_len = (uf.udp_at - ETH_HEADER_LEN + udp_len) as u16;
+        frame[16..18].copy_from_slice(&ip_len.to_be_bytes());
+        frame[24..26].fill(0);
+        let sum = ipv4_checksum(&frame[ETH_HEADER_LEN..uf.udp_at]);
+        frame[24..26].copy_from_slice(&sum.to_be_bytes());
+    } else {
+        frame[18..20].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    }
+    frame[uf.udp_at + 4..uf.udp_at + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    let partial = pseudo_header_sum(frame, uf.ipv4, udp_len);
+    frame[uf.udp_at + 6..uf.udp_at + 8].copy_from_slice(&partial.to_be_bytes());
+    gso_vnet_header(uf.udp_at, uf.payload)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +334,75 @@ mod tests {
             split_udp_gso(&largest, size, &mut out);
             assert!(out.bytes.len() <= held && out.bytes.capacity() == cap, "no growth at {size}");
         }
+    }
+
+    /// Frames as the raw device sends them: one QP's packets to one peer, Identifications
+    /// counting up from 0xfffe (so they wrap), the last `last` bytes long.
+    fn frames_of_a_qp(ipv4: bool, n: usize, size: usize, last: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|k| {
+                let len = if k + 1 == n { last } else { size };
+                let body: Vec<u8> = (0..len).map(|i| (i + k) as u8).collect();
+                let mut f = super_frame(ipv4, &body);
+                if ipv4 {
+                    f[18..20].copy_from_slice(&0xfffeu16.wrapping_add(k as u16).to_be_bytes());
+                    f[24..26].fill(0);
+                    let sum = ipv4_checksum(&f[14..34]);
+                    f[24..26].copy_from_slice(&sum.to_be_bytes());
+                }
+                f
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_run_of_a_qps_frames_merges_into_a_send_that_splits_back_into_them() {
+        for ipv4 in [true, false] {
+            let frames = frames_of_a_qp(ipv4, 5, 1000, 300);
+            let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+            assert_eq!(udp_run_len(&refs), 5);
+            let mut frame = Vec::new();
+            let vnet = merge_udp_run(&refs, &mut frame);
+            assert_eq!(udp_gso_segment_bytes(&vnet), Some(1000));
+            assert_eq!(u16::from_ne_bytes([vnet[6], vnet[7]]), if ipv4 { 34 } else { 54 }, "csum_start");
+            let mut out = Segments::default();
+            assert_eq!(split_udp_gso(&frame, 1000, &mut out), 5);
+            for (k, want) in frames.iter().enumerate() {
+                let got = out.get(k).unwrap();
+                let at = if ipv4 { 34 } else { 54 };
+                // All but the UDP checksum, which the sender left to the kernel.
+                assert_eq!(got[..at + 6], want[..at + 6], "headers of frame {k}");
+                assert_eq!(got[at + 8..], want[at + 8..], "payload of frame {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn frames_that_the_kernel_would_not_cut_alike_do_not_merge() {
+        let frames = frames_of_a_qp(true, 4, 1000, 1000);
+        let run = |fs: &[Vec<u8>]| udp_run_len(&fs.iter().map(|f| &f[..]).collect::<Vec<_>>());
+        assert_eq!(run(&frames), 4);
+        assert_eq!(run(&frames[..0]), 0);
+        let mut longer = frames.clone();
+        longer[2] = frames_of_a_qp(true, 3, 1000, 1004).pop().unwrap();
+        assert_eq!(run(&longer), 2, "a longer frame ends the run before it");
+        let mut shorter = frames.clone();
+        shorter[1] = frames_of_a_qp(true, 2, 1000, 996).pop().unwrap();
+        assert_eq!(run(&shorter), 2, "a shorter frame ends the run after it");
+        for (at, what) in
+            [(5, "destination MAC"), (15, "TOS"), (19, "Identification"), (22, "TTL"), (29, "source"), (35, "port")]
+        {
+            let mut other = frames.clone();
+            other[3][at] ^= 1;
+            assert_eq!(run(&other), 3, "{what}");
+        }
+        let mut arp = frames.clone();
+        arp[0][12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(run(&arp), 1, "not IP");
+        let many = frames_of_a_qp(true, 70, 100, 100);
+        assert_eq!(run(&many), MERGE_FRAMES_MAX);
+        let big = frames_of_a_qp(true, 70, 1400, 1400);
+        assert_eq!(run(&big), (IP_PACKET_MAX - 28) / 1400, "within an IP packet's length");
     }
 
     #[test]
