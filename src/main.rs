@@ -307,8 +307,22 @@ struct PerfArgs {
     /// stderr, or into the JSON document.
     #[arg(long)]
     stats: bool,
+    /// RoCEv2 on kernel UDP sockets: UDP segmentation and receive offload (GSO, GRO), on or
+    /// off (default: on loopback, a NIC's interface and a veth; off on bridges and taps).
+    /// Off, a capture on a veth holds one frame per packet.
+    #[arg(long, value_parser = parse_on_off)]
+    udp_offload: Option<bool>,
     #[command(flatten)]
     raw: RawArgs,
+}
+
+/// `on` or `off`.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: on or off")),
+    }
 }
 
 /// What rc-pingpong and ud-pingpong share with rdma-core's examples.
@@ -705,6 +719,7 @@ fn perf(test: Test, a: PerfArgs) -> ExitCode {
         pcap: a.pcap,
         cc: a.cc,
         stats: a.stats,
+        udp_offload: a.udp_offload,
     };
     match softrdma::tools::perf::run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -469,3 +469,24 @@ fn stats_report_what_went_over_the_wire() {
         assert!(err.contains("device counters: {") && err.contains("\"retransmit_timeouts\":0"), "{err}");
     }
 }
+
+#[test]
+fn udp_offload_turned_off_is_said_in_the_header_and_a_bad_value_refused() {
+    for (i, (flag, link)) in [
+        (None, "(softrdma over kernel UDP sockets with GSO and GRO)"),
+        (Some("off"), "(softrdma over kernel UDP sockets)"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut extra = vec!["-n", "20"];
+        extra.extend(flag.map(|f| ["--udp-offload", f]).into_iter().flatten());
+        let (s, c, _) = pair_run("write-bw", "127.42.0", 19270 + i as u16, &extra);
+        for o in [&s, &c] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success() && out.contains(link), "{link}: {out}");
+        }
+    }
+    let bad = softrdma().args(["write-bw", "--udp-offload", "maybe"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("on or off"));
+}

@@ -46,6 +46,8 @@ pub struct ToolArgs {
     pub cc: bool,
     /// Report the device's counters after the test.
     pub stats: bool,
+    /// UDP offloads on or off (`None`: [`crate::transport::udp::offload_by_default`]).
+    pub udp_offload: Option<bool>,
 }
 
 /// Sizes of a run: 2^1..=2^23 with `-a` (perftest's range), else the one size.
@@ -155,6 +157,7 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
         cfg.iwarp = a.iwarp.clone();
         cfg.pcap = a.pcap.clone();
         cfg.cc.enabled = a.cc;
+        cfg.udp_offload = a.udp_offload;
         let oob = match &a.server {
             Some(s) => Oob::connect_cm(&cfg, s, a.port),
             None => Oob::accept_cm(&cfg, a.port),
@@ -179,6 +182,7 @@ fn open_oob(a: &ToolArgs) -> Result<(Oob, OpenConfig), String> {
     };
     cfg.pcap = a.pcap.clone();
     cfg.cc.enabled = a.cc;
+    cfg.udp_offload = a.udp_offload;
     Ok((oob, cfg))
 }
 
