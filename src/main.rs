@@ -308,8 +308,8 @@ struct PerfArgs {
     #[arg(long)]
     stats: bool,
     /// RoCEv2 on kernel UDP sockets: UDP segmentation and receive offload (GSO, GRO), on or
-    /// off (default: on loopback, a NIC's interface and a veth; off on bridges and taps).
-    /// Off, a capture on a veth holds one frame per packet.
+    /// off (default: SOFTRDMA_UDP_OFFLOAD if set, else on; on virtual links only from Linux
+    /// 6.2). Off, a capture on a veth or a bridge holds one frame per packet.
     #[arg(long, value_parser = parse_on_off)]
     udp_offload: Option<bool>,
     #[command(flatten)]

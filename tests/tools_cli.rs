@@ -489,4 +489,20 @@ fn udp_offload_turned_off_is_said_in_the_header_and_a_bad_value_refused() {
     }
     let bad = softrdma().args(["write-bw", "--udp-offload", "maybe"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("on or off"));
+    // The environment turns them off for every device a process opens.
+    let run = |args: &[&str]| {
+        let mut c = softrdma();
+        c.args(args).env("SOFTRDMA_UDP_OFFLOAD", "off").stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.spawn().expect("run softrdma")
+    };
+    let s = run(&["write-bw", "-p", "19272", "--bind", "127.42.0.1", "-n", "20"]);
+    let c = finish(
+        run(&["write-bw", "127.42.0.1", "-p", "19272", "--bind", "127.42.0.2", "-n", "20"]),
+        Duration::from_secs(60),
+    );
+    let s = finish(s, Duration::from_secs(10));
+    for o in [&s, &c] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains("(softrdma over kernel UDP sockets)"), "{out}");
+    }
 }

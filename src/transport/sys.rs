@@ -642,34 +642,6 @@ pub fn interface_info(name: &str) -> io::Result<(u32, u32)> {
     Ok((index.max(0) as u32, mtu.max(0) as u32))
 }
 
-/// `struct ethtool_drvinfo` (linux/ethtool.h), as far as the driver's name and the rest
-/// of its size.
-#[repr(C)]
-struct EthtoolDrvinfo {
-    cmd: u32,
-    driver: [u8; 32],
-    rest: [u8; 160],
-}
-
-/// The name of interface `name`'s driver (e.g. "veth"), from `ETHTOOL_GDRVINFO`, in the
-/// calling thread's network namespace.
-pub fn interface_driver(name: &str) -> io::Result<String> {
-    const SIOCETHTOOL: libc::c_ulong = 0x8946;
-    const ETHTOOL_GDRVINFO: u32 = 3;
-    let mut req = ifreq_for(name)?;
-    let mut info = EthtoolDrvinfo { cmd: ETHTOOL_GDRVINFO, driver: [0; 32], rest: [0; 160] };
-    req.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
-    // SAFETY: socket has no pointer arguments; on success we own the returned fd.
-    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: the kernel reads the name from `req` and writes at most the size of
-    // `ethtool_drvinfo` into `info`, both alive across the call.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL as _, &mut req) })?;
-    let len = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
-    Ok(String::from_utf8_lossy(&info.driver[..len]).into_owned())
-}
-
 /// The running kernel's version, (major, minor), from `uname`.
 pub fn kernel_version() -> Option<(u32, u32)> {
     // SAFETY: utsname is plain data; all-zero is a valid value.

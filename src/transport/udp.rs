@@ -65,26 +65,41 @@ pub fn interface_of(addr: IpAddr) -> Option<String> {
 /// Whether UDP offloads are on by default for a device on `addr`: on loopback, where a
 /// GSO send crosses the stack whole; on an interface backed by a device (a NIC, or
 /// virtio-net in a VM), whose driver, or the kernel just before it, cuts a GSO send into
-/// datagrams for the wire; and on a veth (a container's link), which hands a GSO send to
-/// its peer whole: a UDP socket there takes it as datagrams, softrdma's packet sockets
-/// (the raw transport, `softrdma inject`) split it back into frames
-/// ([`super::raw::gso`]), and a native XDP program on the peer makes the kernel cut
-/// it first. That needs Linux 6.2, whose packet sockets say a UDP GSO frame's segment
-/// size; before it the veth stays without. On bridges and taps they stay off, so that a
-/// capture there holds the frames the wire carries (a capture on a veth shows a GSO send
-/// as one long frame, as it shows TCP's).
+/// datagrams for the wire; and, from Linux 6.2, on virtual links too (veth, bridge, tap,
+/// macvlan). A link that cannot take a GSO send whole has the kernel cut it first; a veth
+/// hands it to its peer whole, where a UDP socket takes it as datagrams, a native XDP
+/// program (softrdma's AF_XDP device) has the kernel cut it first, and softrdma's packet
+/// sockets (the raw transport, `softrdma inject`) split it back into frames
+/// ([`super::raw::gso`]) by the segment size a virtio-net header gives them, which Linux
+/// 6.2 brought. A capture on a link that takes GSO sends whole (a veth, a bridge) shows
+/// each as one long frame, as it shows TCP's; one on a tap or a NIC shows the datagrams.
+/// [`OFFLOAD_ENV`] set to `on` or `off` decides instead.
 pub fn offload_by_default(addr: IpAddr) -> bool {
+    if let Some(on) = offload_from_env() {
+        return on;
+    }
     match sys::interface_of_address(addr) {
-        Ok(iface) => iface == "lo" || backed_by_device(&iface) || is_veth_with_split(&iface),
+        Ok(iface) => iface == "lo" || backed_by_device(&iface) || packet_sockets_split_gso(),
         Err(_) => addr.is_loopback(),
     }
 }
 
-/// True if `iface` is a veth on a kernel whose packet sockets can split the GSO sends
-/// offloads would hand its peer (Linux 6.2: `VIRTIO_NET_HDR_GSO_UDP_L4`).
-fn is_veth_with_split(iface: &str) -> bool {
-    let name = iface.split(':').next().unwrap_or(iface);
-    sys::kernel_version().is_some_and(|v| v >= (6, 2)) && sys::interface_driver(name).is_ok_and(|d| d == "veth")
+/// The environment variable that turns UDP offloads `on` or `off` for every device a
+/// process opens (tools and applications on the C library alike), whatever the link.
+pub const OFFLOAD_ENV: &str = "SOFTRDMA_UDP_OFFLOAD";
+
+fn offload_from_env() -> Option<bool> {
+    match std::env::var(OFFLOAD_ENV).ok()?.as_str() {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// True on kernels whose packet sockets say a UDP GSO frame's segment size
+/// (`VIRTIO_NET_HDR_GSO_UDP_L4`, Linux 6.2), so that softrdma's own can split one.
+fn packet_sockets_split_gso() -> bool {
+    sys::kernel_version().is_some_and(|v| v >= (6, 2))
 }
 
 /// True if network interface `iface` (an address label such as `eth0:1` names `eth0`)
@@ -699,7 +714,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     #[test]
-    fn offloads_are_on_for_loopback_and_devices_and_off_for_virtual_links() {
+    fn offloads_are_on_for_loopback_and_devices_and_virtual_links_on_linux_6_2() {
         assert!(offload_by_default(IpAddr::from([127, 0, 0, 1])));
         assert!(!backed_by_device("lo") && !backed_by_device("lo:1"), "loopback is not a device");
         assert!(!backed_by_device("") && !backed_by_device("../../devices"), "not an interface name");
