@@ -6,6 +6,7 @@ use super::gso::{merge_udp_run, split_udp_gso, udp_gso_segment_bytes, udp_run_le
 use crate::transport::sys::{self, RecvBatch};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Sends batches of frames. Shared: the device's sending half and its receiving half
@@ -62,8 +63,9 @@ pub struct PacketSocketTx {
     socket: Arc<OwnedFd>,
     /// Each frame goes after a virtio-net header ([`packet_socket`] asks for them).
     vnet: bool,
-    /// Runs of frames that can leave as one GSO send do ([`merge_udp_run`]).
-    merge: bool,
+    /// Runs of frames that can leave as one GSO send do ([`merge_udp_run`]), until the
+    /// kernel refuses one.
+    merge: AtomicBool,
 }
 
 /// A packet socket's receiving side. Each frame comes with a virtio-net header, so a GSO
@@ -99,7 +101,9 @@ pub fn packet_socket(ifindex: u32, merge: bool) -> io::Result<(PacketSocketTx, P
         order: Vec::with_capacity(RX_BATCH),
         gso_sends_split: 0,
     };
-    Ok((PacketSocketTx { socket, vnet, merge }, rx))
+    // Linux takes a UDP GSO send through a packet socket from 6.2 on.
+    let merge = merge && vnet && sys::kernel_version().is_some_and(|v| v >= (6, 2));
+    Ok((PacketSocketTx { socket, vnet, merge: AtomicBool::new(merge) }, rx))
 }
 
 /// Sends `frames` on packet socket `fd`, waiting for room while the link is busy; returns
@@ -163,27 +167,26 @@ impl PacketSocketTx {
 impl FrameTx for PacketSocketTx {
     fn send(&self, frames: &[Vec<u8>]) -> usize {
         let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
-        if !(self.vnet && self.merge) {
-            let hdrs = self.vnet.then_some(&[][..]);
-            return send_all(self.socket.as_raw_fd(), &refs, hdrs).len();
+        let fd = self.socket.as_raw_fd();
+        if !(self.vnet && self.merge.load(Ordering::Relaxed)) {
+            return send_all(fd, &refs, self.vnet.then_some(&[][..])).len();
         }
         let mut bufs = Vec::new();
         let (hdrs, counts) = merge_runs(&refs, &mut bufs);
-        let mut at = 0;
-        let out: Vec<&[u8]> = counts
-            .iter()
-            .zip(&bufs)
-            .map(|(&n, buf)| {
-                at += n;
-                if n >= 2 {
-                    &buf[..]
-                } else {
-                    refs[at - 1]
-                }
-            })
-            .collect();
-        // A refused merged send loses every frame in it.
-        send_all(self.socket.as_raw_fd(), &out, Some(&hdrs)).iter().map(|&i| counts[i]).sum()
+        let firsts: Vec<usize> = counts.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+        let out: Vec<&[u8]> =
+            bufs.iter().zip(&firsts).map(|(b, &i)| if b.is_empty() { refs[i] } else { &b[..] }).collect();
+        let refused = send_all(fd, &out, Some(&hdrs));
+        let merged_refused: Vec<usize> = refused.iter().copied().filter(|&k| counts[k] >= 2).collect();
+        if merged_refused.is_empty() {
+            return refused.len();
+        }
+        // The kernel took no GSO send (one without UDP GSO in its virtio-net header, before
+        // Linux 6.2, says EINVAL): frames go one by one from now on, these ones too.
+        self.merge.store(false, Ordering::Relaxed);
+        let again: Vec<&[u8]> =
+            merged_refused.iter().flat_map(|&k| refs[firsts[k]..firsts[k] + counts[k]].iter().copied()).collect();
+        refused.len() - merged_refused.len() + send_all(fd, &again, Some(&[])).len()
     }
 
     fn describe(&self) -> String {
@@ -238,5 +241,40 @@ impl FrameRx for PacketSocketRx {
 
     fn timestamp_ns(&self, i: usize) -> Option<u64> {
         self.batch.timestamp_ns(self.order.get(i)?.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::OwnedFd;
+
+    /// Frames as a raw device sends them: IPv4 UDP to one peer, Identifications counting up.
+    fn run_of(n: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|k| {
+                let mut f = Vec::new();
+                etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+                    .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+                    .udp(0xc000, 4791)
+                    .write(&mut f, &[k as u8; 100])
+                    .unwrap();
+                f[18..20].copy_from_slice(&(k as u16).to_be_bytes());
+                f
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_refused_gso_send_stops_merging_and_its_frames_go_again_one_by_one() {
+        // A socket that takes no frame at all (a UDP socket with nowhere to send): every
+        // message is refused, so every frame counts as lost once, merged or not.
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = PacketSocketTx { socket: Arc::new(OwnedFd::from(udp)), vnet: true, merge: AtomicBool::new(true) };
+        let mut frames = run_of(5);
+        frames.push(vec![0; 60]);
+        assert_eq!(tx.send(&frames), 6, "each frame counted once");
+        assert!(!tx.merge.load(Ordering::Relaxed), "no more merging after a refusal");
+        assert_eq!(tx.send(&frames), 6);
     }
 }
