@@ -15,25 +15,40 @@ use softrdma::verbs::*;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+/// A packet socket watching the frames that arrive on side `i`'s end of the veth.
+fn onlooker(pair: &netns::VethPair, i: usize) -> FrameSocket {
+    let iface = pair.ifaces[i].clone();
+    pair.run_in(i, move || FrameSocket::open(&iface).expect("packet socket"))
+}
+
+/// True on kernels whose packet sockets split a UDP GSO send (Linux 6.2).
+fn packet_sockets_split() -> bool {
+    softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2))
+}
+
+/// Reads what the onlooker saw: every frame must fit the link's MTU; returns how many GSO
+/// sends it split into frames.
+fn gso_sends_seen(onlooker: &mut FrameSocket) -> u64 {
+    let mut longest = 0;
+    while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
+        longest = longest.max(f.len());
+    }
+    assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
+    onlooker.gso_sends_split()
+}
+
 #[test]
 fn raw_devices_run_every_operation_over_ipv4_with_data_checked() {
     let Some(pair) = pair_or_skip("raw ipv4") else { return };
     let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "10.9.0.1/24", FrameIo::PacketSocket)), 4 << 20);
     let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
-    let iface = pair.ifaces[1].clone();
-    let mut onlooker = pair.run_in(1, move || FrameSocket::open(&iface).expect("packet socket"));
+    let mut seen = onlooker(&pair, 1);
     every_operation(&a, &b);
     every_operation(&b, &a);
     // A sends a run of its frames as one GSO send where packet sockets can split it again
     // (Linux 6.2): B's, and an onlooker's, read them as the frames a wire carries.
-    let splits = softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2));
-    let mut longest = 0;
-    while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
-        longest = longest.max(f.len());
-    }
-    assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
-    assert_eq!(onlooker.gso_sends_split() > 0, splits, "A's runs of frames left as GSO sends");
+    assert_eq!(gso_sends_seen(&mut seen) > 0, packet_sockets_split(), "A's runs of frames left as GSO sends");
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     // A spoke first: it asked for B's MAC, B answered and learned A's from the request.
     assert!(sa.neighbour_requests >= 1 && sb.neighbour_replies >= 1, "{sa:?} {sb:?}");
@@ -62,18 +77,11 @@ fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and
     // On a veth the UDP device sends GSO where packet sockets can split it (Linux 6.2):
     // the raw device's, and an onlooker's, read each send as the frames a wire carries.
     let offload = pair.run_in(0, || softrdma::transport::udp::offload_by_default(IpAddr::from([10, 9, 0, 1])));
-    let splits = softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2));
-    assert_eq!(offload, splits, "offloads on a veth exactly where packet sockets split GSO sends");
-    let iface = pair.ifaces[1].clone();
-    let mut onlooker = pair.run_in(1, move || FrameSocket::open(&iface).expect("packet socket"));
+    assert_eq!(offload, packet_sockets_split(), "offloads on a veth exactly where packet sockets split GSO sends");
+    let mut seen = onlooker(&pair, 1);
     every_operation(&a, &b);
     every_operation(&b, &a);
-    let mut longest = 0;
-    while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
-        longest = longest.max(f.len());
-    }
-    assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
-    assert_eq!(onlooker.gso_sends_split() > 0, splits, "the UDP device's GSO sends were split");
+    assert_eq!(gso_sends_seen(&mut seen) > 0, packet_sockets_split(), "the UDP device's GSO sends were split");
     // The kernel beside the UDP-socket device resolves the raw device's address and gets
     // an answer to its ping.
     let ping = std::process::Command::new("ip")
@@ -99,17 +107,10 @@ fn a_udp_socket_device_sends_gso_over_ipv6_to_a_raw_device_which_splits_it() {
     let a = side(open_in(&pair, 0, OpenConfig::new("fd00:9::1".parse().unwrap())), 4 << 20);
     let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "fd00:9::2/64", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
-    let iface = pair.ifaces[1].clone();
-    let mut onlooker = pair.run_in(1, move || FrameSocket::open(&iface).expect("packet socket"));
+    let mut seen = onlooker(&pair, 1);
     every_operation(&a, &b);
     every_operation(&b, &a);
-    let splits = softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2));
-    let mut longest = 0;
-    while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
-        longest = longest.max(f.len());
-    }
-    assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
-    assert_eq!(onlooker.gso_sends_split() > 0, splits, "the UDP device's GSO sends were split");
+    assert_eq!(gso_sends_seen(&mut seen) > 0, packet_sockets_split(), "the UDP device's GSO sends were split");
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     assert_eq!((sa.rx_icrc_bad, sb.rx_icrc_bad, sb.rx_runt), (0, 0, 0), "{sa:?} {sb:?}");
 }
