@@ -151,7 +151,8 @@ pub struct OpenConfig {
     pub source_ports: usize,
     /// UDP segmentation and receive offload on the kernel UDP sockets; `None` (the
     /// default) decides when the device opens, in the network namespace it opens in
-    /// ([`udp::offload_by_default`]: loopback, a NIC's interface, a veth).
+    /// ([`udp::offload_by_default`]: `SOFTRDMA_UDP_OFFLOAD` if set; else on, on virtual
+    /// links from Linux 6.2).
     pub udp_offload: Option<bool>,
     /// RoCEv2 on raw Ethernet frames on a network interface, with an address of its own
     /// (`addr` is then `raw.ip`); `None`: kernel UDP sockets.
