@@ -120,6 +120,26 @@ fn pseudo_header_sum(frame: &[u8], ipv4: bool, udp_len: usize) -> u16 {
     sum as u16
 }
 
+/// Sets the lengths of `frame` (headers as [`udp_frame`] found them) for `udp_len` bytes of
+/// UDP (header and payload), its IPv4 Identification to `ident` (IPv4 only) with the
+/// header checksum to match, and its UDP checksum to the pseudo-header sum: a partial
+/// checksum, as a sender leaves one for the NIC.
+fn set_headers(frame: &mut [u8], f: &UdpFrame, udp_len: usize, ident: u16) {
+    if f.ipv4 {
+        let ip_len = (f.udp_at - ETH_HEADER_LEN + udp_len) as u16;
+        frame[16..18].copy_from_slice(&ip_len.to_be_bytes());
+        frame[18..20].copy_from_slice(&ident.to_be_bytes());
+        frame[24..26].fill(0);
+        let sum = ipv4_checksum(&frame[ETH_HEADER_LEN..f.udp_at]);
+        frame[24..26].copy_from_slice(&sum.to_be_bytes());
+    } else {
+        frame[18..20].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    }
+    frame[f.udp_at + 4..f.udp_at + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    let partial = pseudo_header_sum(frame, f.ipv4, udp_len);
+    frame[f.udp_at + 6..f.udp_at + 8].copy_from_slice(&partial.to_be_bytes());
+}
+
 /// Splits `frame`, an Ethernet frame holding one UDP GSO send of `segment_bytes`-byte
 /// datagrams (the last may be shorter), into one frame per datagram, appended to `out`.
 /// Returns how many; 0 (and nothing appended) when it is not a UDP frame over IPv4 or
@@ -139,21 +159,7 @@ pub fn split_udp_gso(frame: &[u8], segment_bytes: usize, out: &mut Segments) -> 
         out.bytes.extend_from_slice(headers);
         out.bytes.extend_from_slice(chunk);
         out.ends.push(out.bytes.len());
-        let buf = &mut out.bytes[at..];
-        let udp_len = 8 + chunk.len();
-        if f.ipv4 {
-            let ip_len = (f.udp_at - ETH_HEADER_LEN + udp_len) as u16;
-            buf[16..18].copy_from_slice(&ip_len.to_be_bytes());
-            buf[18..20].copy_from_slice(&ident.wrapping_add(k as u16).to_be_bytes());
-            buf[24..26].fill(0);
-            let sum = ipv4_checksum(&buf[ETH_HEADER_LEN..f.udp_at]);
-            buf[24..26].copy_from_slice(&sum.to_be_bytes());
-        } else {
-            buf[18..20].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        }
-        buf[f.udp_at + 4..f.udp_at + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        let partial = pseudo_header_sum(buf, f.ipv4, udp_len);
-        buf[f.udp_at + 6..f.udp_at + 8].copy_from_slice(&partial.to_be_bytes());
+        set_headers(&mut out.bytes[at..], &f, 8 + chunk.len(), ident.wrapping_add(k as u16));
     }
     n
 }
@@ -229,20 +235,9 @@ pub fn merge_udp_run(run: &[&[u8]], out: &mut Vec<u8>) -> [u8; VNET_HDR_LEN] {
     for f in run {
         out.extend_from_slice(&f[uf.udp_at + 8..]);
     }
-    let frame = &mut out[..];
-    let udp_len = 8 + payload;
-    if uf.ipv4 {
-        let ip_len = (uf.udp_at - ETH_HEADER_LEN + udp_len) as u16;
-        frame[16..18].copy_from_slice(&ip_len.to_be_bytes());
-        frame[24..26].fill(0);
-        let sum = ipv4_checksum(&frame[ETH_HEADER_LEN..uf.udp_at]);
-        frame[24..26].copy_from_slice(&sum.to_be_bytes());
-    } else {
-        frame[18..20].copy_from_slice(&(udp_len as u16).to_be_bytes());
-    }
-    frame[uf.udp_at + 4..uf.udp_at + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-    let partial = pseudo_header_sum(frame, uf.ipv4, udp_len);
-    frame[uf.udp_at + 6..uf.udp_at + 8].copy_from_slice(&partial.to_be_bytes());
+    // The first's Identification stays: the kernel counts up from it.
+    let ident = u16::from_be_bytes([first[18], first[19]]);
+    set_headers(out, &uf, 8 + payload, ident);
     gso_vnet_header(uf.udp_at, uf.payload)
 }
 
