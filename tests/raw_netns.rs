@@ -21,11 +21,6 @@ fn onlooker(pair: &netns::VethPair, i: usize) -> FrameSocket {
     pair.run_in(i, move || FrameSocket::open(&iface).expect("packet socket"))
 }
 
-/// True on kernels whose packet sockets split a UDP GSO send (Linux 6.2).
-fn packet_sockets_split() -> bool {
-    softrdma::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2))
-}
-
 /// Reads what the onlooker saw: every frame must fit the link's MTU; returns how many GSO
 /// sends it split into frames.
 fn gso_sends_seen(onlooker: &mut FrameSocket) -> u64 {
@@ -48,7 +43,11 @@ fn raw_devices_run_every_operation_over_ipv4_with_data_checked() {
     every_operation(&b, &a);
     // A sends a run of its frames as one GSO send where packet sockets can split it again
     // (Linux 6.2): B's, and an onlooker's, read them as the frames a wire carries.
-    assert_eq!(gso_sends_seen(&mut seen) > 0, packet_sockets_split(), "A's runs of frames left as GSO sends");
+    assert_eq!(
+        gso_sends_seen(&mut seen) > 0,
+        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
+        "A's runs of frames left as GSO sends"
+    );
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     // A spoke first: it asked for B's MAC, B answered and learned A's from the request.
     assert!(sa.neighbour_requests >= 1 && sb.neighbour_replies >= 1, "{sa:?} {sb:?}");
@@ -77,11 +76,19 @@ fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and
     // On a veth the UDP device sends GSO where packet sockets can split it (Linux 6.2):
     // the raw device's, and an onlooker's, read each send as the frames a wire carries.
     let offload = pair.run_in(0, || softrdma::transport::udp::offload_by_default(IpAddr::from([10, 9, 0, 1])));
-    assert_eq!(offload, packet_sockets_split(), "offloads on a veth exactly where packet sockets split GSO sends");
+    assert_eq!(
+        offload,
+        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
+        "offloads on a veth exactly where packet sockets split GSO sends"
+    );
     let mut seen = onlooker(&pair, 1);
     every_operation(&a, &b);
     every_operation(&b, &a);
-    assert_eq!(gso_sends_seen(&mut seen) > 0, packet_sockets_split(), "the UDP device's GSO sends were split");
+    assert_eq!(
+        gso_sends_seen(&mut seen) > 0,
+        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
+        "the UDP device's GSO sends were split"
+    );
     // The kernel beside the UDP-socket device resolves the raw device's address and gets
     // an answer to its ping.
     let ping = std::process::Command::new("ip")
@@ -110,7 +117,11 @@ fn a_udp_socket_device_sends_gso_over_ipv6_to_a_raw_device_which_splits_it() {
     let mut seen = onlooker(&pair, 1);
     every_operation(&a, &b);
     every_operation(&b, &a);
-    assert_eq!(gso_sends_seen(&mut seen) > 0, packet_sockets_split(), "the UDP device's GSO sends were split");
+    assert_eq!(
+        gso_sends_seen(&mut seen) > 0,
+        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
+        "the UDP device's GSO sends were split"
+    );
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     assert_eq!((sa.rx_icrc_bad, sb.rx_icrc_bad, sb.rx_runt), (0, 0, 0), "{sa:?} {sb:?}");
 }

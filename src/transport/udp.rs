@@ -79,7 +79,7 @@ pub fn offload_by_default(addr: IpAddr) -> bool {
         return on;
     }
     match sys::interface_of_address(addr) {
-        Ok(iface) => iface == "lo" || backed_by_device(&iface) || packet_sockets_split_gso(),
+        Ok(iface) => iface == "lo" || backed_by_device(&iface) || super::raw::gso::packet_sockets_carry_udp_gso(),
         Err(_) => addr.is_loopback(),
     }
 }
@@ -94,12 +94,6 @@ fn offload_from_env() -> Option<bool> {
         "off" => Some(false),
         _ => None,
     }
-}
-
-/// True on kernels whose packet sockets say a UDP GSO frame's segment size
-/// (`VIRTIO_NET_HDR_GSO_UDP_L4`, Linux 6.2), so that softrdma's own can split one.
-fn packet_sockets_split_gso() -> bool {
-    sys::kernel_version().is_some_and(|v| v >= (6, 2))
 }
 
 /// True if network interface `iface` (an address label such as `eth0:1` names `eth0`)

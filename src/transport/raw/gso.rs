@@ -33,6 +33,13 @@ pub const MERGE_FRAMES_MAX: usize = 64;
 /// The most bytes of IP packet a merged send may hold (its length field's range).
 const IP_PACKET_MAX: usize = 65535;
 
+/// True on kernels whose packet sockets carry UDP GSO sends in their virtio-net header
+/// (`VIRTIO_NET_HDR_GSO_UDP_L4`, Linux 6.2): softrdma's own can then split one it reads,
+/// and hand the kernel one it merged.
+pub fn packet_sockets_carry_udp_gso() -> bool {
+    crate::transport::sys::kernel_version().is_some_and(|v| v >= (6, 2))
+}
+
 /// What a virtio-net header says of the frame after it: its segment size when it is a
 /// UDP GSO send, else `None`. Fields are in the host's byte order (legacy virtio on a
 /// packet socket).

@@ -2,7 +2,10 @@
 //! the device's logic (headers, ICRC, neighbours, ARP) is written once: a packet socket
 //! (`AF_PACKET`) here, AF_XDP in [`super::xdp`].
 
-use super::gso::{merge_udp_run, split_udp_gso, udp_gso_segment_bytes, udp_run_len, Segments, VNET_HDR_LEN};
+use super::gso::{
+    merge_udp_run, packet_sockets_carry_udp_gso, split_udp_gso, udp_gso_segment_bytes, udp_run_len, Segments,
+    VNET_HDR_LEN,
+};
 use crate::transport::sys::{self, RecvBatch};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -101,8 +104,7 @@ pub fn packet_socket(ifindex: u32, merge: bool) -> io::Result<(PacketSocketTx, P
         order: Vec::with_capacity(RX_BATCH),
         gso_sends_split: 0,
     };
-    // Linux takes a UDP GSO send through a packet socket from 6.2 on.
-    let merge = merge && vnet && sys::kernel_version().is_some_and(|v| v >= (6, 2));
+    let merge = merge && vnet && packet_sockets_carry_udp_gso();
     Ok((PacketSocketTx { socket, vnet, merge: AtomicBool::new(merge) }, rx))
 }
 
@@ -129,25 +131,30 @@ pub(crate) fn send_all(fd: RawFd, frames: &[&[u8]], vnet: Option<&[[u8; VNET_HDR
     refused
 }
 
-/// Runs of `frames` that can leave as one GSO send merged ([`merge_udp_run`]): the frames
-/// to send, each after its virtio-net header, and for each how many it stands for.
-fn merge_runs(frames: &[&[u8]], bufs: &mut Vec<Vec<u8>>) -> (Vec<[u8; VNET_HDR_LEN]>, Vec<usize>) {
-    let (mut hdrs, mut counts) = (Vec::new(), Vec::new());
-    let mut i = 0;
-    while i < frames.len() {
-        let n = udp_run_len(&frames[i..]).max(1);
-        if n >= 2 {
-            let mut buf = Vec::new();
-            hdrs.push(merge_udp_run(&frames[i..i + n], &mut buf));
-            bufs.push(buf);
-        } else {
-            hdrs.push([0; VNET_HDR_LEN]);
-            bufs.push(Vec::new());
+/// A run of frames to send as one message: `count` frames from `first`, merged into
+/// `merged` after header `vnet` when there are several.
+struct Run {
+    first: usize,
+    count: usize,
+    vnet: [u8; VNET_HDR_LEN],
+    merged: Vec<u8>,
+}
+
+/// `frames` cut into runs, each one that can leave as one GSO send merged
+/// ([`merge_udp_run`]), the others one frame each.
+fn merge_runs(frames: &[&[u8]]) -> Vec<Run> {
+    let mut runs = Vec::new();
+    let mut first = 0;
+    while first < frames.len() {
+        let count = udp_run_len(&frames[first..]).max(1);
+        let mut run = Run { first, count, vnet: [0; VNET_HDR_LEN], merged: Vec::new() };
+        if count >= 2 {
+            run.vnet = merge_udp_run(&frames[first..first + count], &mut run.merged);
         }
-        counts.push(n);
-        i += n;
+        runs.push(run);
+        first += count;
     }
-    (hdrs, counts)
+    runs
 }
 
 impl PacketSocketRx {
@@ -171,13 +178,11 @@ impl FrameTx for PacketSocketTx {
         if !(self.vnet && self.merge.load(Ordering::Relaxed)) {
             return send_all(fd, &refs, self.vnet.then_some(&[][..])).len();
         }
-        let mut bufs = Vec::new();
-        let (hdrs, counts) = merge_runs(&refs, &mut bufs);
-        let firsts: Vec<usize> = counts.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
-        let out: Vec<&[u8]> =
-            bufs.iter().zip(&firsts).map(|(b, &i)| if b.is_empty() { refs[i] } else { &b[..] }).collect();
+        let runs = merge_runs(&refs);
+        let out: Vec<&[u8]> = runs.iter().map(|r| if r.count >= 2 { &r.merged[..] } else { refs[r.first] }).collect();
+        let hdrs: Vec<[u8; VNET_HDR_LEN]> = runs.iter().map(|r| r.vnet).collect();
         let refused = send_all(fd, &out, Some(&hdrs));
-        let merged_refused: Vec<usize> = refused.iter().copied().filter(|&k| counts[k] >= 2).collect();
+        let merged_refused: Vec<&Run> = refused.iter().map(|&k| &runs[k]).filter(|r| r.count >= 2).collect();
         if merged_refused.is_empty() {
             return refused.len();
         }
@@ -185,7 +190,7 @@ impl FrameTx for PacketSocketTx {
         // Linux 6.2, says EINVAL): frames go one by one from now on, these ones too.
         self.merge.store(false, Ordering::Relaxed);
         let again: Vec<&[u8]> =
-            merged_refused.iter().flat_map(|&k| refs[firsts[k]..firsts[k] + counts[k]].iter().copied()).collect();
+            merged_refused.iter().flat_map(|r| refs[r.first..r.first + r.count].iter().copied()).collect();
         refused.len() - merged_refused.len() + send_all(fd, &again, Some(&[])).len()
     }
 
