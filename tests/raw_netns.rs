@@ -9,6 +9,7 @@ mod rc_pair;
 use netns::pair_or_skip;
 use rc_pair::*;
 use softrdma::transport::raw::frame::{self, Local, RoceFields};
+use softrdma::transport::raw::gso::packet_sockets_carry_udp_gso;
 use softrdma::transport::raw::FrameIo;
 use softrdma::transport::raw::FrameSocket;
 use softrdma::verbs::*;
@@ -21,15 +22,19 @@ fn onlooker(pair: &netns::VethPair, i: usize) -> FrameSocket {
     pair.run_in(i, move || FrameSocket::open(&iface).expect("packet socket"))
 }
 
-/// Reads what the onlooker saw: every frame must fit the link's MTU; returns how many GSO
-/// sends it split into frames.
-fn gso_sends_seen(onlooker: &mut FrameSocket) -> u64 {
+/// Runs every operation both ways while an onlooker watches B's end: every frame it sees
+/// must fit the link's MTU, and A's sends must have reached it as GSO sends it split
+/// exactly where packet sockets carry them (Linux 6.2).
+fn every_operation_watched(pair: &netns::VethPair, a: &Side, b: &Side, what: &str) {
+    let mut onlooker = onlooker(pair, 1);
+    every_operation(a, b);
+    every_operation(b, a);
     let mut longest = 0;
     while let Ok(Some(f)) = onlooker.recv(Duration::from_millis(200)) {
         longest = longest.max(f.len());
     }
     assert!(longest <= 1514, "every frame fits the link's MTU: {longest} bytes");
-    onlooker.gso_sends_split()
+    assert_eq!(onlooker.gso_sends_split() > 0, packet_sockets_carry_udp_gso(), "{what}");
 }
 
 #[test]
@@ -38,16 +43,9 @@ fn raw_devices_run_every_operation_over_ipv4_with_data_checked() {
     let a = side(open_in(&pair, 0, raw_cfg(&pair, 0, "10.9.0.1/24", FrameIo::PacketSocket)), 4 << 20);
     let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "10.9.0.2/24", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
-    let mut seen = onlooker(&pair, 1);
-    every_operation(&a, &b);
-    every_operation(&b, &a);
     // A sends a run of its frames as one GSO send where packet sockets can split it again
     // (Linux 6.2): B's, and an onlooker's, read them as the frames a wire carries.
-    assert_eq!(
-        gso_sends_seen(&mut seen) > 0,
-        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
-        "A's runs of frames left as GSO sends"
-    );
+    every_operation_watched(&pair, &a, &b, "A's runs of frames left as GSO sends");
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     // A spoke first: it asked for B's MAC, B answered and learned A's from the request.
     assert!(sa.neighbour_requests >= 1 && sb.neighbour_replies >= 1, "{sa:?} {sb:?}");
@@ -78,17 +76,10 @@ fn a_raw_device_and_a_udp_socket_device_interoperate_and_the_kernel_resolves_and
     let offload = pair.run_in(0, || softrdma::transport::udp::offload_by_default(IpAddr::from([10, 9, 0, 1])));
     assert_eq!(
         offload,
-        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
+        packet_sockets_carry_udp_gso(),
         "offloads on a veth exactly where packet sockets split GSO sends"
     );
-    let mut seen = onlooker(&pair, 1);
-    every_operation(&a, &b);
-    every_operation(&b, &a);
-    assert_eq!(
-        gso_sends_seen(&mut seen) > 0,
-        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
-        "the UDP device's GSO sends were split"
-    );
+    every_operation_watched(&pair, &a, &b, "the UDP device's GSO sends were split");
     // The kernel beside the UDP-socket device resolves the raw device's address and gets
     // an answer to its ping.
     let ping = std::process::Command::new("ip")
@@ -114,14 +105,7 @@ fn a_udp_socket_device_sends_gso_over_ipv6_to_a_raw_device_which_splits_it() {
     let a = side(open_in(&pair, 0, OpenConfig::new("fd00:9::1".parse().unwrap())), 4 << 20);
     let b = side(open_in(&pair, 1, raw_cfg(&pair, 1, "fd00:9::2/64", FrameIo::PacketSocket)), 4 << 20);
     connect(&a, &b);
-    let mut seen = onlooker(&pair, 1);
-    every_operation(&a, &b);
-    every_operation(&b, &a);
-    assert_eq!(
-        gso_sends_seen(&mut seen) > 0,
-        softrdma::transport::raw::gso::packet_sockets_carry_udp_gso(),
-        "the UDP device's GSO sends were split"
-    );
+    every_operation_watched(&pair, &a, &b, "the UDP device's GSO sends were split");
     let (sa, sb) = (a.ctx.stats(), b.ctx.stats());
     assert_eq!((sa.rx_icrc_bad, sb.rx_icrc_bad, sb.rx_runt), (0, 0, 0), "{sa:?} {sb:?}");
 }
