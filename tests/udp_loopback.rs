@@ -96,6 +96,28 @@ fn a_peer_that_dies_mid_transfer_ends_every_request_with_retry_exceeded_then_flu
     assert!(a.cq.wait(Duration::from_millis(200)).is_none(), "no completion twice");
 }
 
+/// A device whose context has gone hears nothing more, even when a call on what outlives
+/// the context (its MR, deregistered as the peer's application exits) comes after
+/// packets queued: the requester sees the peer silent (retries exceeded), never a NAK
+/// from a peer that has already gone.
+#[test]
+fn a_device_whose_context_went_answers_nothing_after() {
+    let (a, b) = pair([127, 10, 8], 4096);
+    let fast = QpAttr { timeout: Some(12), retry_cnt: Some(2), ..QpAttr::default() };
+    a.qp.modify(&QpAttr { state: Some(QpState::Sqd), ..QpAttr::default() }).ok();
+    a.qp.modify(&QpAttr { state: Some(QpState::Rts), ..fast }).unwrap();
+    let at = Remote { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    let Side { ctx, mr, qp, cq, _pd } = b;
+    drop(ctx);
+    a.qp.post_send(SendWr::new(7, SendOp::Write(at), vec![a.mr.sge(0, 64)])).unwrap();
+    // Past the stale-socket threshold (1 ms): a call on the device would read the socket.
+    std::thread::sleep(Duration::from_millis(5));
+    drop(mr);
+    drop((qp, cq, _pd));
+    let wc = a.cq.wait(Duration::from_secs(5)).expect("a completion");
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::RetryExcErr));
+}
+
 /// A hand-made packet to `qpn`, with its ICRC as a sender at `src:sport` computes it.
 fn forge(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, r: &RoceRepr<'_>) -> Vec<u8> {
     forge_with_ident(src, sport, dst, dport, 0, r)

@@ -239,7 +239,10 @@ impl RoceDriver {
     /// posts kept it out for 120 ms, past their retransmit timers): when nobody has read
     /// the socket for [`RX_STALE_NS`], the posting thread reads what is there.
     fn read_if_stale(&self, core: &mut Core, now_ns: u64) {
-        if now_ns.saturating_sub(self.last_rx_ns.load(Ordering::Relaxed)) < RX_STALE_NS {
+        // A stopped device hears nothing: a call after the stop (an MR deregistered as its
+        // context goes) must not answer what queued since, with that MR already gone.
+        let stale = now_ns.saturating_sub(self.last_rx_ns.load(Ordering::Relaxed)) >= RX_STALE_NS;
+        if !stale || self.stop.load(Ordering::Acquire) {
             return;
         }
         let Ok(mut rx) = self.rx.try_lock() else { return };
