@@ -540,29 +540,58 @@ mod tests {
         (got, me.stats.forward_dropped.load(Ordering::Relaxed))
     }
 
+    /// Two devices on `addr` each run `send` (forwarding to the other's tag, returning
+    /// how many it read meanwhile) and then read until `want`; returns what each read
+    /// and dropped.
+    fn flood_each_other<F>(addr: IpAddr, want: usize, send: F) -> [(usize, u64); 2]
+    where
+        F: Fn(&mut Share, u8) -> usize + Clone + Send + 'static,
+    {
+        let (a, b) = (share_on(addr, 4791), share_on(addr, 4791));
+        let flood = |mut me: Share, to: u8| {
+            let send = send.clone();
+            std::thread::spawn(move || {
+                let got = send(&mut me, to);
+                read_until(&mut me, got, want)
+            })
+        };
+        let (ta, tb) = (a.tag(), b.tag());
+        let (from_a, from_b) = (flood(a, tb), flood(b, ta));
+        [from_a.join().unwrap(), from_b.join().unwrap()]
+    }
+
+    /// Runs `flood` up to three times until nothing is lost. A device kept off the CPU
+    /// for longer than [`FORWARD_WAIT_MS`] (as the suite's other tests on two cores can
+    /// do) has its peer drop, by design; two devices waiting on each other would lose
+    /// in every run.
+    fn loses_nothing_in_one_of_three(want: usize, flood: impl Fn() -> [(usize, u64); 2]) {
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let run = flood();
+            if run == [(want, 0); 2] {
+                return;
+            }
+            runs.push(run);
+        }
+        panic!("(read, dropped) by each device, want ({want}, 0): {runs:?}");
+    }
+
     #[test]
     fn two_devices_flooding_each_other_lose_nothing() {
         // Each forwards more than the kernel queues (`max_dgram_qlen`, 10 by default)
         // while the other does the same and reads only while it waits.
         const PACKETS: usize = 2000;
-        let addr = IpAddr::from([127, 44, 0, 3]);
-        let (a, b) = (share_on(addr, 4791), share_on(addr, 4791));
         let from = SocketAddr::from(([127, 44, 0, 9], 50_125));
-        let flood = |mut me: Share, to: u8| {
-            std::thread::spawn(move || {
-                let mut got = 0;
-                for i in 0..PACKETS {
-                    assert!(me.forward(Owner::Tag(to), from, 0, &(i as u32).to_be_bytes()));
-                    got += me.pending();
-                    me.clear();
-                }
-                read_until(&mut me, got, PACKETS)
-            })
+        let send = move |me: &mut Share, to: u8| {
+            let mut got = 0;
+            for i in 0..PACKETS {
+                assert!(me.forward(Owner::Tag(to), from, 0, &(i as u32).to_be_bytes()));
+                got += me.pending();
+                me.clear();
+            }
+            got
         };
-        let (ta, tb) = (a.tag(), b.tag());
-        let (from_a, from_b) = (flood(a, tb), flood(b, ta));
-        assert_eq!(from_a.join().unwrap(), (PACKETS, 0));
-        assert_eq!(from_b.join().unwrap(), (PACKETS, 0));
+        loses_nothing_in_one_of_three(PACKETS, || flood_each_other(IpAddr::from([127, 44, 0, 3]), PACKETS, send));
     }
 
     #[test]
@@ -570,23 +599,17 @@ mod tests {
         // As `UdpRx::deliver` does: each forwards a whole look's batch (every GRO buffer
         // full) before its engine takes what it read meanwhile.
         let segment = vec![7u8; super::super::udp::GRO_BUFFER_BYTES / super::super::udp::GRO_SEGMENTS_MAX];
-        let addr = IpAddr::from([127, 44, 0, 5]);
-        let (a, b) = (share_on(addr, 4791), share_on(addr, 4791));
         let from = SocketAddr::from(([127, 44, 0, 9], 50_125));
-        let flood = |mut me: Share, to: u8, segment: Vec<u8>| {
-            std::thread::spawn(move || {
-                for _ in 0..LOOK_PACKETS_MAX {
-                    assert!(me.forward(Owner::Tag(to), from, 0, &segment));
-                }
-                let got = me.pending();
-                me.clear();
-                read_until(&mut me, got, LOOK_PACKETS_MAX)
-            })
+        let send = move |me: &mut Share, to: u8| {
+            for _ in 0..LOOK_PACKETS_MAX {
+                assert!(me.forward(Owner::Tag(to), from, 0, &segment));
+            }
+            let got = me.pending();
+            me.clear();
+            got
         };
-        let (ta, tb) = (a.tag(), b.tag());
-        let (from_a, from_b) = (flood(a, tb, segment.clone()), flood(b, ta, segment));
-        assert_eq!(from_a.join().unwrap(), (LOOK_PACKETS_MAX, 0));
-        assert_eq!(from_b.join().unwrap(), (LOOK_PACKETS_MAX, 0));
+        let addr = IpAddr::from([127, 44, 0, 5]);
+        loses_nothing_in_one_of_three(LOOK_PACKETS_MAX, || flood_each_other(addr, LOOK_PACKETS_MAX, send.clone()));
     }
 
     #[test]
