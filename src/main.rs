@@ -77,6 +77,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Plain UDP stream between two hosts, datagrams sent 32 to a system call without GSO:
+    /// the ceiling of what the path carries in datagrams of one RoCEv2 packet's size, for
+    /// the RDMA bandwidth tools' figures. The server counts, the client prints.
+    UdpBw {
+        /// The server to stream to; without it, count what one client streams.
+        server: Option<String>,
+        /// UDP port of the server.
+        #[arg(short = 'p', long, default_value_t = 18601)]
+        port: u16,
+        /// Payload bytes (1040: one RoCEv2 packet at path MTU 1024).
+        #[arg(short = 's', long, default_value_t = 1040)]
+        size: usize,
+        /// Seconds the client streams.
+        #[arg(short = 'D', long, default_value_t = 4.0)]
+        duration: f64,
+        /// Print one JSON document instead of a line.
+        #[arg(long)]
+        json: bool,
+    },
     /// ibv_rc_pingpong's test, compatible with it on the wire and out of band.
     RcPingpong {
         #[command(flatten)]
@@ -612,6 +631,16 @@ fn main() -> ExitCode {
         Command::UdpLat { server, port, size, iters, json } => exit_status(
             "udp-lat",
             softrdma::tools::udp_lat::run(&softrdma::tools::udp_lat::UdpLatArgs { server, port, size, iters, json }),
+        ),
+        Command::UdpBw { server, port, size, duration, json } => exit_status(
+            "udp-bw",
+            softrdma::tools::udp_bw::run(&softrdma::tools::udp_bw::UdpBwArgs {
+                server,
+                port,
+                size,
+                seconds: duration,
+                json,
+            }),
         ),
         Command::SendLat(a) => perf(Test::SendLat, a),
     }

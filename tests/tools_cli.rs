@@ -506,3 +506,23 @@ fn udp_offload_turned_off_is_said_in_the_header_and_a_bad_value_refused() {
         assert!(o.status.success() && out.contains("(softrdma over kernel UDP sockets)"), "{out}");
     }
 }
+
+/// `udp-bw` between two processes: the client prints, as JSON, what the server counted.
+#[test]
+fn udp_bw_reports_what_the_server_received() {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let server = spawn(&strings(&["udp-bw", "-p", &port, "-s", "1040"]));
+    let client = finish(
+        spawn(&strings(&["udp-bw", "127.0.0.1", "-p", &port, "-s", "1040", "-D", "0.3", "--json"])),
+        Duration::from_secs(60),
+    );
+    let doc = json_of(&client);
+    let server = finish(server, Duration::from_secs(20));
+    assert!(server.status.success(), "server: {}", String::from_utf8_lossy(&server.stderr));
+    assert_eq!(doc["test"], "udp_bw");
+    let (sent, got) = (doc["datagrams_sent"].as_u64().unwrap(), doc["datagrams_received"].as_u64().unwrap());
+    assert!(got > 0 && got < sent, "the first datagram only starts the clock: {doc}");
+    let bw = doc["bw_avg_bytes_per_s"].as_f64().unwrap();
+    let expected = got as f64 * 1040.0 * 1e9 / doc["elapsed_ns"].as_f64().unwrap();
+    assert!((bw - expected).abs() < 1.0, "{doc}");
+}

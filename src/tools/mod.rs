@@ -9,4 +9,5 @@ pub mod oob;
 pub mod perf;
 pub mod pingpong;
 pub mod rping;
+pub mod udp_bw;
 pub mod udp_lat;
