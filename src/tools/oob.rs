@@ -15,8 +15,8 @@
 
 use crate::engine::verbs::{Gid, Mtu};
 use crate::verbs::{
-    Access, CompletionQueue, ConnParam, Context, MemoryRegion, OpenConfig, ProtectionDomain, QpCaps, QueuePair, RecvWr,
-    SendOp, SendWr, WcStatus,
+    Access, CompletionQueue, ConnParam, Context, Listener, MemoryRegion, OpenConfig, ProtectionDomain, QpCaps,
+    QueuePair, RecvWr, SendOp, SendWr, WcStatus,
 };
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -242,6 +242,11 @@ pub struct CmChannel {
     scq: CompletionQueue,
     rcq: CompletionQueue,
     mr: MemoryRegion,
+    /// The server's listener, open from the exchange's connection to the test QPs' (as
+    /// perftest's server listens once): perftest's client connects its test QP 70-120 ms
+    /// after the exchange's, and a port closed and listened on again in between refused
+    /// it when the server was slow (a first run in a QEMU/TCG guest).
+    listener: Option<Listener>,
     _pd: ProtectionDomain,
     ctx: std::sync::Arc<Context>,
 }
@@ -256,7 +261,7 @@ impl CmChannel {
         let mr = ctx.reg_mr(&pd, 2 * CM_RECV_AT, Access::ALL).map_err(verbs_err)?;
         let caps = QpCaps { max_send_wr: 2, max_recv_wr: 2, max_sge: 1 };
         let qp = ctx.create_cm_qp(&pd, (&scq, &rcq), caps, None).map_err(verbs_err)?;
-        let c = CmChannel { qp, scq, rcq, mr, _pd: pd, ctx };
+        let c = CmChannel { qp, scq, rcq, mr, listener: None, _pd: pd, ctx };
         c.post_recv()?;
         Ok(c)
     }
@@ -327,12 +332,22 @@ impl Oob {
     /// The rdma_cm server side: accepts one connection on `port` for the exchange (MPA on
     /// iWARP, the CM on RoCEv2), on a device opened with `cfg`, then stops listening.
     pub fn accept_cm(cfg: &OpenConfig, port: u16) -> Result<Oob, OobError> {
-        let chan = CmChannel::new(cfg)?;
+        let mut chan = CmChannel::new(cfg)?;
         let listener = chan.ctx.listen(std::net::SocketAddr::new(cfg.addr, port))?;
         let req =
             listener.get_request(Duration::from_secs(24 * 3600)).ok_or(OobError::Io(io::ErrorKind::TimedOut.into()))?;
         req.accept(&chan.qp, &ConnParam::default()).map_err(|e| OobError::Protocol(e.to_string()))?;
+        chan.listener = Some(listener);
         Ok(Oob { chan: Channel::Cm(Box::new(chan)), client: false, peer_version: 0.0 })
+    }
+
+    /// The server's listener, open since the exchange's connection came in, for the test
+    /// QPs' connections; `None` on a client or over TCP.
+    pub fn take_listener(&mut self) -> Option<Listener> {
+        match &mut self.chan {
+            Channel::Cm(c) => c.listener.take(),
+            Channel::Tcp(_) => None,
+        }
     }
 
     /// The rdma_cm client side: connects the exchange's QP to `server:port`, retrying a
@@ -503,5 +518,31 @@ mod tests {
         }
         assert_eq!(Mtu::from_code(0), None);
         assert_eq!(Mtu::from_code(6), None);
+    }
+}
+
+#[cfg(test)]
+mod cm_tests {
+    use super::*;
+    use crate::verbs::Transport;
+
+    fn iwarp_on(ip: [u8; 4]) -> OpenConfig {
+        let mut cfg = OpenConfig::new(std::net::IpAddr::from(ip));
+        cfg.transport = Transport::Iwarp;
+        cfg
+    }
+
+    /// perftest's client connects its test QP right behind the exchange's: the port must
+    /// still be listening once the exchange's connection is taken (it was closed and
+    /// listened on again later, and a client that came in between was refused).
+    #[test]
+    fn an_rdma_cm_server_keeps_listening_after_the_exchanges_connection() {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let server = std::thread::spawn(move || Oob::accept_cm(&iwarp_on([127, 0, 0, 1]), port));
+        let client = Oob::connect_cm(&iwarp_on([127, 0, 0, 2]), "127.0.0.1", port).expect("the exchange connects");
+        let mut served = server.join().unwrap().expect("the server takes it");
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok(), "the next connection finds the port open");
+        assert!(served.take_listener().is_some(), "handed on to the test QPs' connections");
+        drop(client);
     }
 }

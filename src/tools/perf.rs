@@ -214,7 +214,10 @@ fn connect_cm_qps(a: &ToolArgs, oob: &mut Oob, ctx: &Context, ep: &Endpoint<'_>)
             }
         }
         None => {
-            let l = ctx.listen(SocketAddr::new(ctx.ip(), a.port)).map_err(|e| format!("listen: {e}"))?;
+            let l = match oob.take_listener() {
+                Some(l) => l,
+                None => ctx.listen(SocketAddr::new(ctx.ip(), a.port)).map_err(|e| format!("listen: {e}"))?,
+            };
             for qp in &ep.qps {
                 let req = l.get_request(std::time::Duration::from_secs(60)).ok_or("no test connection came")?;
                 req.accept(qp, &param).map_err(|e| e.to_string())?;
