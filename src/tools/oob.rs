@@ -330,7 +330,8 @@ impl Oob {
     }
 
     /// The rdma_cm server side: accepts one connection on `port` for the exchange (MPA on
-    /// iWARP, the CM on RoCEv2), on a device opened with `cfg`, then stops listening.
+    /// iWARP, the CM on RoCEv2), on a device opened with `cfg`, and keeps listening for the
+    /// test QPs' connections ([`Oob::take_listener`]).
     pub fn accept_cm(cfg: &OpenConfig, port: u16) -> Result<Oob, OobError> {
         let mut chan = CmChannel::new(cfg)?;
         let listener = chan.ctx.listen(std::net::SocketAddr::new(cfg.addr, port))?;
@@ -483,6 +484,7 @@ impl Oob {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::Transport;
 
     #[test]
     fn key_message_matches_perftests_format() {
@@ -519,12 +521,6 @@ mod tests {
         assert_eq!(Mtu::from_code(0), None);
         assert_eq!(Mtu::from_code(6), None);
     }
-}
-
-#[cfg(test)]
-mod cm_tests {
-    use super::*;
-    use crate::verbs::Transport;
 
     fn iwarp_on(ip: [u8; 4]) -> OpenConfig {
         let mut cfg = OpenConfig::new(std::net::IpAddr::from(ip));
