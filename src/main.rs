@@ -86,7 +86,8 @@ enum Command {
         /// UDP port of the server.
         #[arg(short = 'p', long, default_value_t = 18601)]
         port: u16,
-        /// Payload bytes (1040: one RoCEv2 packet at path MTU 1024).
+        /// Payload bytes the client sends (1040: one RoCEv2 packet at path MTU 1024); the
+        /// server counts any size.
         #[arg(short = 's', long, default_value_t = 1040)]
         size: usize,
         /// Seconds the client streams.

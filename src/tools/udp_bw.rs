@@ -25,6 +25,9 @@ const MARK_READY: u8 = 4;
 const TALLY_LEN: usize = 25;
 /// Datagrams per `sendmmsg` and per `recvmmsg`.
 const BATCH: usize = 32;
+/// The server's room per datagram: the largest a UDP datagram can be, so that it counts
+/// whatever size the client sends, whole.
+const DATAGRAM_MAX: usize = 65_535;
 /// How long the server waits for a client to say hello.
 const HELLO_WAIT: Duration = Duration::from_secs(300);
 /// How long the client says hello (every [`RESEND_EVERY`]) before it gives up.
@@ -44,7 +47,7 @@ pub struct UdpBwArgs {
     pub server: Option<String>,
     /// UDP port of the server.
     pub port: u16,
-    /// Datagram payload bytes.
+    /// Payload bytes of the client's datagrams (the server takes any size).
     pub size: usize,
     /// How long the client streams, seconds.
     pub seconds: f64,
@@ -98,7 +101,7 @@ pub fn run(a: &UdpBwArgs) -> Result<(), String> {
     let size = a.size.max(1);
     let Some(server) = &a.server else {
         let socket = UdpSocket::bind(("0.0.0.0", a.port)).map_err(|e| format!("port {}: {e}", a.port))?;
-        return serve(&socket, size).map(|_| ()).map_err(|e| format!("serving on port {}: {e}", a.port));
+        return serve(&socket).map(|_| ()).map_err(|e| format!("serving on port {}: {e}", a.port));
     };
     let to = (server.as_str(), a.port)
         .to_socket_addrs()
@@ -129,8 +132,8 @@ fn print_result(size: usize, sent: u64, t: &Tally, json: bool) {
 
 /// Serves one client: answers its hellos, counts its stream, answers its ends with the
 /// tally until it has been quiet for [`QUIET_WAIT`]; returns the tally.
-fn serve(s: &UdpSocket, size: usize) -> std::io::Result<Tally> {
-    let mut batch = RecvBatch::new(BATCH, size.max(TALLY_LEN) + 64);
+fn serve(s: &UdpSocket) -> std::io::Result<Tally> {
+    let mut batch = RecvBatch::new(BATCH, DATAGRAM_MAX);
     let mut tally = Tally::default();
     let mut first: Option<Instant> = None;
     let mut ended = false;
@@ -244,10 +247,10 @@ fn ask(
 mod tests {
     use super::*;
 
-    fn server_on_loopback(size: usize) -> (SocketAddr, std::thread::JoinHandle<std::io::Result<Tally>>) {
+    fn server_on_loopback() -> (SocketAddr, std::thread::JoinHandle<std::io::Result<Tally>>) {
         let s = UdpSocket::bind(("127.0.0.1", 0)).unwrap();
         let addr = s.local_addr().unwrap();
-        (addr, std::thread::spawn(move || serve(&s, size)))
+        (addr, std::thread::spawn(move || serve(&s)))
     }
 
     #[test]
@@ -264,7 +267,7 @@ mod tests {
 
     #[test]
     fn a_stream_on_loopback_is_counted_by_the_receiver() {
-        let (addr, server) = server_on_loopback(1040);
+        let (addr, server) = server_on_loopback();
         let (sent, tally) = stream(addr, 1040, Duration::from_millis(200)).unwrap();
         assert_eq!(server.join().unwrap().unwrap(), tally, "the tally the client got is the server's");
         assert!(tally.datagrams > 100, "{tally:?}");
@@ -275,7 +278,7 @@ mod tests {
 
     #[test]
     fn an_end_heard_again_is_answered_again_with_the_same_tally() {
-        let (addr, server) = server_on_loopback(64);
+        let (addr, server) = server_on_loopback();
         let c = UdpSocket::bind(("127.0.0.1", 0)).unwrap();
         c.connect(addr).unwrap();
         let mut buf = [0u8; 128];
