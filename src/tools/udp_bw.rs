@@ -89,10 +89,19 @@ impl Tally {
 
     /// Received payload bytes per second; 0 when nothing was timed.
     pub fn bytes_per_s(&self) -> f64 {
+        self.per_s(self.bytes)
+    }
+
+    /// Received datagrams per second; 0 when nothing was timed.
+    pub fn datagrams_per_s(&self) -> f64 {
+        self.per_s(self.datagrams)
+    }
+
+    fn per_s(&self, count: u64) -> f64 {
         if self.elapsed_ns == 0 {
             return 0.0;
         }
-        self.bytes as f64 * 1e9 / self.elapsed_ns as f64
+        count as f64 * 1e9 / self.elapsed_ns as f64
     }
 }
 
@@ -116,7 +125,7 @@ pub fn run(a: &UdpBwArgs) -> Result<(), String> {
 
 fn print_result(size: usize, sent: u64, t: &Tally, json: bool) {
     let mb = t.bytes_per_s() / f64::from(1u32 << 20);
-    let per_s = if t.elapsed_ns == 0 { 0.0 } else { t.datagrams as f64 * 1e9 / t.elapsed_ns as f64 };
+    let per_s = t.datagrams_per_s();
     if json {
         let doc = serde_json::json!({"test": "udp_bw", "size": size, "datagrams_sent": sent,
             "datagrams_received": t.datagrams, "elapsed_ns": t.elapsed_ns,
@@ -150,12 +159,13 @@ fn serve(s: &UdpSocket) -> std::io::Result<Tally> {
         wait_readable(&[s.as_raw_fd()], Some(Duration::from_millis(100)))?;
         let n = batch.recv(s.as_raw_fd())?;
         if n > 0 {
+            // One clock read per batch, not per datagram: the batch arrived together.
             heard = Instant::now();
         }
         for i in 0..n {
             let Some((d, from, _)) = batch.get(i) else { continue };
             match d.first() {
-                Some(&MARK_DATA) if !ended => count(&mut tally, &mut first, d.len()),
+                Some(&MARK_DATA) if !ended => count(&mut tally, &mut first, d.len(), heard),
                 Some(&MARK_HELLO) => {
                     s.send_to(&[MARK_READY], from)?;
                 }
@@ -169,14 +179,15 @@ fn serve(s: &UdpSocket) -> std::io::Result<Tally> {
     }
 }
 
-/// One data datagram of `len` bytes: the first starts the clock, the others count.
-fn count(tally: &mut Tally, first: &mut Option<Instant>, len: usize) {
+/// One data datagram of `len` bytes read at `now`: the first starts the clock, the others
+/// count.
+fn count(tally: &mut Tally, first: &mut Option<Instant>, len: usize, now: Instant) {
     match first {
-        None => *first = Some(Instant::now()),
+        None => *first = Some(now),
         Some(at) => {
             tally.datagrams += 1;
             tally.bytes += len as u64;
-            tally.elapsed_ns = at.elapsed().as_nanos() as u64;
+            tally.elapsed_ns = now.duration_since(*at).as_nanos() as u64;
         }
     }
 }
@@ -262,6 +273,7 @@ mod tests {
         data[0] = MARK_DATA;
         assert_eq!(Tally::decode(&data), None, "a data datagram of the same length");
         assert!((t.bytes_per_s() - 32_098_559.0).abs() < 1.0);
+        assert!((t.datagrams_per_s() - 30_863.99).abs() < 0.01);
         assert_eq!(Tally::default().bytes_per_s(), 0.0, "nothing timed");
     }
 
