@@ -603,6 +603,12 @@ impl LatResult {
         let m = self.avg();
         (self.usec.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / self.usec.len().max(1) as f64).sqrt()
     }
+    /// Takes in the samples of another run of the same test, keeping them sorted.
+    pub fn merge(&mut self, other: LatResult) {
+        self.size = other.size;
+        self.usec.extend(other.usec);
+        self.usec.sort_by(f64::total_cmp);
+    }
 }
 
 /// The sorted times between successive `posted` instants (halved for a ping-pong's
@@ -717,4 +723,20 @@ pub fn run_lat_read(ep: &Endpoint<'_>, rem: &Dest, p: &Params) -> Result<LatResu
 /// One completion, spinning (with yields) for at most 10 s.
 fn spin_poll(busy: &mut BusyPoll<'_>, cq: &CompletionQueue) -> Option<Wc> {
     busy.next_completion(cq, Duration::from_secs(10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LatResult;
+
+    #[test]
+    fn merged_runs_take_the_median_of_all_their_samples() {
+        let mut a = LatResult { size: 8, usec: vec![1.0, 2.0, 9.0] };
+        a.merge(LatResult { size: 8, usec: vec![3.0, 4.0] });
+        assert_eq!(a.usec, vec![1.0, 2.0, 3.0, 4.0, 9.0], "one sorted list");
+        assert_eq!(a.typical(), 3.0);
+        let mut empty = LatResult::default();
+        empty.merge(a.clone());
+        assert_eq!(empty, a, "merging into nothing is the run itself");
+    }
 }

@@ -144,13 +144,14 @@ struct LatBaselines {
 }
 
 impl LatBaselines {
-    fn measure() -> Result<LatBaselines, String> {
-        // The latency tools spin; so does the first baseline, which makes it the one to
-        // compare with.
+    /// The baselines measured once; the spinning ping-pong, which the latency rows are set
+    /// against, is left to [`lat_rows`] (measured once here only when there are none).
+    fn measure(with_lat_rows: bool) -> Result<LatBaselines, String> {
         let e = |e: std::io::Error| format!("UDP baseline: {e}");
+        let spinning = if with_lat_rows { LatResult::default() } else { udp_latency(8, 20_000, true).map_err(e)? };
         Ok(LatBaselines {
             blocking: udp_latency(8, 20_000, false).map_err(e)?,
-            spinning: udp_latency(8, 20_000, true).map_err(e)?,
+            spinning,
             write_turn: roce_calls_latency(udp_floor::WRITE_TURN, 20_000).map_err(e)?,
             read_leg: roce_calls_latency(udp_floor::READ_LEG, 20_000).map_err(e)?,
         })
@@ -335,9 +336,26 @@ pub(super) struct Row {
 /// The names of the RoCEv2 rows.
 const ROCE_ROWS: [&str; 6] = ["write_bw", "read_bw", "send_bw", "write_lat", "read_lat", "send_lat"];
 
+/// How many rounds the latency rows run in: each round runs the spinning UDP ping-pong
+/// and then every latency row once, and a row and its baseline each take the samples of
+/// all rounds. This host's speed drifts between seconds (in five consecutive demos the
+/// UDP one-way time read 3.02-3.48 µs and a WRITE's 5.12-6.31 µs, each measured once), so
+/// a ratio of two single runs made seconds apart says more about the drift than the path.
+pub const LAT_ROUNDS: usize = 3;
+/// Iterations of one latency row in one round.
+pub(super) const LAT_ITERS_PER_ROUND: u64 = 2_000;
+/// Iterations of the spinning UDP ping-pong in one round.
+pub(super) const LAT_BASE_ITERS_PER_ROUND: usize = 10_000;
+
 /// The RoCEv2 rows `args` asks for: bandwidth next to plain UDP, latency next to the
-/// spinning UDP ping-pong.
-fn roce_rows(a: &Context, b: &Context, args: &DemoArgs, udp_bw: f64, udp_lat: f64) -> Result<RoceRows, String> {
+/// spinning UDP ping-pong (measured with them, into `base.spinning`).
+fn roce_rows(
+    a: &Context,
+    b: &Context,
+    args: &DemoArgs,
+    udp_bw: f64,
+    base: &mut LatBaselines,
+) -> Result<RoceRows, String> {
     let mut bw = Vec::new();
     for (test, name) in [(Test::WriteBw, "write_bw"), (Test::ReadBw, "read_bw"), (Test::SendBw, "send_bw")] {
         for size in [4096, 65536, 1 << 20].into_iter().filter(|_| args.wants(name)) {
@@ -346,14 +364,50 @@ fn roce_rows(a: &Context, b: &Context, args: &DemoArgs, udp_bw: f64, udp_lat: f6
             bw.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: udp_bw });
         }
     }
-    let mut lat = Vec::new();
-    for (test, name) in [(Test::WriteLat, "write_lat"), (Test::ReadLat, "read_lat"), (Test::SendLat, "send_lat")] {
-        for size in [8, 4096].into_iter().filter(|_| args.wants(name)) {
-            let r = rdma_lat(a, b, test, size, 5000)?;
-            lat.push((Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: udp_lat }, r));
+    let lat = if lat_rows_wanted(args) { lat_rows(a, b, args, &mut base.spinning)? } else { Vec::new() };
+    Ok(RoceRows { bw, lat })
+}
+
+const LAT_TESTS: [(Test, &str); 3] =
+    [(Test::WriteLat, "write_lat"), (Test::ReadLat, "read_lat"), (Test::SendLat, "send_lat")];
+
+fn lat_rows_wanted(args: &DemoArgs) -> bool {
+    LAT_TESTS.iter().any(|t| args.wants(t.1))
+}
+
+/// The latency rows `args` asks for among `tests`, each at 8 and 4096 bytes.
+pub(super) fn lat_tests(args: &DemoArgs, tests: &[(Test, &'static str)]) -> Vec<(Test, &'static str, usize)> {
+    tests
+        .iter()
+        .filter(|t| args.wants(t.1))
+        .flat_map(|&(test, name)| [8, 4096].map(|size| (test, name, size)))
+        .collect()
+}
+
+/// The latency rows, in [`LAT_ROUNDS`] rounds interleaved with the spinning UDP
+/// ping-pong, whose samples go into `spinning`.
+fn lat_rows(
+    a: &Context,
+    b: &Context,
+    args: &DemoArgs,
+    spinning: &mut LatResult,
+) -> Result<Vec<(Row, LatResult)>, String> {
+    let tests = lat_tests(args, &LAT_TESTS);
+    let mut runs = vec![LatResult::default(); tests.len()];
+    for _ in 0..LAT_ROUNDS {
+        spinning.merge(udp_latency(8, LAT_BASE_ITERS_PER_ROUND, true).map_err(|e| format!("UDP baseline: {e}"))?);
+        for (run, &(test, _, size)) in runs.iter_mut().zip(&tests) {
+            run.merge(rdma_lat(a, b, test, size, LAT_ITERS_PER_ROUND)?);
         }
     }
-    Ok(RoceRows { bw, lat })
+    let udp_lat = spinning.typical();
+    Ok(tests
+        .iter()
+        .zip(runs)
+        .map(|(&(_, name, size), r)| {
+            (Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: udp_lat }, r)
+        })
+        .collect())
 }
 
 struct RoceRows {
@@ -375,8 +429,9 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     } else {
         f64::NAN
     };
-    let lat_base = if roce_rows_wanted { LatBaselines::measure()? } else { LatBaselines::default() };
-    let roce = roce_rows(&a, &b, args, udp_bw, lat_base.spinning.typical())?;
+    let mut lat_base =
+        if roce_rows_wanted { LatBaselines::measure(lat_rows_wanted(args))? } else { LatBaselines::default() };
+    let roce = roce_rows(&a, &b, args, udp_bw, &mut lat_base)?;
     let scale = match idle {
         Some(idle) => {
             Some(scale_rows(&a, &b, args, idle).map_err(|e| format!("{e}\n{:?}\n{:?}", a.stats(), b.stats()))?)
@@ -517,9 +572,10 @@ fn print_table(a: &Context, udp_bw: f64, base: &LatBaselines, datagram: usize, b
     println!(" baseline, plain UDP on the same path, measured in this run:");
     println!("   {datagram}-byte datagrams, one stream: {:.2} MB/sec", mb(udp_bw));
     println!(
-        "   8-byte ping-pong, spinning on the socket: {:.2} usec one-way (half the round trip, typical);",
+        "   8-byte ping-pong, spinning on the socket (in {LAT_ROUNDS} rounds between the latency rows'): {:.2} usec one-way",
         base.spinning.typical()
     );
+    println!("     (half the round trip, typical);");
     println!("   blocking in recv: {:.2} usec one-way", base.blocking.typical());
     let x = |r: &LatResult| r.typical() / base.spinning.typical();
     println!(" the kernel's share of RoCEv2's, spinning, with a device's socket calls and none of its work:");

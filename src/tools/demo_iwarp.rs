@@ -163,7 +163,6 @@ const LAT_TESTS: [(Test, &str); 3] =
 pub fn rows(args: &DemoArgs) -> Result<IwarpRows, String> {
     let (a, b) = (open(A)?, open(B)?);
     let tcp_bw = tcp_bandwidth(65536, args.seconds).map_err(|e| format!("TCP baseline: {e}"))?;
-    let tcp_lat = tcp_latency(8, 20_000).map_err(|e| format!("TCP baseline: {e}"))?;
     let mut bw = Vec::new();
     for (test, name) in BW_TESTS.into_iter().filter(|t| args.wants(t.1)) {
         for size in [65536, 1 << 20] {
@@ -176,19 +175,34 @@ pub fn rows(args: &DemoArgs) -> Result<IwarpRows, String> {
             bw.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: tcp_bw });
         }
     }
-    let mut lat = Vec::new();
-    for (test, name) in LAT_TESTS.into_iter().filter(|t| args.wants(t.1)) {
-        for size in [8, 4096] {
+    let (tcp_lat, lat) = lat_rows(&a, &b, args)?;
+    Ok(IwarpRows { tcp_bw, tcp_lat, bw, lat })
+}
+
+/// The latency rows and the TCP ping-pong they are set against, in
+/// [`super::demo::LAT_ROUNDS`] interleaved rounds as the RoCEv2 rows are.
+fn lat_rows(a: &Context, b: &Context, args: &DemoArgs) -> Result<(LatResult, Vec<(Row, LatResult)>), String> {
+    let tests = super::demo::lat_tests(args, &LAT_TESTS);
+    let mut tcp_lat = LatResult::default();
+    let mut runs = vec![LatResult::default(); tests.len()];
+    for _ in 0..super::demo::LAT_ROUNDS {
+        tcp_lat.merge(tcp_latency(8, super::demo::LAT_BASE_ITERS_PER_ROUND).map_err(|e| format!("TCP baseline: {e}"))?);
+        for (run, &(test, _, size)) in runs.iter_mut().zip(&tests) {
             let mut p = Params::defaults(test);
             p.size = size;
-            p.iters = 5000;
-            let r = between(&a, &b, &p, |x, y| lat_between(x, y, &p))?;
-            let row =
-                Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: tcp_lat.typical() };
-            lat.push((row, r));
+            p.iters = super::demo::LAT_ITERS_PER_ROUND;
+            run.merge(between(a, b, &p, |x, y| lat_between(x, y, &p))?);
         }
     }
-    Ok(IwarpRows { tcp_bw, tcp_lat, bw, lat })
+    let base = tcp_lat.typical();
+    let rows = tests
+        .iter()
+        .zip(runs)
+        .map(|(&(_, name, size), r)| {
+            (Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: base }, r)
+        })
+        .collect();
+    Ok((tcp_lat, rows))
 }
 
 /// The iWARP table.
@@ -199,7 +213,11 @@ pub fn print(r: &IwarpRows) {
         " baseline, plain TCP on the same path, this run: one connection, 65536-byte writes: {:.2} MB/sec;",
         mb(r.tcp_bw)
     );
-    println!("   8-byte ping-pong with TCP_NODELAY, spinning on the socket: {:.2} usec one-way", r.tcp_lat.typical());
+    println!(
+        "   8-byte ping-pong with TCP_NODELAY, spinning on the socket (in {} rounds between the latency rows'): {:.2} usec one-way",
+        super::demo::LAT_ROUNDS,
+        r.tcp_lat.typical()
+    );
     println!(" test             #bytes     #iterations    BW average[MB/sec]    of TCP");
     for row in &r.bw {
         println!(
