@@ -392,22 +392,38 @@ fn lat_rows(
     args: &DemoArgs,
     spinning: &mut LatResult,
 ) -> Result<Vec<(Row, LatResult)>, String> {
-    let tests = lat_tests(args, &LAT_TESTS);
+    let baseline = || udp_latency(8, LAT_BASE_ITERS_PER_ROUND, true).map_err(|e| format!("UDP baseline: {e}"));
+    let run = |test, size| rdma_lat(a, b, test, size, LAT_ITERS_PER_ROUND);
+    let (base, rows) = in_rounds(&lat_tests(args, &LAT_TESTS), baseline, run)?;
+    *spinning = base;
+    Ok(rows)
+}
+
+/// Runs `tests` in [`LAT_ROUNDS`] rounds, each round `baseline` once and then every test
+/// once (`run`); returns the baseline's samples of all rounds and each test's row, its
+/// samples of all rounds set against that baseline.
+pub(super) fn in_rounds(
+    tests: &[(Test, &'static str, usize)],
+    mut baseline: impl FnMut() -> Result<LatResult, String>,
+    mut run: impl FnMut(Test, usize) -> Result<LatResult, String>,
+) -> Result<(LatResult, Vec<(Row, LatResult)>), String> {
+    let mut base = LatResult::default();
     let mut runs = vec![LatResult::default(); tests.len()];
     for _ in 0..LAT_ROUNDS {
-        spinning.merge(udp_latency(8, LAT_BASE_ITERS_PER_ROUND, true).map_err(|e| format!("UDP baseline: {e}"))?);
-        for (run, &(test, _, size)) in runs.iter_mut().zip(&tests) {
-            run.merge(rdma_lat(a, b, test, size, LAT_ITERS_PER_ROUND)?);
+        base.merge(baseline()?);
+        for (r, &(test, _, size)) in runs.iter_mut().zip(tests) {
+            r.merge(run(test, size)?);
         }
     }
-    let udp_lat = spinning.typical();
-    Ok(tests
+    let typical = base.typical();
+    let rows = tests
         .iter()
         .zip(runs)
         .map(|(&(_, name, size), r)| {
-            (Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: udp_lat }, r)
+            (Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: typical }, r)
         })
-        .collect())
+        .collect();
+    Ok((base, rows))
 }
 
 struct RoceRows {

@@ -182,27 +182,14 @@ pub fn rows(args: &DemoArgs) -> Result<IwarpRows, String> {
 /// The latency rows and the TCP ping-pong they are set against, in
 /// [`super::demo::LAT_ROUNDS`] interleaved rounds as the RoCEv2 rows are.
 fn lat_rows(a: &Context, b: &Context, args: &DemoArgs) -> Result<(LatResult, Vec<(Row, LatResult)>), String> {
-    let tests = super::demo::lat_tests(args, &LAT_TESTS);
-    let mut tcp_lat = LatResult::default();
-    let mut runs = vec![LatResult::default(); tests.len()];
-    for _ in 0..super::demo::LAT_ROUNDS {
-        tcp_lat.merge(tcp_latency(8, super::demo::LAT_BASE_ITERS_PER_ROUND).map_err(|e| format!("TCP baseline: {e}"))?);
-        for (run, &(test, _, size)) in runs.iter_mut().zip(&tests) {
-            let mut p = Params::defaults(test);
-            p.size = size;
-            p.iters = super::demo::LAT_ITERS_PER_ROUND;
-            run.merge(between(a, b, &p, |x, y| lat_between(x, y, &p))?);
-        }
-    }
-    let base = tcp_lat.typical();
-    let rows = tests
-        .iter()
-        .zip(runs)
-        .map(|(&(_, name, size), r)| {
-            (Row { test: name, size, iters: r.usec.len() as u64, value: r.typical(), baseline: base }, r)
-        })
-        .collect();
-    Ok((tcp_lat, rows))
+    let baseline = || tcp_latency(8, super::demo::LAT_BASE_ITERS_PER_ROUND).map_err(|e| format!("TCP baseline: {e}"));
+    let run = |test, size| {
+        let mut p = Params::defaults(test);
+        p.size = size;
+        p.iters = super::demo::LAT_ITERS_PER_ROUND;
+        between(a, b, &p, |x, y| lat_between(x, y, &p))
+    };
+    super::demo::in_rounds(&super::demo::lat_tests(args, &LAT_TESTS), baseline, run)
 }
 
 /// The iWARP table.
