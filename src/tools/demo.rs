@@ -145,13 +145,12 @@ struct LatBaselines {
 
 impl LatBaselines {
     /// The baselines measured once; the spinning ping-pong, which the latency rows are set
-    /// against, is left to [`lat_rows`] (measured once here only when there are none).
-    fn measure(with_lat_rows: bool) -> Result<LatBaselines, String> {
+    /// against, is left to [`roce_rows`], which measures it in rounds with them.
+    fn measure() -> Result<LatBaselines, String> {
         let e = |e: std::io::Error| format!("UDP baseline: {e}");
-        let spinning = if with_lat_rows { LatResult::default() } else { udp_latency(8, 20_000, true).map_err(e)? };
         Ok(LatBaselines {
             blocking: udp_latency(8, 20_000, false).map_err(e)?,
-            spinning,
+            spinning: LatResult::default(),
             write_turn: roce_calls_latency(udp_floor::WRITE_TURN, 20_000).map_err(e)?,
             read_leg: roce_calls_latency(udp_floor::READ_LEG, 20_000).map_err(e)?,
         })
@@ -348,7 +347,7 @@ pub(super) const LAT_ITERS_PER_ROUND: u64 = 2_000;
 pub(super) const LAT_BASE_ITERS_PER_ROUND: usize = 10_000;
 
 /// The RoCEv2 rows `args` asks for: bandwidth next to plain UDP, latency next to the
-/// spinning UDP ping-pong (measured with them, into `base.spinning`).
+/// spinning UDP ping-pong (measured in rounds with them, into `base.spinning`).
 fn roce_rows(
     a: &Context,
     b: &Context,
@@ -364,16 +363,16 @@ fn roce_rows(
             bw.push(Row { test: name, size, iters: r.iters, value: r.avg_bytes_per_s, baseline: udp_bw });
         }
     }
-    let lat = if lat_rows_wanted(args) { lat_rows(a, b, args, &mut base.spinning)? } else { Vec::new() };
+    // The latency rows (none, if none is asked for) in rounds with the ping-pong.
+    let baseline = || udp_latency(8, LAT_BASE_ITERS_PER_ROUND, true).map_err(|e| format!("UDP baseline: {e}"));
+    let run = |test, size| rdma_lat(a, b, test, size, LAT_ITERS_PER_ROUND);
+    let (spinning, lat) = in_rounds(&lat_tests(args, &LAT_TESTS), baseline, run)?;
+    base.spinning = spinning;
     Ok(RoceRows { bw, lat })
 }
 
 const LAT_TESTS: [(Test, &str); 3] =
     [(Test::WriteLat, "write_lat"), (Test::ReadLat, "read_lat"), (Test::SendLat, "send_lat")];
-
-fn lat_rows_wanted(args: &DemoArgs) -> bool {
-    LAT_TESTS.iter().any(|t| args.wants(t.1))
-}
 
 /// The latency rows `args` asks for among `tests`, each at 8 and 4096 bytes.
 pub(super) fn lat_tests(args: &DemoArgs, tests: &[(Test, &'static str)]) -> Vec<(Test, &'static str, usize)> {
@@ -382,21 +381,6 @@ pub(super) fn lat_tests(args: &DemoArgs, tests: &[(Test, &'static str)]) -> Vec<
         .filter(|t| args.wants(t.1))
         .flat_map(|&(test, name)| [8, 4096].map(|size| (test, name, size)))
         .collect()
-}
-
-/// The latency rows, in [`LAT_ROUNDS`] rounds interleaved with the spinning UDP
-/// ping-pong, whose samples go into `spinning`.
-fn lat_rows(
-    a: &Context,
-    b: &Context,
-    args: &DemoArgs,
-    spinning: &mut LatResult,
-) -> Result<Vec<(Row, LatResult)>, String> {
-    let baseline = || udp_latency(8, LAT_BASE_ITERS_PER_ROUND, true).map_err(|e| format!("UDP baseline: {e}"));
-    let run = |test, size| rdma_lat(a, b, test, size, LAT_ITERS_PER_ROUND);
-    let (base, rows) = in_rounds(&lat_tests(args, &LAT_TESTS), baseline, run)?;
-    *spinning = base;
-    Ok(rows)
 }
 
 /// Runs `tests` in [`LAT_ROUNDS`] rounds, each round `baseline` once and then every test
@@ -445,8 +429,7 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     } else {
         f64::NAN
     };
-    let mut lat_base =
-        if roce_rows_wanted { LatBaselines::measure(lat_rows_wanted(args))? } else { LatBaselines::default() };
+    let mut lat_base = if roce_rows_wanted { LatBaselines::measure()? } else { LatBaselines::default() };
     let roce = roce_rows(&a, &b, args, udp_bw, &mut lat_base)?;
     let scale = match idle {
         Some(idle) => {
