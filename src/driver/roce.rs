@@ -92,6 +92,7 @@ impl RoceDriver {
         ip: IpAddr,
         path_mtu: crate::engine::verbs::Mtu,
     ) -> io::Result<(Arc<RoceDriver>, JoinHandle<()>)> {
+        crate::transport::icrc_routine::choose_once();
         let driver = Arc::new(RoceDriver {
             port: link.tx.port(),
             path_mtu,

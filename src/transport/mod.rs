@@ -3,6 +3,7 @@
 
 pub mod gso;
 pub mod headers;
+pub mod icrc_routine;
 pub mod link;
 pub mod pcap;
 pub mod raw;

@@ -109,7 +109,7 @@ pub fn compute(ip: IpHeader<'_>, udp_header: &[u8], packet: &[u8]) -> Result<u32
     let end = bth_at + bth::LEN;
     let rest = &packet[bth::LEN..packet.len() - ICRC_LEN];
 
-    let mut h = crc32fast::Hasher::new();
+    let mut h = crate::crc::Crc32::for_len(end + rest.len());
     if rest.len() <= SMALL_TAIL {
         run[end..end + rest.len()].copy_from_slice(rest);
         h.update(&run[..end + rest.len()]);
