@@ -76,6 +76,12 @@ enum Command {
         /// Print one JSON document instead of a line.
         #[arg(long)]
         json: bool,
+        /// Instead of plain datagrams, make a RoCEv2 device's socket calls in each turn (both
+        /// sides): `write`, a WRITE ping-pong's turn (an 8-byte WRITE and the ACK it held, 40
+        /// and 20 bytes, in one GSO send, received with GRO); `read`, a READ's leg (one
+        /// 32-byte datagram). The kernel's share of the RDMA latency tools' figures.
+        #[arg(long)]
+        calls: Option<softrdma::tools::udp_lat::RoceCalls>,
     },
     /// Plain UDP stream between two hosts, datagrams sent 32 to a system call without GSO:
     /// the ceiling of what the path carries in datagrams of one RoCEv2 packet's size, for
@@ -629,9 +635,16 @@ fn main() -> ExitCode {
         Command::AtomicBw(a) => perf(Test::AtomicBw, a),
         Command::WriteLat(a) => perf(Test::WriteLat, a),
         Command::ReadLat(a) => perf(Test::ReadLat, a),
-        Command::UdpLat { server, port, size, iters, json } => exit_status(
+        Command::UdpLat { server, port, size, iters, json, calls } => exit_status(
             "udp-lat",
-            softrdma::tools::udp_lat::run(&softrdma::tools::udp_lat::UdpLatArgs { server, port, size, iters, json }),
+            softrdma::tools::udp_lat::run(&softrdma::tools::udp_lat::UdpLatArgs {
+                server,
+                port,
+                size,
+                iters,
+                json,
+                calls,
+            }),
         ),
         Command::UdpBw { server, port, size, duration, json } => exit_status(
             "udp-bw",

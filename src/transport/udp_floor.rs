@@ -52,6 +52,11 @@ impl FloorEndpoint {
         sys::send_segmented(self.tx.as_raw_fd(), &self.datagrams, &[msg]).map(|_| ())
     }
 
+    /// Where the last message received came from.
+    pub fn last_source(&self) -> Option<SocketAddr> {
+        self.batch.get(0).map(|(_, src, _)| src)
+    }
+
     /// Spins on the socket until a message arrives; the error if none came within `limit`.
     pub fn recv_spinning(&mut self, limit: Duration) -> io::Result<()> {
         let start = Instant::now();
@@ -69,9 +74,14 @@ impl FloorEndpoint {
 /// A device's receive socket (shared, with GRO) and a sending socket on `addr`, both on
 /// ports the kernel picks.
 pub fn open_sockets(addr: IpAddr) -> io::Result<(UdpSocket, UdpSocket)> {
-    let rx = open_socket(SocketAddr::new(addr, 0), true, false)?;
+    Ok((open_receive_socket(SocketAddr::new(addr, 0))?, open_socket(SocketAddr::new(addr, 0), false, false)?))
+}
+
+/// A socket on `addr` made as a device makes its receive socket (shared, GRO on).
+pub fn open_receive_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let rx = open_socket(addr, true, false)?;
     sys::set_udp_gro(rx.as_raw_fd())?;
-    Ok((rx, open_socket(SocketAddr::new(addr, 0), false, false)?))
+    Ok(rx)
 }
 
 /// When each of `iters` exchanges of turns of `sizes` began, and when the last ended,
