@@ -156,6 +156,12 @@ impl RecvBatch {
         self.meta.get(i).and_then(|m| (m.5 > 0).then_some(m.5 as usize))
     }
 
+    /// How many datagrams buffer `i` holds: one, or several that GRO coalesced.
+    pub fn datagrams_in(&self, i: usize) -> usize {
+        let len = self.get(i).map_or(0, |(bytes, _, _)| bytes.len());
+        len.div_ceil(self.segment_bytes(i).unwrap_or(len).max(1)).max(1)
+    }
+
     /// When the kernel received datagram `i` (ns since the Unix epoch), on a socket with
     /// [`set_receive_timestamps`].
     pub fn timestamp_ns(&self, i: usize) -> Option<u64> {

@@ -544,12 +544,7 @@ impl UdpRx {
 
     fn recv_udp(&mut self) -> io::Result<usize> {
         let n = self.batch.recv(self.sockets.rx.as_raw_fd())?;
-        let datagrams: usize = (0..n)
-            .filter_map(|i| {
-                self.batch.get(i).map(|b| b.0.len().div_ceil(self.batch.segment_bytes(i).unwrap_or(usize::MAX)))
-            })
-            .map(|k| k.max(1))
-            .sum();
+        let datagrams: usize = (0..n).map(|i| self.batch.datagrams_in(i)).sum();
         self.stats.rx_datagrams.fetch_add(datagrams as u64, Ordering::Relaxed);
         Ok(datagrams)
     }

@@ -65,18 +65,12 @@ impl FloorEndpoint {
         let mut got = 0;
         while got < self.datagrams.len() {
             let n = self.batch.recv(self.rx.as_raw_fd())?;
-            got += (0..n).map(|i| self.datagrams_in(i)).sum::<usize>();
+            got += (0..n).map(|i| self.batch.datagrams_in(i)).sum::<usize>();
             if n == 0 && start.elapsed() > limit {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer's turn did not arrive"));
             }
         }
         Ok(())
-    }
-
-    /// Datagrams in buffer `i` of the last read (several if GRO coalesced them).
-    fn datagrams_in(&self, i: usize) -> usize {
-        let len = self.batch.get(i).map_or(0, |(bytes, _, _)| bytes.len());
-        len.div_ceil(self.batch.segment_bytes(i).unwrap_or(len).max(1)).max(1)
     }
 }
 
