@@ -4,7 +4,10 @@
 //! plain UDP on the same veth in the same run, so every figure is also a ratio.
 
 use super::bench::{self, LatResult, Test};
-use super::demo::{rdma_bw_mtu, rdma_lat_mtu, udp_bandwidth_on, udp_latency_on};
+use super::demo::{
+    in_rounds, rdma_bw_mtu, rdma_lat_mtu, udp_bandwidth_on, udp_latency_on, LAT_BASE_ITERS_PER_ROUND,
+    LAT_ITERS_PER_ROUND, LAT_ROUNDS,
+};
 use super::netns::VethPair;
 use crate::transport::raw::FrameIo;
 use crate::transport::udp_floor::{self, FloorEndpoint};
@@ -40,11 +43,12 @@ impl Path {
 }
 
 /// One path's figures: bandwidth (bytes/s) of 64 KiB WRITE, READ, SEND; latency (µs) of
-/// 8-byte WRITE, READ, SEND.
+/// 8-byte WRITE, READ, SEND, and of the plain UDP ping-pong measured in rounds with them.
 struct PathRow {
     path: Path,
     bw: [f64; 3],
     lat: [f64; 3],
+    udp_lat: f64,
 }
 
 fn open_on(pair: &VethPair, path: Path, i: usize) -> Result<Context, String> {
@@ -61,17 +65,31 @@ fn open_on(pair: &VethPair, path: Path, i: usize) -> Result<Context, String> {
     pair.run_in(i, move || Context::open(cfg)).map_err(|e| format!("{}: {e}", path.name()))
 }
 
+/// The 8-byte latency rows, measured in rounds with the plain UDP ping-pong as the
+/// loopback demo measures its own ([`in_rounds`]).
+const LAT_TESTS: [(Test, &str, usize); 3] =
+    [(Test::WriteLat, "write_lat", 8), (Test::ReadLat, "read_lat", 8), (Test::SendLat, "send_lat", 8)];
+
 fn measure(pair: &VethPair, path: Path, secs: f64) -> Result<PathRow, String> {
     let (a, b) = (open_on(pair, path, 0)?, open_on(pair, path, 1)?);
     let mut bw = [0.0; 3];
     for (slot, test) in bw.iter_mut().zip([Test::WriteBw, Test::ReadBw, Test::SendBw]) {
         *slot = rdma_bw_mtu(&a, &b, test, 65536, 1, (secs, 3e8), MTU)?.avg_bytes_per_s;
     }
-    let mut lat = [0.0; 3];
-    for (slot, test) in lat.iter_mut().zip([Test::WriteLat, Test::ReadLat, Test::SendLat]) {
-        *slot = rdma_lat_mtu(&a, &b, test, 8, 5000, MTU)?.typical();
-    }
-    Ok(PathRow { path, bw, lat })
+    let baseline = || {
+        let (x, y) = (kernel_socket(pair, 0)?, kernel_socket(pair, 1)?);
+        udp_latency_on(x, y, 8, LAT_BASE_ITERS_PER_ROUND, true).map_err(|e| format!("UDP baseline: {e}"))
+    };
+    let run = |test, size| rdma_lat_mtu(&a, &b, test, size, LAT_ITERS_PER_ROUND, MTU);
+    let (udp, rows) = in_rounds(&LAT_TESTS, baseline, run)?;
+    let lat = [0, 1, 2].map(|i| rows[i].1.typical());
+    Ok(PathRow { path, bw, lat, udp_lat: udp.typical() })
+}
+
+/// A UDP socket on the kernel's address of veth end `i`, in its namespace.
+fn kernel_socket(pair: &VethPair, i: usize) -> Result<UdpSocket, String> {
+    let ip = KERNEL[i].to_string();
+    pair.run_in(i, move || UdpSocket::bind((ip.as_str(), 0))).map_err(|e| format!("UDP baseline: {e}"))
 }
 
 /// The baselines measured across the veth in the run.
@@ -90,10 +108,7 @@ struct Baseline {
 /// same ping-pong with a RoCEv2 device's socket calls.
 fn baseline(pair: &VethPair, secs: f64) -> Result<Baseline, String> {
     let e = |e: std::io::Error| format!("UDP baseline: {e}");
-    let socket = |i: usize| {
-        let ip = KERNEL[i].to_string();
-        pair.run_in(i, move || UdpSocket::bind((ip.as_str(), 0))).map_err(e)
-    };
+    let socket = |i: usize| kernel_socket(pair, i);
     let floor = |sizes: &[usize]| -> Result<LatResult, String> {
         let sockets = |i: usize| {
             let ip: IpAddr = KERNEL[i].parse().map_err(|_| "address".to_string())?;
@@ -139,7 +154,7 @@ fn print_json(base: &Baseline, rows: &[PathRow], missing: &[(Path, String)]) {
         .map(|r| {
             json!({"path": r.path.name(), "write_bw_65536_bytes_per_s": r.bw[0], "read_bw_65536_bytes_per_s": r.bw[1],
             "send_bw_65536_bytes_per_s": r.bw[2], "write_lat_8_us": r.lat[0], "read_lat_8_us": r.lat[1],
-            "send_lat_8_us": r.lat[2]})
+            "send_lat_8_us": r.lat[2], "udp_t_typical_us": r.udp_lat})
         })
         .collect();
     let missing: Vec<_> = missing.iter().map(|(p, e)| json!({"path": p.name(), "error": e})).collect();
@@ -189,6 +204,16 @@ fn print_table(base: &Baseline, rows: &[PathRow], missing: &[(Path, String)]) {
             r.lat[0],
             r.lat[1],
             r.lat[2]
+        );
+    }
+    for r in rows {
+        println!(
+            " {}: 8-byte latency in {LAT_ROUNDS} rounds with a plain UDP ping-pong ({:.2} usec one-way): WRITE {:.2}x, READ {:.2}x, SEND {:.2}x",
+            r.path.name(),
+            r.udp_lat,
+            r.lat[0] / r.udp_lat,
+            r.lat[1] / r.udp_lat,
+            r.lat[2] / r.udp_lat
         );
     }
     let udp_path = rows.iter().find(|r| r.path == Path::UdpSocket);
