@@ -94,6 +94,10 @@ pub struct Params {
     pub progress: bool,
     /// The atomic `atomic-bw` posts.
     pub atomic: AtomicKind,
+    /// Bandwidth tests: every QP sends from the first QP's area, so that the run touches
+    /// the memory one QP does whatever the QP count (the caller may point every QP at one
+    /// remote area too). Off: an area per QP, as perftest.
+    pub one_area: bool,
 }
 
 impl Params {
@@ -117,6 +121,7 @@ impl Params {
             max_size: 0,
             progress: false,
             atomic: AtomicKind::FetchAdd,
+            one_area: false,
         }
     }
 
@@ -291,7 +296,7 @@ fn work_request(p: &Params, ep: &Endpoint<'_>, q: usize, rem: &Dest, size: usize
         Test::SendBw | Test::SendLat => SendOp::Send,
     };
     let len = if test == Test::AtomicBw { 8 } else { size };
-    SendWr::new(id, op, vec![ep.send_sge(q, len)])
+    SendWr::new(id, op, vec![ep.send_sge(if p.one_area { 0 } else { q }, len)])
 }
 
 /// Prints a progress line on stderr about once a second.
@@ -727,7 +732,25 @@ fn spin_poll(busy: &mut BusyPoll<'_>, cq: &CompletionQueue) -> Option<Wc> {
 
 #[cfg(test)]
 mod tests {
-    use super::LatResult;
+    use super::{work_request, Endpoint, LatResult, Params, Test};
+    use crate::verbs::{Context, OpenConfig};
+
+    #[test]
+    fn one_area_sends_every_qp_from_the_first_qps_area() {
+        let mut cfg = OpenConfig::new(std::net::Ipv4Addr::LOCALHOST.into());
+        cfg.port = 0;
+        let ctx = Context::open(cfg).expect("a device on loopback");
+        let mut p = Params::defaults(Test::WriteBw);
+        p.qps = 3;
+        let ep = Endpoint::new(&ctx, &p).expect("three QPs");
+        let dests = ep.dests(0);
+        let from = |p: &Params, q: usize| work_request(p, &ep, q, &dests[q], 4096, 1).sgl[0].addr;
+        let base = ep.mr.addr();
+        assert_eq!(from(&p, 2), base + 2 * 65536, "an area per QP, as perftest");
+        let shared = Params { one_area: true, ..p.clone() };
+        assert_eq!(from(&shared, 2), base, "every QP from the first area");
+        assert_eq!(from(&shared, 0), from(&p, 0));
+    }
 
     #[test]
     fn merged_runs_take_the_median_of_all_their_samples() {

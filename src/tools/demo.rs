@@ -454,18 +454,24 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     if let Some(iw) = &iw {
         super::demo_iwarp::print(iw);
     }
-    if let Some((idle, one, all)) = scale {
+    if let Some(Scale { idle, one, all, all_one_area }) = scale {
+        let mb = |x: f64| x / f64::from(1 << 20);
         println!(
             " {} QPs on one device: {:.2} KiB per idle connected QP (registered memory excluded)",
             args.qps,
             idle / 1024.0
         );
         println!(
-            " write_bw 65536 over {} QPs: {:.2} MB/sec, {:.2}x one QP ({:.2} MB/sec)",
+            " write_bw 65536 over {} QPs, an area each: {:.2} MB/sec, {:.2}x one QP ({:.2} MB/sec)",
             args.qps,
-            all / f64::from(1 << 20),
+            mb(all),
             all / one,
-            one / f64::from(1 << 20)
+            mb(one)
+        );
+        println!(
+            " the same QPs all in one area (the memory one QP touches): {:.2} MB/sec, {:.2}x one QP",
+            mb(all_one_area),
+            all_one_area / one
         );
         println!("{}", "-".repeat(87));
     }
@@ -493,7 +499,7 @@ fn json_doc(
     roce: &RoceRows,
     base: &LatBaselines,
     udp_bw: f64,
-    scale: Option<(f64, f64, f64)>,
+    scale: Option<Scale>,
     stats: &[crate::verbs::DeviceStats; 2],
     iw: &Option<super::demo_iwarp::IwarpRows>,
 ) -> serde_json::Value {
@@ -514,8 +520,9 @@ fn json_doc(
         })
         .collect();
     let scale = scale.map(|s| {
-        json!({"qps": args.qps, "idle_qp_bytes": s.0, "one_qp_bytes_per_s": s.1, "all_qps_bytes_per_s": s.2,
-            "ratio": s.2 / s.1})
+        json!({"qps": args.qps, "idle_qp_bytes": s.idle, "one_qp_bytes_per_s": s.one, "all_qps_bytes_per_s": s.all,
+            "ratio": s.all / s.one, "all_qps_one_area_bytes_per_s": s.all_one_area,
+            "one_area_ratio": s.all_one_area / s.one})
     });
     json!({"iwarp": iw.as_ref().map(super::demo_iwarp::json), "udp_bytes_per_s": udp_bw, "udp_t_typical_us": baseline_us(&base.spinning),
         "udp_blocking_t_typical_us": baseline_us(&base.blocking),
@@ -530,9 +537,25 @@ fn json_doc(
 /// interleaved rounds is compared rather than two single measurements.
 const SCALE_ROUNDS: usize = 3;
 
-/// Memory per idle QP (measured first, `idle`), then WRITE bandwidth over one QP and over
-/// `args.qps`, each the median of [`SCALE_ROUNDS`] interleaved measurements.
-fn scale_rows(a: &Context, b: &Context, args: &DemoArgs, idle: f64) -> Result<(f64, f64, f64), String> {
+/// The scale row's figures (bytes, bytes per second).
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    /// Memory per idle connected QP.
+    idle: f64,
+    /// WRITE bandwidth over one QP.
+    one: f64,
+    /// Over every QP, each with an area of its own at both ends, as perftest's `-q`.
+    all: f64,
+    /// Over every QP, all in one area at both ends: the memory one QP touches, so the QPs'
+    /// own cost apart from the caches a thousand areas overrun (a thousand 64 KiB areas
+    /// are 64 MiB a side, written to and read from in turn).
+    all_one_area: f64,
+}
+
+/// Memory per idle QP (measured first), then WRITE bandwidth over one QP, over
+/// `args.qps` with an area each, and over them in one area, each the median of
+/// [`SCALE_ROUNDS`] interleaved measurements.
+fn scale_rows(a: &Context, b: &Context, args: &DemoArgs, idle: f64) -> Result<Scale, String> {
     let secs = args.seconds / SCALE_ROUNDS as f64;
     let mut p1 = Params::defaults(Test::WriteBw);
     let (x1, y1) =
@@ -550,12 +573,18 @@ fn scale_rows(a: &Context, b: &Context, args: &DemoArgs, idle: f64) -> Result<(f
     let (x, y) =
         (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
     connect(&x, &y, p.mtu)?;
-    let (mut one, mut all) = (Vec::new(), Vec::new());
+    let shared = Params { one_area: true, ..p.clone() };
+    let mut into_one = y.dests(0);
+    let first = into_one[0].vaddr;
+    into_one.iter_mut().for_each(|d| d.vaddr = first);
+    let (mut one, mut all, mut all_one_area) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..SCALE_ROUNDS {
         one.push(bench::run_bw_client(&x1, &y1.dests(0), &p1)?.avg_bytes_per_s);
         all.push(bench::run_bw_client(&x, &y.dests(0), &p)?.avg_bytes_per_s);
+        all_one_area.push(bench::run_bw_client(&x, &into_one, &shared)?.avg_bytes_per_s);
     }
-    Ok((idle, median(&mut one), median(&mut all)))
+    let all_one_area = median(&mut all_one_area);
+    Ok(Scale { idle, one: median(&mut one), all: median(&mut all), all_one_area })
 }
 
 fn median(v: &mut [f64]) -> f64 {
