@@ -583,8 +583,7 @@ fn scale_rows(a: &Context, b: &Context, args: &DemoArgs, idle: f64) -> Result<Sc
         all.push(bench::run_bw_client(&x, &y.dests(0), &p)?.avg_bytes_per_s);
         all_one_area.push(bench::run_bw_client(&x, &into_one, &shared)?.avg_bytes_per_s);
     }
-    let all_one_area = median(&mut all_one_area);
-    Ok(Scale { idle, one: median(&mut one), all: median(&mut all), all_one_area })
+    Ok(Scale { idle, one: median(&mut one), all: median(&mut all), all_one_area: median(&mut all_one_area) })
 }
 
 fn median(v: &mut [f64]) -> f64 {
