@@ -95,8 +95,8 @@ pub struct Params {
     /// The atomic `atomic-bw` posts.
     pub atomic: AtomicKind,
     /// Bandwidth tests: every QP sends from the first QP's area, so that the run touches
-    /// the memory one QP does whatever the QP count (the caller may point every QP at one
-    /// remote area too). Off: an area per QP, as perftest.
+    /// the memory one QP does whatever the QP count (with [`into_first_area`], every QP
+    /// writes into one remote area too). Off: an area per QP, as perftest.
     pub one_area: bool,
 }
 
@@ -297,6 +297,15 @@ fn work_request(p: &Params, ep: &Endpoint<'_>, q: usize, rem: &Dest, size: usize
     };
     let len = if test == Test::AtomicBw { 8 } else { size };
     SendWr::new(id, op, vec![ep.send_sge(if p.one_area { 0 } else { q }, len)])
+}
+
+/// The peer's key messages `dests` with every QP's address the first QP's: the remote
+/// side of [`Params::one_area`].
+pub fn into_first_area(mut dests: Vec<Dest>) -> Vec<Dest> {
+    if let Some(first) = dests.first().map(|d| d.vaddr) {
+        dests.iter_mut().for_each(|d| d.vaddr = first);
+    }
+    dests
 }
 
 /// Prints a progress line on stderr about once a second.
@@ -750,6 +759,9 @@ mod tests {
         let shared = Params { one_area: true, ..p.clone() };
         assert_eq!(from(&shared, 2), base, "every QP from the first area");
         assert_eq!(from(&shared, 0), from(&p, 0));
+        let into_one = super::into_first_area(dests.clone());
+        assert!(into_one.iter().all(|d| d.vaddr == dests[0].vaddr), "every QP into the first remote area");
+        assert_ne!(dests[2].vaddr, dests[0].vaddr, "the peer's own key messages keep an area per QP");
     }
 
     #[test]

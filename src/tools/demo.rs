@@ -574,9 +574,7 @@ fn scale_rows(a: &Context, b: &Context, args: &DemoArgs, idle: f64) -> Result<Sc
         (Endpoint::new(a, &p).map_err(|e| format!("{e:?}"))?, Endpoint::new(b, &p).map_err(|e| format!("{e:?}"))?);
     connect(&x, &y, p.mtu)?;
     let shared = Params { one_area: true, ..p.clone() };
-    let mut into_one = y.dests(0);
-    let first = into_one[0].vaddr;
-    into_one.iter_mut().for_each(|d| d.vaddr = first);
+    let into_one = bench::into_first_area(y.dests(0));
     let (mut one, mut all, mut all_one_area) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..SCALE_ROUNDS {
         one.push(bench::run_bw_client(&x1, &y1.dests(0), &p1)?.avg_bytes_per_s);
