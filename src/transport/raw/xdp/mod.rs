@@ -8,7 +8,8 @@
 //! send are copied into a free chunk, posted on the TX ring, and their chunks come back
 //! through the completion ring. In copy mode, where the kernel sends inside `sendto`,
 //! batches of more than a couple of frames are sent by a TX thread of the device's own
-//! (`TxThread`), so that the kernel's work runs beside the engine's rather than after it.
+//! (`TxThread`), so that the kernel's work runs beside the engine's rather than after it
+//! (not on a machine with one CPU, where it could not).
 //!
 //! Everything the kernel holds for the device is owned by a descriptor: the socket, the
 //! XSKMAP, the program and the BPF link that attaches it. Nothing is pinned, so when the
@@ -168,7 +169,10 @@ pub fn open(ifindex: u32, ip: IpAddr) -> io::Result<(XdpTx, XdpRx)> {
         umem,
         mode,
     });
-    let tx_thread = if zero_copy { None } else { Some(TxThread::start(shared.clone(), tx.watch())?) };
+    let one_cpu = std::thread::available_parallelism().map_or(true, |n| n.get() == 1);
+    let no_thread = std::env::var_os("SOFTRDMA_XDP_NO_TX_THREAD").is_some();
+    let tx_thread =
+        if zero_copy || one_cpu || no_thread { None } else { Some(TxThread::start(shared.clone(), tx.watch())?) };
     let side = Mutex::new(TxSide { tx, completion, free: send_chunks });
     let rx = XdpRx { shared: shared.clone(), fill, rx, batch: Vec::with_capacity(RX_BATCH), spare: Vec::new() };
     Ok((XdpTx { shared, side, tx_thread }, rx))
