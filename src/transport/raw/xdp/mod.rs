@@ -169,10 +169,10 @@ pub fn open(ifindex: u32, ip: IpAddr) -> io::Result<(XdpTx, XdpRx)> {
         umem,
         mode,
     });
+    // On one CPU the thread could only run instead of the engine, never beside it, and
+    // each batch handed over would cost two context switches.
     let one_cpu = std::thread::available_parallelism().map_or(true, |n| n.get() == 1);
-    let no_thread = std::env::var_os("SOFTRDMA_XDP_NO_TX_THREAD").is_some();
-    let tx_thread =
-        if zero_copy || one_cpu || no_thread { None } else { Some(TxThread::start(shared.clone(), tx.watch())?) };
+    let tx_thread = if zero_copy || one_cpu { None } else { Some(TxThread::start(shared.clone(), tx.watch())?) };
     let side = Mutex::new(TxSide { tx, completion, free: send_chunks });
     let rx = XdpRx { shared: shared.clone(), fill, rx, batch: Vec::with_capacity(RX_BATCH), spare: Vec::new() };
     Ok((XdpTx { shared, side, tx_thread }, rx))
