@@ -120,35 +120,58 @@ pub struct RoceRepr<'a> {
     pub payload: &'a [u8],
 }
 
-fn parse_opt<'a, R>(bytes: Option<&'a [u8]>, f: impl FnOnce(&'a [u8]) -> Result<R>) -> Result<Option<R>> {
-    bytes.map(f).transpose()
-}
-
 impl<'a> RoceRepr<'a> {
-    /// Reads every header of a checked packet.
+    /// Reads every header of a checked packet, in one pass over the opcode's layout
+    /// (looking each header's place up on its own walked the layout nine times a packet,
+    /// the most instructions of any step of a ping-pong's receive).
     pub fn parse(p: &RocePacket<&'a [u8]>) -> Result<RoceRepr<'a>> {
         let buf: &'a [u8] = p.buf;
-        let hdr = |h| p.header_range(h).map(|r| &buf[r]);
-        Ok(RoceRepr {
-            bth: BthRepr::parse(&p.bth())?,
-            deth: parse_opt(hdr(Headers::DETH), |b| DethRepr::parse(&DethPacket::new_checked(b)?))?,
-            xrceth: parse_opt(hdr(Headers::XRCETH), |b| XrcEthRepr::parse(&XrcEthPacket::new_checked(b)?))?,
-            feth: parse_opt(hdr(Headers::FETH), |b| FethRepr::parse(&FethPacket::new_checked(b)?))?,
-            reth: parse_opt(hdr(Headers::RETH), |b| RethRepr::parse(&RethPacket::new_checked(b)?))?,
-            atomic_eth: parse_opt(hdr(Headers::ATOMIC_ETH), |b| {
-                AtomicEthRepr::parse(&AtomicEthPacket::new_checked(b)?)
-            })?,
-            aeth: parse_opt(hdr(Headers::AETH), |b| AethRepr::parse(&AethPacket::new_checked(b)?))?,
-            atomic_ack_eth: parse_opt(hdr(Headers::ATOMIC_ACK_ETH), |b| {
-                AtomicAckEthRepr::parse(&AtomicAckEthPacket::new_checked(b)?)
-            })?,
-            immdt: parse_opt(hdr(Headers::IMMDT), |b| ImmDtRepr::parse(&ImmDtPacket::new_checked(b)?))?,
-            ieth: parse_opt(hdr(Headers::IETH), |b| IethRepr::parse(&IethPacket::new_checked(b)?))?,
-            payload: {
-                let (s, e) = p.data_range();
-                &buf[s..e]
-            },
-        })
+        let (start, end) = p.data_range();
+        let mut r = RoceRepr::bare(BthRepr::parse(&p.bth())?, &buf[start..end]);
+        let mut at = bth::LEN;
+        for (h, len) in ORDER {
+            if p.info.headers.contains(h) {
+                r.parse_header(h, &buf[at..at + len])?;
+                at += len;
+            }
+        }
+        Ok(r)
+    }
+
+    /// A packet of `bth` and `payload` with no extended header.
+    fn bare(bth: BthRepr, payload: &'a [u8]) -> RoceRepr<'a> {
+        RoceRepr {
+            bth,
+            deth: None,
+            xrceth: None,
+            feth: None,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            immdt: None,
+            ieth: None,
+            payload,
+        }
+    }
+
+    /// Reads extended header `h` from its bytes `b`.
+    fn parse_header(&mut self, h: Headers, b: &[u8]) -> Result<()> {
+        match h {
+            Headers::DETH => self.deth = Some(DethRepr::parse(&DethPacket::new_checked(b)?)?),
+            Headers::XRCETH => self.xrceth = Some(XrcEthRepr::parse(&XrcEthPacket::new_checked(b)?)?),
+            Headers::FETH => self.feth = Some(FethRepr::parse(&FethPacket::new_checked(b)?)?),
+            Headers::RETH => self.reth = Some(RethRepr::parse(&RethPacket::new_checked(b)?)?),
+            Headers::ATOMIC_ETH => self.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEthPacket::new_checked(b)?)?),
+            Headers::AETH => self.aeth = Some(AethRepr::parse(&AethPacket::new_checked(b)?)?),
+            Headers::ATOMIC_ACK_ETH => {
+                self.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEthPacket::new_checked(b)?)?)
+            }
+            Headers::IMMDT => self.immdt = Some(ImmDtRepr::parse(&ImmDtPacket::new_checked(b)?)?),
+            Headers::IETH => self.ieth = Some(IethRepr::parse(&IethPacket::new_checked(b)?)?),
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The opcode's row, if the opcode is known.
