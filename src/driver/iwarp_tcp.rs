@@ -51,6 +51,10 @@ struct Core {
     cqs: HashMap<u32, Arc<CqQueue>>,
     events: Arc<super::event::EventQueue>,
     registry: Registry,
+    /// The connections to write and the completions to hand out at a settle, kept for
+    /// their room: a ping-pong's every turn allocated and freed both.
+    writable: Vec<ConnId>,
+    wc_run: Vec<crate::engine::verbs::Wc>,
 }
 
 /// The device on kernel TCP, shared by the application's handles and the poll thread.
@@ -85,6 +89,8 @@ impl IwarpTcp {
             cqs: HashMap::default(),
             events: Arc::default(),
             registry: poll.registry().try_clone()?,
+            writable: Vec::new(),
+            wc_run: Vec::new(),
         };
         let driver = Arc::new(IwarpTcp {
             core: Mutex::new(core),
@@ -317,24 +323,27 @@ impl Core {
     /// After any device work: write what it queued, close what it ended, hand out
     /// completions.
     fn settle(&mut self) {
+        let mut writable = std::mem::take(&mut self.writable);
         for _ in 0..4 {
-            let writable = self.dev.take_writable();
+            self.dev.take_writable_into(&mut writable);
             let closed = self.dev.take_closed();
             if writable.is_empty() && closed.is_empty() {
                 break;
             }
-            for t in writable {
+            for &t in &writable {
                 self.write(t);
             }
             for t in closed {
                 self.drop_stream(t);
             }
         }
-        for (cq, mut wcs) in self.dev.take_completions() {
-            if let Some(q) = self.cqs.get(&cq) {
-                q.deliver(&mut wcs);
+        self.writable = writable;
+        let cqs = &self.cqs;
+        self.dev.drain_completions(&mut self.wc_run, |cq, wcs| {
+            if let Some(q) = cqs.get(&cq) {
+                q.deliver(wcs);
             }
-        }
+        });
         while let Some(e) = self.dev.dev.poll_async_event() {
             self.events.deliver(e);
         }

@@ -17,7 +17,7 @@ use crate::engine::verbs::{QpCaps, QpState, RecvWr, SendWr, VerbsError, Wc};
 use crate::engine::Device;
 use crate::proto::iwarp::mpa;
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 /// A connection or listener, as the driver and the device name it.
 pub type ConnId = usize;
@@ -121,11 +121,16 @@ pub struct IwarpDevice {
     results: HashMap<ConnId, Result<Vec<u8>, ConnectError>>,
     next_id: ConnId,
     now_ns: u64,
-    /// Connections with bytes to write.
-    writable: BTreeSet<ConnId>,
+    /// Connections with bytes to write, perhaps more than once each (sorted and deduped
+    /// as they are taken: a set's node, allocated and freed at every turn of a ping-pong,
+    /// cost more than the turn's framing).
+    writable: Vec<ConnId>,
     /// Connections the device ended: the driver closes their streams.
     closed: Vec<ConnId>,
-    completions: Vec<(u32, Vec<Wc>)>,
+    /// Completions since they were last taken, each with its CQ, in order.
+    completions: Vec<(u32, Wc)>,
+    /// A QP's send and receive completions as they are polled (kept for their room).
+    polled: (Vec<Wc>, Vec<Wc>),
 }
 
 impl IwarpDevice {
@@ -140,9 +145,10 @@ impl IwarpDevice {
             results: HashMap::default(),
             next_id: 0,
             now_ns: 0,
-            writable: BTreeSet::new(),
+            writable: Vec::new(),
             closed: Vec::new(),
             completions: Vec::new(),
+            polled: (Vec::new(), Vec::new()),
         }
     }
 

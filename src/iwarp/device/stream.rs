@@ -106,13 +106,23 @@ impl IwarpDevice {
     /// Connection `t` still has bytes its stream did not take: offer them again.
     pub fn mark_writable(&mut self, t: ConnId) {
         if self.conns.contains_key(&t) {
-            self.writable.insert(t);
+            self.writable.push(t);
         }
     }
 
-    /// Connections with bytes to write since the last call.
+    /// Connections with bytes to write since the last call, in the order of their ids.
     pub fn take_writable(&mut self) -> Vec<ConnId> {
-        std::mem::take(&mut self.writable).into_iter().filter(|t| self.conns.contains_key(t)).collect()
+        let mut out = Vec::new();
+        self.take_writable_into(&mut out);
+        out
+    }
+
+    /// [`IwarpDevice::take_writable`] into `out` (cleared first), which keeps its room.
+    pub fn take_writable_into(&mut self, out: &mut Vec<ConnId>) {
+        out.clear();
+        out.extend(self.writable.drain(..).filter(|t| self.conns.contains_key(t)));
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// Connections the device ended since the last call: the driver closes their streams.
@@ -120,9 +130,36 @@ impl IwarpDevice {
         std::mem::take(&mut self.closed)
     }
 
-    /// Completions since the last call, by CQ.
+    /// Completions since the last call, by CQ (a run of one CQ's in order, each).
     pub fn take_completions(&mut self) -> Vec<(u32, Vec<Wc>)> {
-        std::mem::take(&mut self.completions)
+        let mut out: Vec<(u32, Vec<Wc>)> = Vec::new();
+        for (cq, wc) in self.completions.drain(..) {
+            match out.last_mut() {
+                Some((last, wcs)) if *last == cq => wcs.push(wc),
+                _ => out.push((cq, vec![wc])),
+            }
+        }
+        out
+    }
+
+    /// Hands each completion since the last call to `deliver` with its CQ's id, in order,
+    /// a run of one CQ's at a time in `run` (left empty, with its room); nothing is
+    /// allocated once `run` has room for a run.
+    pub fn drain_completions(&mut self, run: &mut Vec<Wc>, mut deliver: impl FnMut(u32, &mut Vec<Wc>)) {
+        run.clear();
+        let mut cq_of_run = None;
+        for (cq, wc) in self.completions.drain(..) {
+            if cq_of_run.is_some_and(|c| c != cq) {
+                deliver(cq_of_run.unwrap_or(cq), run);
+                run.clear();
+            }
+            cq_of_run = Some(cq);
+            run.push(wc);
+        }
+        if let Some(cq) = cq_of_run {
+            deliver(cq, run);
+            run.clear();
+        }
     }
 
     /// The earliest MPA timeout, close linger or held first FPDU deadline (ns).
@@ -252,10 +289,9 @@ impl IwarpDevice {
         if s.qp.is_some() || !s.failed {
             return;
         }
-        let wcs: Vec<Wc> =
-            s.early_recvs.drain(..).map(|wr| Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, 0)).collect();
         let cq = s.recv_cq;
-        self.deliver(cq, wcs);
+        let flushed = s.early_recvs.drain(..).map(|wr| Wc::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, 0));
+        self.completions.extend(flushed.map(|w| (cq, w)));
     }
 
     /// After work on QP `qpn`: its bytes queued for the stream, its completions out, and
@@ -289,7 +325,7 @@ impl IwarpDevice {
     fn completions(&mut self, qpn: u32) {
         let Some(s) = self.qps.get_mut(&qpn) else { return };
         let Some(qp) = s.qp.as_mut() else { return };
-        let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+        let (sends, recvs) = &mut self.polled;
         while let Some(wc) = qp.poll_completion() {
             if wc.opcode == WcOpcode::Recv {
                 recvs.push(wc)
@@ -305,14 +341,9 @@ impl IwarpDevice {
             self.dev.raise_async_event(crate::engine::event::AsyncEvent::QpFatal(qpn));
         }
         let (scq, rcq) = (s.send_cq, s.recv_cq);
-        self.deliver(scq, sends);
-        self.deliver(rcq, recvs);
-    }
-
-    fn deliver(&mut self, cq: u32, wcs: Vec<Wc>) {
-        if !wcs.is_empty() {
-            self.completions.push((cq, wcs));
-        }
+        let (sends, recvs) = &mut self.polled;
+        self.completions.extend(sends.drain(..).map(|w| (scq, w)));
+        self.completions.extend(recvs.drain(..).map(|w| (rcq, w)));
     }
 
     /// Tops connection `t`'s queue up with its QP's Read Responses to [`MAX_TX_BUFFERED`];
@@ -329,7 +360,7 @@ impl IwarpDevice {
         }
         let qpn = c.qpn;
         if !c.tx.is_empty() {
-            self.writable.insert(t);
+            self.writable.push(t);
         } else if c.closing {
             return self.close(t);
         }
@@ -343,7 +374,7 @@ impl IwarpDevice {
     pub(super) fn close(&mut self, t: ConnId) {
         let Some(c) = self.conns.remove(&t) else { return };
         self.closed.push(t);
-        self.writable.remove(&t);
+        self.writable.retain(|&w| w != t);
         // A Request the application never took leaves its listener's queue with it, or a
         // peer that connects, asks and resets could grow the queue without end.
         if let Some(queue) = c.listener.and_then(|l| self.listeners.get_mut(&l)) {
@@ -371,4 +402,62 @@ fn first_fpdu_at(cfg: &IwarpConfig, opened_ns: u64, now_ns: u64) -> Option<u64> 
     let setup_ns = now_ns.saturating_sub(opened_ns);
     let delay_ns = floor_ns.max(setup_ns).min(FIRST_FPDU_DELAY_MAX_MS * 1_000_000);
     Some(now_ns.saturating_add(delay_ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::verbs::{QpCaps, Wc, WcOpcode, WcStatus};
+    use crate::engine::{Device, DeviceConfig};
+    use crate::iwarp::config::{ConnParam, IwarpConfig};
+    use crate::iwarp::device::IwarpDevice;
+
+    fn wc(id: u64) -> Wc {
+        Wc::new(id, WcStatus::Success, WcOpcode::Send, 1, 0)
+    }
+
+    #[test]
+    fn completions_are_handed_out_in_order_a_run_of_one_cq_at_a_time() {
+        let mut d = device();
+        d.completions.extend([(4, wc(1)), (4, wc(2)), (9, wc(3)), (4, wc(4))]);
+        let mut run = Vec::new();
+        let mut seen = Vec::new();
+        d.drain_completions(&mut run, |cq, wcs| {
+            seen.push((cq, wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>()));
+            wcs.clear();
+        });
+        assert_eq!(seen, [(4, vec![1, 2]), (9, vec![3]), (4, vec![4])]);
+        assert!(run.is_empty() && d.take_completions().is_empty(), "each handed out once");
+        d.completions.extend([(4, wc(5)), (4, wc(6)), (9, wc(7))]);
+        let taken: Vec<(u32, Vec<u64>)> =
+            d.take_completions().into_iter().map(|(cq, w)| (cq, w.iter().map(|w| w.wr_id).collect())).collect();
+        assert_eq!(taken, [(4, vec![5, 6]), (9, vec![7])]);
+    }
+
+    #[test]
+    fn writable_connections_are_taken_once_each_in_id_order_and_only_if_open() {
+        let mut d = device();
+        let pd = d.dev.alloc_pd();
+        let cq = d.dev.create_cq(16);
+        let mut conn = || {
+            let qpn = d.create_qp(pd, (cq, cq), QpCaps::default(), None).unwrap();
+            d.connect(qpn, &ConnParam::default()).unwrap()
+        };
+        let (a, b) = (conn(), conn());
+        d.writable.clear();
+        for t in [b, a, b, 1000, a] {
+            d.mark_writable(t);
+        }
+        d.writable.push(2000);
+        let mut out = vec![99];
+        d.take_writable_into(&mut out);
+        assert_eq!(out, [a.min(b), a.max(b)], "each open one once, in id order");
+        assert!(d.writable.is_empty());
+        d.take_writable_into(&mut out);
+        assert!(out.is_empty(), "nothing marked since");
+    }
+
+    fn device() -> IwarpDevice {
+        let cfg = DeviceConfig { gid: [0; 16], seed: Some(1), max_qps: 16, max_mrs: 16, cc: Default::default() };
+        IwarpDevice::new(Device::new(cfg), IwarpConfig::default())
+    }
 }
