@@ -332,6 +332,11 @@ impl IwarpQp {
         self.completions.pop_front()
     }
 
+    /// True when a completion, an error or a fatal event waits to be taken.
+    pub fn has_news(&self) -> bool {
+        !self.completions.is_empty() || self.errored_unreported || self.fatal_unreported
+    }
+
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
         if self.state == QpState::Err {
