@@ -124,6 +124,7 @@ impl<'a> RoceRepr<'a> {
     /// Reads every header of a checked packet, in one pass over the opcode's layout
     /// (looking each header's place up on its own walked the layout nine times a packet,
     /// the most instructions of any step of a ping-pong's receive).
+    #[inline]
     pub fn parse(p: &RocePacket<&'a [u8]>) -> Result<RoceRepr<'a>> {
         let buf: &'a [u8] = p.buf;
         let (start, end) = p.data_range();
