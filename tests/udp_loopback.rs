@@ -150,19 +150,7 @@ fn write_only(qpn: u32, psn: u32, reth: RethRepr, payload: &[u8]) -> RoceRepr<'_
         ack_req: true,
         psn: Psn::new(psn),
     };
-    RoceRepr {
-        bth,
-        deth: None,
-        xrceth: None,
-        feth: None,
-        reth: Some(reth),
-        atomic_eth: None,
-        aeth: None,
-        atomic_ack_eth: None,
-        immdt: None,
-        ieth: None,
-        payload,
-    }
+    RoceRepr { reth: Some(reth), ..RoceRepr::bare(bth, payload) }
 }
 
 #[test]

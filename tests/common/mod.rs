@@ -234,17 +234,5 @@ pub fn request(p: &Pair, opcode: u8, psn: Psn, payload: &'static [u8]) -> RoceRe
         ack_req: true,
         psn,
     };
-    RoceRepr {
-        bth,
-        deth: None,
-        xrceth: None,
-        feth: None,
-        reth: None,
-        atomic_eth: None,
-        aeth: None,
-        atomic_ack_eth: None,
-        immdt: None,
-        ieth: None,
-        payload,
-    }
+    RoceRepr::bare(bth, payload)
 }

@@ -139,8 +139,9 @@ impl<'a> RoceRepr<'a> {
         Ok(r)
     }
 
-    /// A packet of `bth` and `payload` with no extended header.
-    fn bare(bth: BthRepr, payload: &'a [u8]) -> RoceRepr<'a> {
+    /// A packet of `bth` and `payload` with no extended header (add them with struct
+    /// update syntax: `RoceRepr { reth: Some(r), ..RoceRepr::bare(bth, payload) }`).
+    pub fn bare(bth: BthRepr, payload: &'a [u8]) -> RoceRepr<'a> {
         RoceRepr {
             bth,
             deth: None,
