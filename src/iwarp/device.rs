@@ -78,6 +78,8 @@ struct Conn {
     mss: usize,
     /// When the connection was made (ns): the oldest half-open one is evicted first.
     opened_ns: u64,
+    /// In the device's list of connections to write, until the driver takes it.
+    listed_writable: bool,
 }
 
 impl Conn {
@@ -121,9 +123,9 @@ pub struct IwarpDevice {
     results: HashMap<ConnId, Result<Vec<u8>, ConnectError>>,
     next_id: ConnId,
     now_ns: u64,
-    /// Connections with bytes to write, perhaps more than once each (sorted and deduped
-    /// as they are taken: a set's node, allocated and freed at every turn of a ping-pong,
-    /// cost more than the turn's framing).
+    /// Connections with bytes to write, each once (`Conn::listed_writable`), sorted as
+    /// they are taken: a set's node, allocated and freed at every turn of a ping-pong,
+    /// cost more than the turn's framing. Ids of connections ended since are dropped then.
     writable: Vec<ConnId>,
     /// Connections the device ended: the driver closes their streams.
     closed: Vec<ConnId>,
@@ -428,6 +430,7 @@ impl IwarpDevice {
             closing_since_ns: None,
             mss: mss.max(576),
             opened_ns: self.now_ns,
+            listed_writable: false,
         };
         self.conns.insert(t, conn);
         t

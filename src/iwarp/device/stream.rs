@@ -105,8 +105,8 @@ impl IwarpDevice {
 
     /// Connection `t` still has bytes its stream did not take: offer them again.
     pub fn mark_writable(&mut self, t: ConnId) {
-        if self.conns.contains_key(&t) {
-            self.writable.push(t);
+        if let Some(c) = self.conns.get_mut(&t) {
+            list_writable(&mut self.writable, t, c);
         }
     }
 
@@ -120,9 +120,13 @@ impl IwarpDevice {
     /// [`IwarpDevice::take_writable`] into `out` (cleared first), which keeps its room.
     pub fn take_writable_into(&mut self, out: &mut Vec<ConnId>) {
         out.clear();
-        out.extend(self.writable.drain(..).filter(|t| self.conns.contains_key(t)));
+        for t in self.writable.drain(..) {
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.listed_writable = false;
+                out.push(t);
+            }
+        }
         out.sort_unstable();
-        out.dedup();
     }
 
     /// Connections the device ended since the last call: the driver closes their streams.
@@ -362,7 +366,7 @@ impl IwarpDevice {
         }
         let qpn = c.qpn;
         if !c.tx.is_empty() {
-            self.writable.push(t);
+            list_writable(&mut self.writable, t, c);
         } else if c.closing {
             return self.close(t);
         }
@@ -376,7 +380,6 @@ impl IwarpDevice {
     pub(super) fn close(&mut self, t: ConnId) {
         let Some(c) = self.conns.remove(&t) else { return };
         self.closed.push(t);
-        self.writable.retain(|&w| w != t);
         // A Request the application never took leaves its listener's queue with it, or a
         // peer that connects, asks and resets could grow the queue without end.
         if let Some(queue) = c.listener.and_then(|l| self.listeners.get_mut(&l)) {
@@ -396,6 +399,14 @@ impl IwarpDevice {
 
 /// When an initiator's first FPDU may go, connected at `opened_ns` and established at
 /// `now_ns` ([`IwarpConfig::first_fpdu_delay_us`]); `None`: at once.
+/// Puts connection `t` (`c`) on the list of connections to write, unless it is on it.
+fn list_writable(writable: &mut Vec<ConnId>, t: ConnId, c: &mut Conn) {
+    if !c.listed_writable {
+        c.listed_writable = true;
+        writable.push(t);
+    }
+}
+
 fn first_fpdu_at(cfg: &IwarpConfig, opened_ns: u64, now_ns: u64) -> Option<u64> {
     let floor_ns = cfg.first_fpdu_delay_us.saturating_mul(1_000);
     if floor_ns == 0 {
@@ -445,17 +456,23 @@ mod tests {
             d.connect(qpn, &ConnParam::default()).unwrap()
         };
         let (a, b) = (conn(), conn());
-        d.writable.clear();
-        for t in [b, a, b, 1000, a] {
-            d.mark_writable(t);
-        }
-        d.writable.push(2000);
         let mut out = vec![99];
         d.take_writable_into(&mut out);
-        assert_eq!(out, [a.min(b), a.max(b)], "each open one once, in id order");
+        for _ in 0..1000 {
+            for t in [b, a, 1000] {
+                d.mark_writable(t);
+            }
+        }
+        assert_eq!(d.writable.len(), 2, "each open one listed once, however often marked");
+        d.writable.push(2000);
+        d.take_writable_into(&mut out);
+        assert_eq!(out, [a.min(b), a.max(b)], "in id order, and none that is not open");
         assert!(d.writable.is_empty());
         d.take_writable_into(&mut out);
         assert!(out.is_empty(), "nothing marked since");
+        d.mark_writable(b);
+        d.take_writable_into(&mut out);
+        assert_eq!(out, [b], "listed again once taken");
     }
 
     fn device() -> IwarpDevice {
