@@ -127,6 +127,9 @@ impl IwarpDevice {
             }
         }
         out.sort_unstable();
+        // The flag lists each once; on a sorted list this costs a pass, and a repeat
+        // would only be written twice.
+        out.dedup();
     }
 
     /// Connections the device ended since the last call: the driver closes their streams.
