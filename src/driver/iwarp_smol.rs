@@ -138,6 +138,9 @@ struct Core {
     cqs: HashMap<u32, Arc<CqQueue>>,
     events: Arc<super::event::EventQueue>,
     mss: usize,
+    /// The connections to write and the completions to hand out, kept for their room.
+    writable: Vec<ConnId>,
+    wc_run: Vec<crate::engine::verbs::Wc>,
 }
 
 /// The iWARP device on smoltcp, shared by the application's handles and the poll thread.
@@ -221,6 +224,8 @@ impl IwarpSmol {
             cqs: HashMap::new(),
             events: Arc::default(),
             mss: link.mtu.saturating_sub(ip_overhead + 20).max(536),
+            writable: Vec::new(),
+            wc_run: Vec::new(),
         };
         let driver = Arc::new(IwarpSmol {
             core: Mutex::new(core),
@@ -295,11 +300,12 @@ impl Core {
             }
         }
         self.reap_closing();
-        for (cq, mut wcs) in self.dev.take_completions() {
-            if let Some(q) = self.cqs.get(&cq) {
-                q.deliver(&mut wcs);
+        let cqs = &self.cqs;
+        self.dev.drain_completions(&mut self.wc_run, |cq, wcs| {
+            if let Some(q) = cqs.get(&cq) {
+                q.deliver(wcs);
             }
-        }
+        });
         while let Some(e) = self.dev.dev.poll_async_event() {
             self.events.deliver(e);
         }
@@ -400,7 +406,9 @@ impl Core {
     /// The device's bytes into TCP, its ended streams closed.
     fn settle(&mut self) -> bool {
         let mut moved = false;
-        for t in self.dev.take_writable() {
+        let mut writable = std::mem::take(&mut self.writable);
+        self.dev.take_writable_into(&mut writable);
+        for &t in &writable {
             let Some(&h) = self.conns.get(&t) else { continue };
             let s = self.sockets.get_mut::<tcp::Socket>(h);
             loop {
@@ -426,6 +434,7 @@ impl Core {
                 self.dev.mark_writable(t);
             }
         }
+        self.writable = writable;
         for t in self.dev.take_closed() {
             if let Some(h) = self.conns.remove(&t) {
                 self.sockets.get_mut::<tcp::Socket>(h).close();

@@ -110,14 +110,8 @@ impl IwarpDevice {
         }
     }
 
-    /// Connections with bytes to write since the last call, in the order of their ids.
-    pub fn take_writable(&mut self) -> Vec<ConnId> {
-        let mut out = Vec::new();
-        self.take_writable_into(&mut out);
-        out
-    }
-
-    /// [`IwarpDevice::take_writable`] into `out` (cleared first), which keeps its room.
+    /// The connections with bytes to write since the last call, in the order of their
+    /// ids, into `out` (cleared first; it keeps its room for the next call).
     pub fn take_writable_into(&mut self, out: &mut Vec<ConnId>) {
         out.clear();
         for t in self.writable.drain(..) {
