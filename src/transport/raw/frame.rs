@@ -68,15 +68,33 @@ fn ethernet(dst: [u8; 6], src: [u8; 6], ethertype: u16, frame: &mut Vec<u8>) {
 }
 
 fn pad(mut frame: Vec<u8>) -> Vec<u8> {
+    pad_in_place(&mut frame);
+    frame
+}
+
+fn pad_in_place(frame: &mut Vec<u8>) {
     if frame.len() < MIN_FRAME_LEN {
         frame.resize(MIN_FRAME_LEN, 0);
     }
-    frame
 }
 
 /// The frame of one engine packet (BTH...ICRC, ICRC ignored) from `local` to `dst`, with
 /// the destination MAC left zero for the neighbour table to fill ([`set_dst_mac`]).
 pub fn roce_frame(local: &Local, dst: IpAddr, f: RoceFields, packet: &[u8]) -> Result<Vec<u8>, BuildError> {
+    let mut frame = Vec::new();
+    roce_frame_into(&mut frame, local, dst, f, packet)?;
+    Ok(frame)
+}
+
+/// As [`roce_frame`], into `frame` (cleared first): a sender that keeps its sent frames'
+/// buffers builds the next ones in them instead of allocating one a packet.
+pub fn roce_frame_into(
+    frame: &mut Vec<u8>,
+    local: &Local,
+    dst: IpAddr,
+    f: RoceFields,
+    packet: &[u8],
+) -> Result<(), BuildError> {
     if local.ip.is_ipv4() != dst.is_ipv4() {
         return Err(BuildError::FamilyMismatch);
     }
@@ -86,8 +104,9 @@ pub fn roce_frame(local: &Local, dst: IpAddr, f: RoceFields, packet: &[u8]) -> R
     let (ip, ip_len) = ip_header(local.ip, dst, 8 + packet.len(), f.ident, true, f.tos);
     let udp = udp_header(f.sport, ROCE_PORT, packet.len());
     let ethertype = if ip_len == 20 { ETHERTYPE_IPV4 } else { ETHERTYPE_IPV6 };
-    let mut frame = Vec::with_capacity(ETH_HEADER_LEN + ip_len + 8 + packet.len());
-    ethernet([0; 6], local.mac, ethertype, &mut frame);
+    frame.clear();
+    frame.reserve(ETH_HEADER_LEN + ip_len + 8 + packet.len());
+    ethernet([0; 6], local.mac, ethertype, frame);
     frame.extend_from_slice(&ip[..ip_len]);
     frame.extend_from_slice(&udp);
     frame.extend_from_slice(packet);
@@ -99,7 +118,8 @@ pub fn roce_frame(local: &Local, dst: IpAddr, f: RoceFields, packet: &[u8]) -> R
         let sum = udp6_checksum(s, d, &frame[udp_at..]);
         frame[udp_at + 6..udp_at + 8].copy_from_slice(&sum.to_be_bytes());
     }
-    Ok(pad(frame))
+    pad_in_place(frame);
+    Ok(())
 }
 
 /// Writes the destination MAC of a frame built with a zero one.
