@@ -121,9 +121,6 @@ impl IwarpDevice {
             }
         }
         out.sort_unstable();
-        // The flag lists each once; on a sorted list this costs a pass, and a repeat
-        // would only be written twice.
-        out.dedup();
     }
 
     /// Connections the device ended since the last call: the driver closes their streams.
@@ -133,13 +130,8 @@ impl IwarpDevice {
 
     /// Completions since the last call, by CQ (a run of one CQ's in order, each).
     pub fn take_completions(&mut self) -> Vec<(u32, Vec<Wc>)> {
-        let mut out: Vec<(u32, Vec<Wc>)> = Vec::new();
-        for (cq, wc) in self.completions.drain(..) {
-            match out.last_mut() {
-                Some((last, wcs)) if *last == cq => wcs.push(wc),
-                _ => out.push((cq, vec![wc])),
-            }
-        }
+        let mut out = Vec::new();
+        self.drain_completions(&mut Vec::new(), |cq, run| out.push((cq, std::mem::take(run))));
         out
     }
 
@@ -394,8 +386,6 @@ impl IwarpDevice {
     }
 }
 
-/// When an initiator's first FPDU may go, connected at `opened_ns` and established at
-/// `now_ns` ([`IwarpConfig::first_fpdu_delay_us`]); `None`: at once.
 /// Puts connection `t` (`c`) on the list of connections to write, unless it is on it.
 fn list_writable(writable: &mut Vec<ConnId>, t: ConnId, c: &mut Conn) {
     if !c.listed_writable {
@@ -404,6 +394,8 @@ fn list_writable(writable: &mut Vec<ConnId>, t: ConnId, c: &mut Conn) {
     }
 }
 
+/// When an initiator's first FPDU may go, connected at `opened_ns` and established at
+/// `now_ns` ([`IwarpConfig::first_fpdu_delay_us`]); `None`: at once.
 fn first_fpdu_at(cfg: &IwarpConfig, opened_ns: u64, now_ns: u64) -> Option<u64> {
     let floor_ns = cfg.first_fpdu_delay_us.saturating_mul(1_000);
     if floor_ns == 0 {

@@ -305,6 +305,13 @@ impl RawTx {
         0xc000 | (h as u16 & 0x3fff)
     }
 
+    /// Sends the batch; keeps its buffers for the next frames.
+    fn send_batch(&mut self) {
+        self.shared.send(&self.batch);
+        let room = TX_BATCH.saturating_sub(self.spare.len());
+        self.spare.extend(self.batch.drain(..).take(room));
+    }
+
     fn queue(&mut self, dst: IpAddr, src_qpn: u32, packet: &[u8], now_ns: u64) {
         let s = &self.shared;
         let dst = match dst {
@@ -346,15 +353,6 @@ impl RawTx {
             }
             _ => {}
         }
-    }
-}
-
-impl RawTx {
-    /// Sends the batch; keeps its buffers for the next frames.
-    fn send_batch(&mut self) {
-        self.shared.send(&self.batch);
-        let room = TX_BATCH.saturating_sub(self.spare.len());
-        self.spare.extend(self.batch.drain(..).take(room));
     }
 }
 
