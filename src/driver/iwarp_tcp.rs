@@ -353,12 +353,13 @@ impl Core {
     /// Writes what connection `t` has queued until the socket would block.
     fn write(&mut self, t: ConnId) {
         let Some(stream) = self.streams.get(&t).cloned() else { return };
+        let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; WRITE_SLICES];
         loop {
-            let iovs = self.dev.tx_pending_iovecs(t, WRITE_SLICES);
-            if iovs.is_empty() {
+            let n = self.dev.tx_pending_iovecs(t, &mut iovs);
+            if n == 0 {
                 return;
             }
-            match writev(&stream, &iovs) {
+            match writev(&stream, &iovs[..n]) {
                 Ok(n) => self.dev.on_written(t, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -223,23 +223,32 @@ impl TxQueue {
         Some(done)
     }
 
-    /// Up to `max` pieces of unwritten octets, in order, for one `writev`, or `None` if a
-    /// span among them lies in a region revoked since it was queued. The pointers stay
-    /// valid until the queue is next changed, and a span's while its region is not
-    /// revoked: the caller writes under the lock that revoking a region takes.
-    pub(crate) fn iovecs(&self, max: usize) -> Option<Vec<libc::iovec>> {
-        let mut out: Vec<libc::iovec> = Vec::with_capacity(max.min(2 * self.chunks.len() + 1));
+    /// Fills `out` with up to its length of pieces of unwritten octets, in order, for one
+    /// `writev`; returns how many, or `None` if a span among them lies in a region revoked
+    /// since it was queued. The pointers stay valid until the queue is next changed, and a
+    /// span's while its region is not revoked: the caller writes under the lock that
+    /// revoking a region takes. The caller's array, not a Vec: a ping-pong's turn allocated
+    /// two of them (one to find the queue empty).
+    pub(crate) fn iovecs(&self, out: &mut [libc::iovec]) -> Option<usize> {
+        let mut n = 0;
         let mut refused = false;
         for (i, c) in self.chunks.iter().enumerate() {
-            c.pieces(if i == 0 { self.head } else { 0 }, |p, cut| {
-                refused = !push_iovec(&mut out, p, cut);
-                !refused && out.len() < max
-            });
-            if refused || out.len() >= max {
+            if n >= out.len() {
                 break;
             }
+            c.pieces(if i == 0 { self.head } else { 0 }, |p, cut| {
+                match piece_iovec(p, cut) {
+                    Some(iov) => out[n] = iov,
+                    None => refused = true,
+                }
+                n += usize::from(!refused);
+                !refused && n < out.len()
+            });
+            if refused {
+                return None;
+            }
         }
-        (!refused).then_some(out)
+        Some(n)
     }
 
     /// `n` octets were written (at most [`TxQueue::len`]).
@@ -268,18 +277,14 @@ impl TxQueue {
     }
 }
 
-/// The iovec of piece `p` from `cut` octets in; false if it is a span whose region was
+/// The iovec of piece `p` from `cut` octets in; `None` if it is a span whose region was
 /// revoked.
-fn push_iovec(out: &mut Vec<libc::iovec>, p: Piece<'_>, cut: usize) -> bool {
+fn piece_iovec(p: Piece<'_>, cut: usize) -> Option<libc::iovec> {
     let (ptr, len) = match p {
         Piece::Bytes(b) => (b[cut..].as_ptr(), b.len() - cut),
-        Piece::Mem(s) => match s.mem.raw_span(s.offset + cut, s.len - cut) {
-            Some(ptr) => (ptr, s.len - cut),
-            None => return false,
-        },
+        Piece::Mem(s) => (s.mem.raw_span(s.offset + cut, s.len - cut)?, s.len - cut),
     };
-    out.push(libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: len });
-    true
+    Some(libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: len })
 }
 
 #[cfg(test)]

@@ -74,16 +74,17 @@ impl IwarpDevice {
         })
     }
 
-    /// The octets connection `t` has for its stream, as up to `max` iovecs for one
-    /// `writev`: framed bytes, and registered memory where it lies. They stay valid until
-    /// the device is next changed; write them under the lock that guards the device, which
-    /// deregistering a region also takes. A region deregistered with its bytes queued ends
-    /// the connection as in [`IwarpDevice::tx_copy_pending`], and none are returned.
-    pub fn tx_pending_iovecs(&mut self, t: ConnId, max: usize) -> Vec<libc::iovec> {
-        let iovs = self.conns.get(&t).map_or(Some(Vec::new()), |c| c.tx.iovecs(max));
-        iovs.unwrap_or_else(|| {
+    /// The octets connection `t` has for its stream, as up to `out.len()` iovecs for one
+    /// `writev` (how many are filled): framed bytes, and registered memory where it lies.
+    /// They stay valid until the device is next changed; write them under the lock that
+    /// guards the device, which deregistering a region also takes. A region deregistered
+    /// with its bytes queued ends the connection as in [`IwarpDevice::tx_copy_pending`],
+    /// and none are returned.
+    pub fn tx_pending_iovecs(&mut self, t: ConnId, out: &mut [libc::iovec]) -> usize {
+        let filled = self.conns.get(&t).map_or(Some(0), |c| c.tx.iovecs(out));
+        filled.unwrap_or_else(|| {
             self.close(t);
-            Vec::new()
+            0
         })
     }
 
