@@ -265,6 +265,7 @@ impl IwarpSmol {
     }
 
     fn poll_loop(self: Arc<Self>) {
+        super::spin::ask_short_slice();
         let rx_fd = self.lock().phy.rx.fd();
         let waker_fd = self.waker.as_raw_fd();
         while !self.stop.load(Ordering::Acquire) {

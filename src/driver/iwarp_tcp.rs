@@ -136,6 +136,7 @@ impl IwarpTcp {
     /// accepts and writes; then busy-polls for a while after traffic ([`SpinBudget`]).
     /// While an application thread busy-polls, it leaves reading to that thread.
     fn poll_loop(self: Arc<Self>, mut poll: Poll) {
+        super::spin::ask_short_slice();
         let mut events = Events::with_capacity(256);
         let mut again: Vec<Token> = Vec::new();
         let mut spin = SpinBudget::default();
