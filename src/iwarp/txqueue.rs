@@ -227,8 +227,8 @@ impl TxQueue {
     /// `writev`; returns how many, or `None` if a span among them lies in a region revoked
     /// since it was queued. The pointers stay valid until the queue is next changed, and a
     /// span's while its region is not revoked: the caller writes under the lock that
-    /// revoking a region takes. The caller's array, not a Vec: a ping-pong's turn allocated
-    /// two of them (one to find the queue empty).
+    /// revoking a region takes. Into the caller's array rather than a new Vec: a
+    /// ping-pong's turn allocated two (the second to find the queue empty).
     pub(crate) fn iovecs(&self, out: &mut [libc::iovec]) -> Option<usize> {
         let mut n = 0;
         let mut refused = false;
@@ -236,13 +236,16 @@ impl TxQueue {
             if n >= out.len() {
                 break;
             }
-            c.pieces(if i == 0 { self.head } else { 0 }, |p, cut| {
-                match piece_iovec(p, cut) {
-                    Some(iov) => out[n] = iov,
-                    None => refused = true,
+            c.pieces(if i == 0 { self.head } else { 0 }, |p, cut| match piece_iovec(p, cut) {
+                Some(iov) => {
+                    out[n] = iov;
+                    n += 1;
+                    n < out.len()
                 }
-                n += usize::from(!refused);
-                !refused && n < out.len()
+                None => {
+                    refused = true;
+                    false
+                }
             });
             if refused {
                 return None;
