@@ -337,7 +337,6 @@ impl IwarpDevice {
             self.dev.raise_async_event(crate::engine::event::AsyncEvent::QpFatal(qpn));
         }
         let (scq, rcq) = (s.send_cq, s.recv_cq);
-        let (sends, recvs) = &mut self.polled;
         self.completions.extend(sends.drain(..).map(|w| (scq, w)));
         self.completions.extend(recvs.drain(..).map(|w| (rcq, w)));
     }
